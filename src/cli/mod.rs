@@ -1,0 +1,169 @@
+//! The command line: clap definitions, the commands, and the one place that knows about the
+//! terminal, signals and exit codes.
+
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exit statuses (DESIGN: "Exit status").
+pub mod exit {
+    pub const ACHIEVED: u8 = 0;
+    pub const CHECKS_FAILED: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const LIMIT: u8 = 3;
+    pub const MODEL: u8 = 4;
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// An error that ends the command with an exit status.
+#[derive(Debug)]
+pub struct Fail {
+    pub code: u8,
+    pub error: anyhow::Error,
+}
+
+impl Fail {
+    pub fn usage(error: impl Into<anyhow::Error>) -> Self {
+        Fail {
+            code: exit::USAGE,
+            error: error.into(),
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sup",
+    version,
+    about = "Supervise LLM agent loops: work, verify, schedule.",
+    after_help = "Exit status: 0 achieved, 1 checks still failing, 2 bad usage or config, \
+                  3 stopped by a limit, 4 model or provider error, 130 interrupted."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the work loop on a prompt; the final answer goes to stdout.
+    Run(RunArgs),
+    /// Run a goal: the work loop, then checks, retried up to --tries times.
+    Goal(GoalArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    crate::verify::file::parse_duration(s)
+}
+
+/// Options every running command takes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct Common {
+    /// PROVIDER:MODEL, e.g. `script:turns.json` (default: $SUP_MODEL).
+    #[arg(long, env = "SUP_MODEL", hide_env_values = true)]
+    pub model: Option<String>,
+    /// Model turns at most in one work loop (default 30).
+    #[arg(long)]
+    pub max_steps: Option<u32>,
+    /// Input plus output tokens at most over the whole run.
+    #[arg(long)]
+    pub token_budget: Option<u64>,
+    /// Where the agent works and checks run (default: the current directory).
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// The system prompt (default: a short one naming the workspace).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Timeout of one tool call (default 120s).
+    #[arg(long, value_parser = duration)]
+    pub tool_timeout: Option<Duration>,
+    /// Bytes of a tool result the model sees (default 16384); the rest is kept on disk.
+    #[arg(long)]
+    pub output_cap: Option<usize>,
+    /// One JSON object per event on stdout instead of the human trace.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// What the agent should do.
+    pub prompt: String,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct GoalArgs {
+    /// What the agent should achieve (or `prompt` in the goal file).
+    pub prompt: Option<String>,
+    /// A goal file (`goals/NAME.toml`); flags override it.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// A check script, run by extension (.js/.mjs node, .py python3, .sh bash, else directly).
+    #[arg(long = "check")]
+    pub checks: Vec<PathBuf>,
+    /// A check as a shell command line (`cargo test`).
+    #[arg(long = "check-cmd")]
+    pub check_cmds: Vec<String>,
+    /// Work-and-check rounds at most (default 3).
+    #[arg(long)]
+    pub tries: Option<u32>,
+    /// Start each try again from the prompt plus the latest failure report.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Timeout of each check (default 300s).
+    #[arg(long, value_parser = duration)]
+    pub check_timeout: Option<Duration>,
+    /// The goal's name (default: the goal file's stem, or `goal`).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sup: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::MODEL);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Goal(args) => run::goal(args).await,
+        }
+    });
+    // Tool processes are killed by their own guards; do not wait on stragglers.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(fail) => {
+            eprintln!("sup: error: {:#}", fail.error);
+            ExitCode::from(fail.code)
+        }
+    }
+}

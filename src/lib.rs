@@ -1,0 +1,11 @@
+//! `sup` supervises LLM agent loops in three nested layers: `work` (model ⇄ tools),
+//! `verify` (checks and retries) and `schedule` (the daemon). `model` and `tools` sit under
+//! the work loop; `store` and `trace` serve every layer; `cli` is the edge.
+
+pub mod cli;
+pub mod model;
+pub mod store;
+pub mod tools;
+pub mod trace;
+pub mod verify;
+pub mod work;

@@ -1,0 +1,166 @@
+//! The model seam: provider-neutral messages and tool specs, the `Model` trait with its one
+//! async step, token usage, and `from_spec`, which turns `PROVIDER:MODEL` into a model.
+
+pub mod script;
+
+use std::path::Path;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One message of a conversation, in no provider's wire format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
+    Assistant {
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+        /// Reasoning text some providers send and want back (DeepSeek's `reasoning_content`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
+    },
+    /// The results of one step's tool calls, in the order the calls were made.
+    Tool {
+        results: Vec<ToolResult>,
+    },
+}
+
+/// A tool call as the model proposed it. `arguments` is the raw JSON text the model wrote,
+/// which may be empty or invalid: the work loop judges it, not the provider.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub name: String,
+    pub content: String,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// What the model is told about a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// Why the model ended its turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model finished its answer.
+    Stop,
+    /// The model wants its tool calls executed.
+    ToolCalls,
+    /// The model ran out of output tokens.
+    Length,
+}
+
+/// Tokens spent. Cache counts are part of `input_tokens`' story but reported apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    /// Input plus output: what the token budget counts.
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+    }
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, o: Usage) {
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+        self.cache_read_tokens += o.cache_read_tokens;
+        self.cache_write_tokens += o.cache_write_tokens;
+    }
+}
+
+/// One answer of the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelResponse {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub finish: FinishReason,
+    pub usage: Usage,
+    pub reasoning: Option<String>,
+}
+
+/// What one step sends: the conversation so far and the tools on offer.
+pub struct ModelRequest<'a> {
+    pub messages: &'a [Message],
+    pub tools: &'a [ToolSpec],
+    /// Called with each piece of text as it arrives (streaming providers).
+    pub on_text: &'a (dyn Fn(&str) + Send + Sync),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The model could not be set up: a bad spec, a missing file or key. Exit 2.
+    #[error("{0}")]
+    Config(String),
+    /// The scripted model cannot go on.
+    #[error("script model: {0}")]
+    Script(String),
+}
+
+impl ModelError {
+    /// Whether the error is the user's configuration rather than the model failing.
+    pub fn is_config(&self) -> bool {
+        matches!(self, ModelError::Config(_))
+    }
+}
+
+#[async_trait]
+pub trait Model: Send + Sync {
+    /// `PROVIDER:MODEL`, for the trace.
+    fn name(&self) -> &str;
+    /// Ask the model for its next turn.
+    async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
+}
+
+/// Build a model from `PROVIDER:MODEL`. Relative `script:` paths resolve against `base_dir`.
+pub fn from_spec(spec: &str, base_dir: &Path) -> Result<Box<dyn Model>, ModelError> {
+    let Some((provider, rest)) = spec.split_once(':') else {
+        return Err(ModelError::Config(format!(
+            "model `{spec}` has no provider: write PROVIDER:MODEL, e.g. `script:turns.json` \
+             (providers: script)"
+        )));
+    };
+    match provider {
+        "script" => {
+            let path = if base_dir == Path::new(".") {
+                Path::new(rest).to_path_buf()
+            } else {
+                base_dir.join(rest)
+            };
+            Ok(Box::new(script::ScriptModel::load(&path)?))
+        }
+        other => Err(ModelError::Config(format!(
+            "unknown model provider `{other}` in `{spec}` (providers: script)"
+        ))),
+    }
+}

@@ -1,0 +1,109 @@
+//! The run history on disk under `SUP_HOME`: one folder per run (`runs/RUN_ID/`) holding the
+//! transcript (`transcript.jsonl`: every message and event, appended and flushed as it
+//! happens, so even a killed run leaves what it did), tool outputs that were cut, and check
+//! outputs.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::trace::{Event, EventSink};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create the run folder {path}: {source}; check SUP_HOME")]
+    Create {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// `SUP_HOME`, or `~/.local/state/sup`.
+pub fn home() -> PathBuf {
+    if let Some(h) = std::env::var_os("SUP_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h);
+    }
+    let base = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    base.join(".local/state/sup")
+}
+
+/// A new run id: sortable by time, unique across processes.
+pub fn new_run_id() -> String {
+    let now = chrono::Utc::now().format("%Y%m%d-%H%M%S");
+    let rand = uuid::Uuid::new_v4().simple().to_string();
+    format!("{now}-{}", &rand[..8])
+}
+
+/// The folder of one run.
+#[derive(Clone, Debug)]
+pub struct RunDir {
+    pub id: String,
+    pub dir: PathBuf,
+}
+
+impl RunDir {
+    pub fn create(home: &Path) -> Result<Self, StoreError> {
+        let id = new_run_id();
+        let dir = home.join("runs").join(&id);
+        std::fs::create_dir_all(dir.join("outputs")).map_err(|source| StoreError::Create {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        Ok(RunDir { id, dir })
+    }
+
+    pub fn transcript(&self) -> PathBuf {
+        self.dir.join("transcript.jsonl")
+    }
+
+    pub fn outputs(&self) -> PathBuf {
+        self.dir.join("outputs")
+    }
+}
+
+/// The transcript writer: a sink that appends each event as one JSON line with its time.
+pub struct Transcript {
+    file: Mutex<File>,
+}
+
+impl Transcript {
+    pub fn create(path: &Path) -> Result<Self, StoreError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| StoreError::Create {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(Transcript {
+            file: Mutex::new(file),
+        })
+    }
+}
+
+impl EventSink for Transcript {
+    fn emit(&self, event: &Event) {
+        if matches!(event, Event::TextDelta { .. }) {
+            return;
+        }
+        let Ok(mut value) = serde_json::to_value(event) else {
+            return;
+        };
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "at".into(),
+                chrono::Utc::now()
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                    .into(),
+            );
+        }
+        if let Ok(mut file) = self.file.lock() {
+            // The transcript must not take the run down; a full disk shows in the trace.
+            if let Err(e) = writeln!(file, "{value}") {
+                tracing::warn!("transcript write failed: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! The built-in tools, all confined to the workspace: `read_file`, `write_file`, `edit_file`,
+//! `list_files`, `search_files` and `run_command`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::paths::{relative, resolve};
+use super::process::{self, Ending, read_capped, safe_name};
+use super::{Registry, RegistryError, Risk, Tool, ToolContext, ToolError};
+use crate::model::ToolSpec;
+
+/// Lines `read_file` returns in one page unless asked for fewer.
+const PAGE_LINES: usize = 2000;
+/// Entries `list_files` and matches `search_files` return at most.
+const MAX_LISTED: usize = 2000;
+const MAX_MATCHES: usize = 500;
+
+/// Every built-in tool, ready to register.
+pub fn register_all(registry: &mut Registry) -> Result<(), RegistryError> {
+    registry.add(Arc::new(ReadFile::new()))?;
+    registry.add(Arc::new(WriteFile::new()))?;
+    registry.add(Arc::new(EditFile::new()))?;
+    registry.add(Arc::new(ListFiles::new()))?;
+    registry.add(Arc::new(SearchFiles::new()))?;
+    registry.add(Arc::new(RunCommand::new()))?;
+    Ok(())
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(input: &Value) -> Result<T, ToolError> {
+    serde_json::from_value(input.clone()).map_err(|e| ToolError::Invalid(e.to_string()))
+}
+
+fn io_error(what: &str, path: &str, e: std::io::Error) -> ToolError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        ToolError::Failed(format!("{path} does not exist"))
+    } else {
+        ToolError::Failed(format!("cannot {what} {path}: {e}"))
+    }
+}
+
+fn refuse_protected(ctx: &ToolContext, path: &Path, rel: &str) -> Result<(), ToolError> {
+    if ctx.protected.iter().any(|p| p == path) {
+        return Err(ToolError::Invalid(format!(
+            "{rel} is an acceptance check of this goal and is read-only to you; change the \
+             work so that the check passes, not the check"
+        )));
+    }
+    Ok(())
+}
+
+fn is_binary(bytes: &[u8]) -> bool {
+    bytes[..bytes.len().min(8192)].contains(&0)
+}
+
+pub struct ReadFile(ToolSpec);
+
+impl ReadFile {
+    fn new() -> Self {
+        ReadFile(ToolSpec {
+            name: "read_file".into(),
+            description: format!(
+                "Read a text file of the workspace. Long files come in pages of {PAGE_LINES} \
+                 lines: pass `offset` (first line, from 1) and `limit` to read on."
+            ),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Path relative to the workspace"},
+                    "offset": {"type": "integer", "minimum": 1},
+                    "limit": {"type": "integer", "minimum": 1}
+                },
+                "required": ["path"],
+                "additionalProperties": false
+            }),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct ReadInput {
+    path: String,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+#[async_trait]
+impl Tool for ReadFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Read
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let input: ReadInput = parse(input)?;
+        let path = resolve(&ctx.workspace, &input.path)?;
+        let bytes = tokio::fs::read(&path)
+            .await
+            .map_err(|e| io_error("read", &input.path, e))?;
+        if is_binary(&bytes) {
+            return Err(ToolError::Failed(format!(
+                "{} is a binary file ({} bytes); read_file reads text",
+                input.path,
+                bytes.len()
+            )));
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        let first = input.offset.unwrap_or(1);
+        let limit = input.limit.unwrap_or(PAGE_LINES);
+        if first > lines.len().max(1) {
+            return Err(ToolError::Invalid(format!(
+                "{} has {} lines; offset {first} is past its end",
+                input.path,
+                lines.len()
+            )));
+        }
+        let last = (first - 1 + limit).min(lines.len());
+        let mut out: String = lines[first - 1..last].concat();
+        if first > 1 || last < lines.len() {
+            if !out.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(&format!("[lines {first}-{last} of {}", lines.len()));
+            if last < lines.len() {
+                out.push_str(&format!("; read on with offset={}", last + 1));
+            }
+            out.push(']');
+        }
+        Ok(out)
+    }
+}
+
+pub struct WriteFile(ToolSpec);
+
+impl WriteFile {
+    fn new() -> Self {
+        WriteFile(ToolSpec {
+            name: "write_file".into(),
+            description: "Create or overwrite a file of the workspace with the given content; \
+                          missing parent folders are created."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Path relative to the workspace"},
+                    "content": {"type": "string"}
+                },
+                "required": ["path", "content"],
+                "additionalProperties": false
+            }),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct WriteInput {
+    path: String,
+    content: String,
+}
+
+#[async_trait]
+impl Tool for WriteFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Write
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let input: WriteInput = parse(input)?;
+        let path = resolve(&ctx.workspace, &input.path)?;
+        refuse_protected(ctx, &path, &input.path)?;
+        if path.is_dir() {
+            return Err(ToolError::Invalid(format!("{} is a folder", input.path)));
+        }
+        let existed = path.exists();
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|e| io_error("create the folders of", &input.path, e))?;
+        }
+        tokio::fs::write(&path, input.content.as_bytes())
+            .await
+            .map_err(|e| io_error("write", &input.path, e))?;
+        Ok(format!(
+            "{} {} ({} bytes)",
+            if existed { "overwrote" } else { "created" },
+            relative(&ctx.workspace, &path),
+            input.content.len()
+        ))
+    }
+}
+
+pub struct EditFile(ToolSpec);
+
+impl EditFile {
+    fn new() -> Self {
+        EditFile(ToolSpec {
+            name: "edit_file".into(),
+            description: "Replace one exact occurrence of `old_string` in a file with \
+                          `new_string`. `old_string` must occur exactly once: include enough \
+                          surrounding text to make it unique."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "old_string": {"type": "string", "minLength": 1},
+                    "new_string": {"type": "string"}
+                },
+                "required": ["path", "old_string", "new_string"],
+                "additionalProperties": false
+            }),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct EditInput {
+    path: String,
+    old_string: String,
+    new_string: String,
+}
+
+fn line_of(text: &str, byte: usize) -> usize {
+    text[..byte].matches('\n').count() + 1
+}
+
+#[async_trait]
+impl Tool for EditFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Write
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let input: EditInput = parse(input)?;
+        let path = resolve(&ctx.workspace, &input.path)?;
+        refuse_protected(ctx, &path, &input.path)?;
+        let text = tokio::fs::read_to_string(&path)
+            .await
+            .map_err(|e| io_error("read", &input.path, e))?;
+        let at: Vec<usize> = text
+            .match_indices(&input.old_string)
+            .map(|(i, _)| i)
+            .collect();
+        match at.as_slice() {
+            [] => Err(ToolError::Failed(format!(
+                "old_string was not found in {}; read the file and copy the text exactly, \
+                 whitespace included",
+                input.path
+            ))),
+            [one] => {
+                let edited = format!(
+                    "{}{}{}",
+                    &text[..*one],
+                    input.new_string,
+                    &text[one + input.old_string.len()..]
+                );
+                tokio::fs::write(&path, edited)
+                    .await
+                    .map_err(|e| io_error("write", &input.path, e))?;
+                Ok(format!(
+                    "edited {} at line {}",
+                    input.path,
+                    line_of(&text, *one)
+                ))
+            }
+            many => {
+                let lines: Vec<String> = many
+                    .iter()
+                    .map(|i| line_of(&text, *i).to_string())
+                    .collect();
+                Err(ToolError::Failed(format!(
+                    "old_string occurs {} times in {} (lines {}); include more surrounding text \
+                     so that it matches exactly once",
+                    many.len(),
+                    input.path,
+                    lines.join(", ")
+                )))
+            }
+        }
+    }
+}
+
+/// The workspace's files under `root`, skipping `.git` and what `.gitignore` ignores.
+fn walk(workspace: &Path, root: &Path) -> impl Iterator<Item = PathBuf> {
+    let ws = workspace.to_path_buf();
+    ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .git_ignore(true)
+        .require_git(false)
+        .parents(false)
+        .filter_entry(|e| e.file_name() != ".git")
+        .sort_by_file_name(|a, b| a.cmp(b))
+        .build()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
+        .map(|e| e.into_path())
+        .filter(move |p| p.starts_with(&ws))
+}
+
+fn glob_matcher(pattern: Option<&str>) -> Result<Option<globset::GlobMatcher>, ToolError> {
+    pattern
+        .map(|p| {
+            globset::GlobBuilder::new(p)
+                .literal_separator(false)
+                .build()
+                .map(|g| g.compile_matcher())
+                .map_err(|e| ToolError::Invalid(format!("bad glob `{p}`: {e}")))
+        })
+        .transpose()
+}
+
+pub struct ListFiles(ToolSpec);
+
+impl ListFiles {
+    fn new() -> Self {
+        ListFiles(ToolSpec {
+            name: "list_files".into(),
+            description: "List the workspace's files (paths relative to the workspace), \
+                          optionally under `path` and matching a glob `pattern` such as \
+                          `**/*.rs`. What .gitignore ignores is skipped."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string"},
+                    "path": {"type": "string"}
+                },
+                "additionalProperties": false
+            }),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct ListInput {
+    pattern: Option<String>,
+    path: Option<String>,
+}
+
+#[async_trait]
+impl Tool for ListFiles {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Read
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let input: ListInput = parse(input)?;
+        let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
+        let matcher = glob_matcher(input.pattern.as_deref())?;
+        let ws = ctx.workspace.clone();
+        let listed = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let mut more = 0usize;
+            for p in walk(&ws, &root) {
+                let rel = relative(&ws, &p);
+                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel)) {
+                    continue;
+                }
+                if out.len() < MAX_LISTED {
+                    out.push(rel);
+                } else {
+                    more += 1;
+                }
+            }
+            (out, more)
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("listing failed: {e}")))?;
+        let (files, more) = listed;
+        if files.is_empty() {
+            return Ok("no files match".into());
+        }
+        let mut text = files.join("\n");
+        if more > 0 {
+            text.push_str(&format!(
+                "\n[… {more} more files; narrow the pattern or path]"
+            ));
+        }
+        Ok(text)
+    }
+}
+
+pub struct SearchFiles(ToolSpec);
+
+impl SearchFiles {
+    fn new() -> Self {
+        SearchFiles(ToolSpec {
+            name: "search_files".into(),
+            description: "Search the workspace's text files for a regular expression; \
+                          answers `path:line: text` for each matching line. Optional `path` \
+                          (a folder or file) and `glob` narrow the search."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "minLength": 1},
+                    "path": {"type": "string"},
+                    "glob": {"type": "string"}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct SearchInput {
+    pattern: String,
+    path: Option<String>,
+    glob: Option<String>,
+}
+
+#[async_trait]
+impl Tool for SearchFiles {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Read
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let input: SearchInput = parse(input)?;
+        let re = regex::Regex::new(&input.pattern)
+            .map_err(|e| ToolError::Invalid(format!("bad regular expression: {e}")))?;
+        let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
+        let matcher = glob_matcher(input.glob.as_deref())?;
+        let ws = ctx.workspace.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let mut more = 0usize;
+            for p in walk(&ws, &root) {
+                let rel = relative(&ws, &p);
+                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel)) {
+                    continue;
+                }
+                let Ok(bytes) = std::fs::read(&p) else {
+                    continue;
+                };
+                if is_binary(&bytes) {
+                    continue;
+                }
+                let text = String::from_utf8_lossy(&bytes);
+                for (n, line) in text.lines().enumerate() {
+                    if re.is_match(line) {
+                        if out.len() < MAX_MATCHES {
+                            let shown: String = line.chars().take(300).collect();
+                            out.push(format!("{rel}:{}: {shown}", n + 1));
+                        } else {
+                            more += 1;
+                        }
+                    }
+                }
+            }
+            (out, more)
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("search failed: {e}")))?;
+        let (lines, more) = found;
+        if lines.is_empty() {
+            return Ok("no matches".into());
+        }
+        let mut text = lines.join("\n");
+        if more > 0 {
+            text.push_str(&format!(
+                "\n[… {more} more matches; narrow the pattern, path or glob]"
+            ));
+        }
+        Ok(text)
+    }
+}
+
+pub struct RunCommand(ToolSpec);
+
+impl RunCommand {
+    fn new() -> Self {
+        RunCommand(ToolSpec {
+            name: "run_command".into(),
+            description: "Run a bash command line in the workspace and get its exit code, \
+                          stdout and stderr. Long outputs are cut in the middle. Optional \
+                          `timeout_secs` (at most the tool timeout)."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "minLength": 1},
+                    "timeout_secs": {"type": "integer", "minimum": 1}
+                },
+                "required": ["command"],
+                "additionalProperties": false
+            }),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct CommandInput {
+    command: String,
+    timeout_secs: Option<u64>,
+}
+
+/// Run a process for a tool and render what it did; shared by `run_command` and command
+/// tools. The result text starts with the exit status; each stream is capped at half the
+/// result cap, and a cut stream's file is kept.
+pub async fn run_for_tool(
+    mut spec: process::Spec,
+    ctx: &ToolContext,
+) -> Result<(Ending, String, String), ToolError> {
+    let base = safe_name(&ctx.call_id);
+    spec.stdout = ctx.output_dir.join(format!("{base}.stdout"));
+    spec.stderr = ctx.output_dir.join(format!("{base}.stderr"));
+    let finished = process::run(&spec, &ctx.cancel)
+        .await
+        .map_err(|e| ToolError::Failed(e.to_string()))?;
+    let read = |path: &Path| -> String {
+        match read_capped(path, ctx.output_cap / 2) {
+            Ok(c) => {
+                if !c.cut {
+                    let _ = std::fs::remove_file(path);
+                }
+                c.text
+            }
+            Err(e) => format!("[output unreadable: {e}]"),
+        }
+    };
+    let stdout = read(&spec.stdout);
+    let stderr = read(&spec.stderr);
+    Ok((finished.ending, stdout, stderr))
+}
+
+#[async_trait]
+impl Tool for RunCommand {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Exec
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let input: CommandInput = parse(input)?;
+        let timeout = input
+            .timeout_secs
+            .map(std::time::Duration::from_secs)
+            .map_or(ctx.timeout, |t| t.min(ctx.timeout));
+        let spec = process::Spec {
+            program: "bash".into(),
+            args: vec!["-c".into(), input.command.clone()],
+            cwd: ctx.workspace.clone(),
+            env: ctx.env.as_ref().clone(),
+            stdin: None,
+            timeout,
+            stdout: PathBuf::new(),
+            stderr: PathBuf::new(),
+        };
+        let (ending, stdout, stderr) = run_for_tool(spec, ctx).await?;
+        let mut text = ending.describe(timeout);
+        if ending == Ending::TimedOut {
+            text.push_str("; the process group was killed");
+        }
+        if !stdout.is_empty() {
+            text.push_str("\n--- stdout ---\n");
+            text.push_str(&stdout);
+        }
+        if !stderr.is_empty() {
+            text.push_str("\n--- stderr ---\n");
+            text.push_str(&stderr);
+        }
+        match ending {
+            Ending::Exited(0) => Ok(text),
+            Ending::Cancelled => Err(ToolError::Cancelled),
+            _ => Err(ToolError::Failed(text)),
+        }
+    }
+}

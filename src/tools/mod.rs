@@ -1,0 +1,154 @@
+//! Tools the model can call: the `Tool` trait, risks, the registry with its schema gate, the
+//! built-in workspace tools, command tools from goal files, and the process runner they share.
+
+pub mod builtin;
+pub mod command;
+pub mod paths;
+pub mod process;
+mod schema;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::ToolSpec;
+
+/// What a call can do to the world; the approval policy and the scheduler of parallel calls
+/// both go by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Risk {
+    Read,
+    Write,
+    #[default]
+    Exec,
+}
+
+/// What a tool call runs with.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    pub workspace: PathBuf,
+    pub cancel: CancellationToken,
+    pub timeout: Duration,
+    /// Where whole outputs are kept when the result is cut.
+    pub output_dir: PathBuf,
+    /// Byte cap of a result; tools that produce output streams cap each at half of it.
+    pub output_cap: usize,
+    /// The id of the call, for naming saved outputs.
+    pub call_id: String,
+    /// Files the agent may not change (the check scripts), as canonical paths.
+    pub protected: Arc<Vec<PathBuf>>,
+    /// Extra environment for processes (`SUP_WORKSPACE`, …).
+    pub env: Arc<Vec<(String, String)>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// The input makes no sense for the tool; says what to change.
+    #[error("{0}")]
+    Invalid(String),
+    /// The tool ran and failed; says how.
+    #[error("{0}")]
+    Failed(String),
+    #[error("timed out after {0:?}; the process group was killed")]
+    Timeout(Duration),
+    #[error("cancelled")]
+    Cancelled,
+}
+
+#[async_trait]
+pub trait Tool: Send + Sync {
+    fn spec(&self) -> &ToolSpec;
+    fn risk(&self) -> Risk;
+    /// Run the call. `Ok` text is the result; `Err` becomes an error result.
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError>;
+}
+
+/// A tool that passed the gate with its parsed input.
+pub struct Prepared {
+    pub tool: Arc<dyn Tool>,
+    pub input: Value,
+}
+
+/// The tools of a run, by name, each with its compiled input schema.
+#[derive(Default)]
+pub struct Registry {
+    tools: Vec<Arc<dyn Tool>>,
+    by_name: HashMap<String, (usize, Option<jsonschema::Validator>)>,
+    specs: Vec<ToolSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("two tools are named `{0}`; tool names must be unique")]
+    Duplicate(String),
+    #[error("tool `{name}` has an input_schema that is not a valid JSON Schema: {reason}")]
+    BadSchema { name: String, reason: String },
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let spec = tool.spec().clone();
+        if self.by_name.contains_key(&spec.name) {
+            return Err(RegistryError::Duplicate(spec.name));
+        }
+        let validator =
+            schema::compile(&spec.input_schema).map_err(|reason| RegistryError::BadSchema {
+                name: spec.name.clone(),
+                reason,
+            })?;
+        self.by_name
+            .insert(spec.name.clone(), (self.tools.len(), validator));
+        self.tools.push(tool);
+        self.specs.push(spec);
+        Ok(())
+    }
+
+    pub fn specs(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.by_name.get(name).map(|(i, _)| &self.tools[*i])
+    }
+
+    /// The gate every call passes before it runs: a known tool, arguments that parse as
+    /// JSON (empty means `{}`), and input that satisfies the tool's schema. The error is
+    /// what the model is told.
+    pub fn prepare(&self, name: &str, arguments: &str) -> Result<Prepared, String> {
+        let Some((index, validator)) = self.by_name.get(name) else {
+            let mut names: Vec<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
+            names.sort_unstable();
+            return Err(format!(
+                "unknown tool `{name}`; the tools are: {}",
+                names.join(", ")
+            ));
+        };
+        let input: Value = if arguments.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_str(arguments).map_err(|e| {
+                format!("the arguments of `{name}` are not valid JSON ({e}); send a JSON object")
+            })?
+        };
+        if let Some(validator) = validator {
+            schema::check(validator, &input).map_err(|problems| {
+                format!("the input of `{name}` does not match its schema: {problems}")
+            })?;
+        }
+        Ok(Prepared {
+            tool: self.tools[*index].clone(),
+            input,
+        })
+    }
+}

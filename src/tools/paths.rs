@@ -1,0 +1,94 @@
+//! Confinement of file tools to the workspace: a path that resolves outside it — through
+//! `..`, as an absolute path, or through a symlink — is refused before anything is touched.
+
+use std::path::{Component, Path, PathBuf};
+
+use super::ToolError;
+
+/// Resolve `rel` inside `workspace` (which must be canonical). The result is the real path
+/// of the deepest existing ancestor joined with the components that do not exist yet.
+pub fn resolve(workspace: &Path, rel: &str) -> Result<PathBuf, ToolError> {
+    let given = Path::new(rel);
+    if given.is_absolute() {
+        return Err(ToolError::Invalid(format!(
+            "`{rel}` is an absolute path; paths are relative to the workspace, and nothing \
+             outside it can be read or written"
+        )));
+    }
+    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+    for c in given.components() {
+        match c {
+            Component::Normal(p) => parts.push(p),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if parts.pop().is_none() {
+                    return Err(ToolError::Invalid(format!(
+                        "`{rel}` leads outside the workspace; nothing outside it can be read \
+                         or written"
+                    )));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(ToolError::Invalid(format!(
+                    "`{rel}` is not a relative path"
+                )));
+            }
+        }
+    }
+    // Walk down from the workspace, resolving symlinks as they are met.
+    let mut real = workspace.to_path_buf();
+    for (i, part) in parts.iter().enumerate() {
+        let next = real.join(part);
+        match std::fs::symlink_metadata(&next) {
+            Ok(_) => {
+                let canon = std::fs::canonicalize(&next).map_err(|_| {
+                    ToolError::Invalid(format!(
+                        "`{rel}` goes through a symlink that points nowhere; refused"
+                    ))
+                })?;
+                if !canon.starts_with(workspace) {
+                    return Err(ToolError::Invalid(format!(
+                        "`{rel}` goes through a symlink to {} outside the workspace; refused",
+                        canon.display()
+                    )));
+                }
+                real = canon;
+            }
+            Err(_) => {
+                for rest in &parts[i..] {
+                    real.push(rest);
+                }
+                return Ok(real);
+            }
+        }
+    }
+    Ok(real)
+}
+
+/// `path` relative to the workspace, for messages.
+pub fn relative(workspace: &Path, path: &Path) -> String {
+    path.strip_prefix(workspace)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_escapes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(ws.join("a")).unwrap();
+        assert!(resolve(&ws, "../x").is_err());
+        assert!(resolve(&ws, "a/../../x").is_err());
+        assert!(resolve(&ws, "/etc/passwd").is_err());
+        assert_eq!(resolve(&ws, "a/../b/c").unwrap(), ws.join("b/c"));
+        std::os::unix::fs::symlink("/tmp", ws.join("out")).unwrap();
+        assert!(resolve(&ws, "out/x").is_err());
+        std::os::unix::fs::symlink(ws.join("a"), ws.join("in")).unwrap();
+        assert_eq!(resolve(&ws, "in/f").unwrap(), ws.join("a/f"));
+    }
+}

@@ -1,0 +1,212 @@
+//! The human trace: one line per event on stderr, icons ▶ (model) ⚙ (tool call) ✓/✗ (result)
+//! ◆ (outcome). Streamed text is shown as it arrives.
+
+use std::io::Write;
+use std::sync::Mutex;
+
+use super::event::{Event, EventSink, Status, StopReason};
+
+pub struct HumanTrace {
+    /// Word the outcome as a goal (checks and tries) rather than a plain run.
+    goal: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Streamed text was printed in this step and its line is still open.
+    streaming: bool,
+}
+
+impl HumanTrace {
+    pub fn new(goal: bool) -> Self {
+        HumanTrace {
+            goal,
+            state: Mutex::new(State::default()),
+        }
+    }
+}
+
+/// The first line of `text`, at most `max` characters, with a mark when cut.
+pub fn one_line(text: &str, max: usize) -> String {
+    let first = text.lines().next().unwrap_or("");
+    let more_lines = text.trim_end().lines().nth(1).is_some();
+    let mut out: String = first.chars().take(max).collect();
+    if first.chars().count() > max || more_lines {
+        out.push_str(" …");
+    }
+    out
+}
+
+fn count(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn n_steps(n: u32) -> String {
+    count(n, "step", "steps")
+}
+
+fn n_tries(n: u32) -> String {
+    count(n, "try", "tries")
+}
+
+impl HumanTrace {
+    fn line(&self, event: &Event) -> Option<String> {
+        Some(match event {
+            Event::RunStarted {
+                run_id,
+                model,
+                workspace,
+                ..
+            } => format!("sup · run {run_id} · {model} · {workspace}"),
+            Event::Notice { text } => format!("· {text}"),
+            Event::TryStarted { r#try, tries } => format!("── try {try}/{tries}"),
+            Event::StepStarted { step } => format!("▶ step {step}"),
+            Event::TextDelta { .. } | Event::Message { .. } | Event::TryFinished { .. } => {
+                return None;
+            }
+            Event::ModelText { text, .. } => {
+                let lines: Vec<String> = text.lines().map(|l| format!("  {l}")).collect();
+                lines.join("\n")
+            }
+            Event::ToolCall { name, input, .. } => {
+                format!("⚙ {name} {}", one_line(&input.to_string(), 160))
+            }
+            Event::ToolResult {
+                name,
+                content,
+                is_error,
+                started_ms,
+                finished_ms,
+                ..
+            } => {
+                let icon = if *is_error { '✗' } else { '✓' };
+                let ms = (finished_ms - started_ms).max(0.0);
+                format!("{icon} {name} · {} · {ms:.0}ms", one_line(content, 120))
+            }
+            Event::StepFinished { usage, .. } => {
+                let mut s = format!(
+                    "  tokens: {} in · {} out",
+                    usage.input_tokens, usage.output_tokens
+                );
+                if usage.cache_read_tokens + usage.cache_write_tokens > 0 {
+                    s.push_str(&format!(
+                        " · cache {} read · {} written",
+                        usage.cache_read_tokens, usage.cache_write_tokens
+                    ));
+                }
+                s
+            }
+            Event::WorkFinished {
+                stop_reason,
+                steps,
+                error,
+            } => match stop_reason {
+                StopReason::Final => return None,
+                StopReason::Error => format!(
+                    "✗ model error after {}: {}",
+                    n_steps(*steps),
+                    error.as_deref().unwrap_or("unknown")
+                ),
+                StopReason::Cancelled => format!("✗ cancelled after {}", n_steps(*steps)),
+                other => format!(
+                    "· stopped by {} after {}: the work is unfinished",
+                    other.as_str(),
+                    n_steps(*steps)
+                ),
+            },
+            Event::Check { report, .. } => {
+                let icon = if report.passed { '✓' } else { '✗' };
+                let mut s = format!(
+                    "{icon} check {} · {} · {}ms",
+                    report.name, report.outcome, report.duration_ms
+                );
+                if !report.passed {
+                    let tail: Vec<&str> = report.output_tail.trim_end().lines().collect();
+                    for l in &tail[tail.len().saturating_sub(6)..] {
+                        s.push_str(&format!("\n    {l}"));
+                    }
+                }
+                s
+            }
+            Event::Result {
+                status,
+                stop_reason,
+                tries,
+                steps,
+                error,
+                run_id,
+                checks,
+                ..
+            } => {
+                let what = match status {
+                    Status::Achieved if self.goal => {
+                        format!("◆ Goal achieved · {}", n_tries(*tries))
+                    }
+                    Status::Achieved => format!("◆ Done · {}", n_steps(*steps)),
+                    Status::Failed => {
+                        let failing: Vec<&str> = checks
+                            .last()
+                            .map(|c| {
+                                c.iter()
+                                    .filter(|r| !r.passed)
+                                    .map(|r| r.name.as_str())
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let why = if *stop_reason == StopReason::NoProgress {
+                            "no progress: the same checks failed the same way three tries in a row"
+                                .to_string()
+                        } else {
+                            format!("checks still failing: {}", failing.join(", "))
+                        };
+                        format!("◆ Goal not achieved · {} · {why}", n_tries(*tries))
+                    }
+                    Status::Unfinished => format!(
+                        "◆ Unfinished · stopped by {} after {} · the work is not done",
+                        stop_reason.as_str(),
+                        n_steps(*steps)
+                    ),
+                    Status::Error => {
+                        format!("◆ Error · {}", error.as_deref().unwrap_or("the run failed"))
+                    }
+                    Status::Interrupted => {
+                        "◆ Interrupted · what happened so far is kept".to_string()
+                    }
+                };
+                format!("{what}\n  run {run_id}")
+            }
+        })
+    }
+}
+
+impl EventSink for HumanTrace {
+    fn emit(&self, event: &Event) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let mut err = std::io::stderr().lock();
+        if let Event::TextDelta { text } = event {
+            if !state.streaming {
+                let _ = write!(err, "  ");
+                state.streaming = true;
+            }
+            let _ = write!(err, "{}", text.replace('\n', "\n  "));
+            let _ = err.flush();
+            return;
+        }
+        if let Event::ModelText { .. } = event {
+            if state.streaming {
+                state.streaming = false;
+                let _ = writeln!(err);
+                return;
+            }
+        } else if state.streaming && !matches!(event, Event::Message { .. }) {
+            state.streaming = false;
+            let _ = writeln!(err);
+        }
+        if let Some(line) = self.line(event) {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+}

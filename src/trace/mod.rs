@@ -1,0 +1,48 @@
+//! The event stream every layer reports through, and its renderers: the human trace on
+//! stderr (one line per event, icons ▶ ⚙ ✓ ✗ ◆) and JSON lines on stdout (`--json`).
+//! The transcript writer in `store` is one more sink on the same stream.
+
+mod event;
+mod human;
+
+pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
+pub use human::HumanTrace;
+
+use std::io::Write;
+use std::sync::Mutex;
+
+/// `--json`: one JSON object per event on stdout. Streaming deltas and transcript-only
+/// messages are left out; the last object is the `result`.
+pub struct JsonLines {
+    out: Mutex<std::io::Stdout>,
+}
+
+impl JsonLines {
+    pub fn new() -> Self {
+        JsonLines {
+            out: Mutex::new(std::io::stdout()),
+        }
+    }
+}
+
+impl Default for JsonLines {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EventSink for JsonLines {
+    fn emit(&self, event: &Event) {
+        if matches!(event, Event::TextDelta { .. } | Event::Message { .. }) {
+            return;
+        }
+        let Ok(line) = serde_json::to_string(event) else {
+            return;
+        };
+        if let Ok(mut out) = self.out.lock() {
+            // A closed stdout (a pipe whose reader left) must not stop the run.
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+}

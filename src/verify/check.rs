@@ -1,0 +1,233 @@
+//! Acceptance checks: scripts (run by extension) and shell command lines, run in the
+//! workspace with a timeout, stdin closed and the `SUP_*` environment; exit 0 passes. Also
+//! the failure report the model gets, and the guard that notices a check changed mid-run.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::tools::process::{self, Ending, program_exists, read_tail, script_command};
+use crate::trace::CheckReport;
+
+#[derive(Clone, Debug)]
+pub enum CheckKind {
+    /// A script file (canonical path), run by its extension.
+    Script(PathBuf),
+    /// A shell command line, run with `bash -c`.
+    Command(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Check {
+    /// How the check is named in reports: the script path as given, or the command line.
+    pub name: String,
+    pub kind: CheckKind,
+    pub timeout: Duration,
+}
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Check {
+    pub fn script(name: String, path: PathBuf, timeout: Duration) -> Self {
+        Check {
+            name,
+            kind: CheckKind::Script(path),
+            timeout,
+        }
+    }
+
+    pub fn command(line: String, timeout: Duration) -> Self {
+        Check {
+            name: line.clone(),
+            kind: CheckKind::Command(line),
+            timeout,
+        }
+    }
+
+    pub fn script_path(&self) -> Option<PathBuf> {
+        match &self.kind {
+            CheckKind::Script(p) => Some(p.clone()),
+            CheckKind::Command(_) => None,
+        }
+    }
+
+    /// Whether the check can run at all: its file exists and its interpreter is installed.
+    pub fn validate(&self) -> Result<(), String> {
+        let (program, _) = self.argv();
+        if let CheckKind::Script(path) = &self.kind {
+            if !path.is_file() {
+                return Err(format!("check script {} does not exist", path.display()));
+            }
+        }
+        if !program_exists(&program) {
+            return Err(format!(
+                "check `{}` needs `{program}`, which is not installed (not found on PATH)",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
+    fn argv(&self) -> (String, Vec<String>) {
+        match &self.kind {
+            CheckKind::Script(p) => script_command(p),
+            CheckKind::Command(line) => ("bash".into(), vec!["-c".into(), line.clone()]),
+        }
+    }
+}
+
+/// The contents of every script check, to notice changes later.
+pub fn snapshot(checks: &[Check]) -> Vec<Option<Vec<u8>>> {
+    checks
+        .iter()
+        .map(|c| c.script_path().and_then(|p| std::fs::read(p).ok()))
+        .collect()
+}
+
+/// The name of a script check whose file differs from `originals`, if any.
+pub fn changed(checks: &[Check], originals: &[Option<Vec<u8>>]) -> Option<String> {
+    checks
+        .iter()
+        .zip(snapshot(checks))
+        .zip(originals)
+        .find(|((_, now), before)| now != *before)
+        .map(|((c, _), _)| c.name.clone())
+}
+
+/// What a round of checks runs with.
+pub struct CheckRun<'a> {
+    pub workspace: &'a Path,
+    pub env: &'a [(String, String)],
+    /// Where outputs go (`RUN/try-N`).
+    pub dir: &'a Path,
+    pub answer: &'a str,
+    pub answer_file: &'a Path,
+    pub feedback_cap: usize,
+    pub cancel: &'a CancellationToken,
+}
+
+fn file_stem(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    s
+}
+
+/// Run every check in order, all of them, reporting each as it ends.
+pub async fn run_all(
+    checks: &[Check],
+    run: &CheckRun<'_>,
+    on_each: impl Fn(&CheckReport),
+) -> Vec<CheckReport> {
+    let _ = std::fs::create_dir_all(run.dir);
+    if let Err(e) = std::fs::write(run.answer_file, run.answer) {
+        tracing::warn!("cannot write {}: {e}", run.answer_file.display());
+    }
+    let mut reports = Vec::new();
+    for (i, check) in checks.iter().enumerate() {
+        let report = run_one(check, i, run).await;
+        on_each(&report);
+        reports.push(report);
+    }
+    reports
+}
+
+async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport {
+    let (program, args) = check.argv();
+    let base = format!("check-{}-{}", index + 1, file_stem(&check.name));
+    let spec = process::Spec {
+        program,
+        args,
+        cwd: run.workspace.to_path_buf(),
+        env: run.env.to_vec(),
+        stdin: None,
+        timeout: check.timeout,
+        stdout: run.dir.join(format!("{base}.stdout")),
+        stderr: run.dir.join(format!("{base}.stderr")),
+    };
+    let (ending, duration) = match process::run(&spec, run.cancel).await {
+        Ok(f) => (f.ending, f.duration),
+        Err(e) => {
+            return CheckReport {
+                name: check.name.clone(),
+                passed: false,
+                exit_status: None,
+                outcome: "could not start".into(),
+                duration_ms: 0,
+                output_tail: e.to_string(),
+                output_path: None,
+            };
+        }
+    };
+    let half = run.feedback_cap / 2;
+    let mut tail = String::new();
+    for (label, path) in [("stdout", &spec.stdout), ("stderr", &spec.stderr)] {
+        if let Ok((text, cut)) = read_tail(path, half) {
+            if !text.trim().is_empty() {
+                tail.push_str(&format!(
+                    "--- {label}{} ---\n{}\n",
+                    if cut { " (last part)" } else { "" },
+                    text.trim_end()
+                ));
+            }
+        }
+    }
+    CheckReport {
+        name: check.name.clone(),
+        passed: ending.success(),
+        exit_status: ending.exit_code(),
+        outcome: match ending {
+            Ending::Exited(0) => "passed".into(),
+            other => other.describe(check.timeout),
+        },
+        duration_ms: duration.as_millis() as u64,
+        output_tail: tail,
+        output_path: Some(format!(
+            "{} {}",
+            spec.stdout.display(),
+            spec.stderr.display()
+        )),
+    }
+}
+
+/// The message that tells the model which checks failed and how.
+pub fn failure_report(results: &[CheckReport], attempt: u32, tries: u32) -> String {
+    let failed: Vec<&CheckReport> = results.iter().filter(|r| !r.passed).collect();
+    let mut s = format!(
+        "The acceptance checks ran after your work (try {attempt} of {tries}) and {} of {} \
+         failed. Fix the work so that they pass; do not change the checks.\n",
+        failed.len(),
+        results.len()
+    );
+    for r in failed {
+        s.push_str(&format!("\nCheck `{}` failed: {}.\n", r.name, r.outcome));
+        if r.output_tail.trim().is_empty() {
+            s.push_str("(it printed nothing)\n");
+        } else {
+            s.push_str(&r.output_tail);
+        }
+        if let Some(p) = &r.output_path {
+            s.push_str(&format!("(whole output: {p})\n"));
+        }
+    }
+    s
+}
+
+/// What makes two failure reports the same, leaving out paths and times.
+pub fn report_key(results: &[CheckReport]) -> String {
+    results
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| format!("{}\u{1}{}\u{1}{}", r.name, r.outcome, r.output_tail))
+        .collect::<Vec<_>>()
+        .join("\u{2}")
+}

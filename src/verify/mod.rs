@@ -1,0 +1,260 @@
+//! The verify loop: run the work loop, run every acceptance check in the workspace, and on
+//! failure tell the model what failed and try again, up to N tries. Also owns goals: what a
+//! goal is (`Goal`), and goal files (`file`).
+
+pub mod check;
+pub mod file;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{Message, Model, Usage};
+use crate::store::RunDir;
+use crate::tools::Registry;
+use crate::trace::{CheckReport, Event, Events, Status, StopReason};
+use crate::work::{self, Limits, Work};
+pub use check::{Check, CheckKind};
+
+/// A goal, ready to run: what to ask, how to judge it, and within which limits.
+#[derive(Clone, Debug)]
+pub struct Goal {
+    pub name: String,
+    pub prompt: String,
+    pub system: String,
+    pub checks: Vec<Check>,
+    pub tries: u32,
+    /// Start each try again from the prompt plus the latest failure report.
+    pub fresh: bool,
+    pub limits: Limits,
+    /// Canonical.
+    pub workspace: PathBuf,
+    /// Bytes of each check's output tail shown to the model.
+    pub feedback_cap: usize,
+}
+
+/// The default system prompt.
+pub fn default_system(workspace: &std::path::Path) -> String {
+    format!(
+        "You are an agent that does real work with tools. Your workspace is {}; all paths are \
+         relative to it. Act with the tools, check your work, and when you are done answer \
+         without calling tools.",
+        workspace.display()
+    )
+}
+
+/// What a goal run needs besides the goal.
+pub struct Runtime<'a> {
+    pub model: &'a dyn Model,
+    pub tools: &'a Registry,
+    pub events: &'a Events,
+    pub cancel: &'a CancellationToken,
+    pub run: &'a RunDir,
+}
+
+/// How a goal run ended.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub status: Status,
+    pub stop_reason: StopReason,
+    pub tries: u32,
+    pub steps: u32,
+    pub usage: Usage,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    pub config_error: bool,
+    /// Each try's check results.
+    pub checks: Vec<Vec<CheckReport>>,
+}
+
+impl Outcome {
+    /// The `result` event of this outcome.
+    pub fn event(&self, run_id: &str) -> Event {
+        Event::Result {
+            status: self.status,
+            stop_reason: self.stop_reason,
+            tries: self.tries,
+            steps: self.steps,
+            usage: self.usage,
+            run_id: run_id.to_string(),
+            answer: self.answer.clone(),
+            error: self.error.clone(),
+            checks: self.checks.clone(),
+        }
+    }
+}
+
+/// The status a work loop's stop gives when no check judges it.
+fn status_of(stop: StopReason) -> Status {
+    match stop {
+        StopReason::Final => Status::Achieved,
+        StopReason::Cancelled => Status::Interrupted,
+        StopReason::Error => Status::Error,
+        StopReason::NoProgress | StopReason::ChecksFailed | StopReason::CheckChanged => {
+            Status::Failed
+        }
+        _ => Status::Unfinished,
+    }
+}
+
+/// Run `goal` to its end.
+pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
+    let started = Instant::now();
+    let originals = check::snapshot(&goal.checks);
+    let protected: Vec<PathBuf> = goal.checks.iter().filter_map(Check::script_path).collect();
+    let env: Vec<(String, String)> = vec![
+        ("SUP_WORKSPACE".into(), goal.workspace.display().to_string()),
+        ("SUP_GOAL".into(), goal.name.clone()),
+        ("SUP_RUN_ID".into(), rt.run.id.clone()),
+    ];
+    let work = Work {
+        model: rt.model,
+        tools: rt.tools,
+        events: rt.events,
+        cancel: rt.cancel,
+        limits: &goal.limits,
+        workspace: goal.workspace.clone(),
+        output_dir: rt.run.outputs(),
+        protected: Arc::new(protected),
+        env: Arc::new(env.clone()),
+        started,
+    };
+    let mut messages = Vec::new();
+    let first = vec![
+        Message::System {
+            content: goal.system.clone(),
+        },
+        Message::User {
+            content: goal.prompt.clone(),
+        },
+    ];
+    for m in first {
+        work::push(&mut messages, m, rt.events);
+    }
+    let mut out = Outcome {
+        status: Status::Error,
+        stop_reason: StopReason::Error,
+        tries: 0,
+        steps: 0,
+        usage: Usage::default(),
+        answer: None,
+        error: None,
+        config_error: false,
+        checks: Vec::new(),
+    };
+    let mut reports: Vec<String> = Vec::new();
+    let tries = goal.tries.max(1);
+    for attempt in 1..=tries {
+        out.tries = attempt;
+        if !goal.checks.is_empty() {
+            rt.events.emit(Event::TryStarted {
+                r#try: attempt,
+                tries,
+            });
+        }
+        if let Some(changed) = check::changed(&goal.checks, &originals) {
+            return tampered(out, changed);
+        }
+        let w = work.run(&mut messages, out.usage).await;
+        out.steps += w.steps;
+        out.usage += w.usage;
+        out.stop_reason = w.stop_reason;
+        out.answer = w.answer.clone();
+        out.error = w.error.clone();
+        out.config_error = w.config_error;
+        if goal.checks.is_empty()
+            || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)
+        {
+            out.status = status_of(w.stop_reason);
+            return out;
+        }
+        if let Some(changed) = check::changed(&goal.checks, &originals) {
+            return tampered(out, changed);
+        }
+        let answer_file = rt.run.dir.join(format!("try-{attempt}")).join("answer.txt");
+        let mut check_env = env.clone();
+        check_env.push(("SUP_TRY".into(), attempt.to_string()));
+        check_env.push(("SUP_ANSWER".into(), answer_file.display().to_string()));
+        let results = check::run_all(
+            &goal.checks,
+            &check::CheckRun {
+                workspace: &goal.workspace,
+                env: &check_env,
+                dir: &rt.run.dir.join(format!("try-{attempt}")),
+                answer: w.answer.as_deref().unwrap_or(""),
+                answer_file: &answer_file,
+                feedback_cap: goal.feedback_cap,
+                cancel: rt.cancel,
+            },
+            |r| {
+                rt.events.emit(Event::Check {
+                    r#try: attempt,
+                    report: r.clone(),
+                })
+            },
+        )
+        .await;
+        let passed = results.iter().all(|r| r.passed);
+        out.checks.push(results.clone());
+        rt.events.emit(Event::TryFinished {
+            r#try: attempt,
+            passed,
+            stop_reason: w.stop_reason,
+        });
+        if rt.cancel.is_cancelled() {
+            out.status = Status::Interrupted;
+            out.stop_reason = StopReason::Cancelled;
+            return out;
+        }
+        if passed {
+            out.status = Status::Achieved;
+            return out;
+        }
+        if w.stop_reason == StopReason::Budget {
+            out.status = Status::Unfinished;
+            return out;
+        }
+        let report = check::failure_report(&results, attempt, tries);
+        reports.push(check::report_key(&results));
+        let n = reports.len();
+        if n >= 3 && reports[n - 3..].iter().all(|r| *r == reports[n - 1]) {
+            out.status = Status::Failed;
+            out.stop_reason = StopReason::NoProgress;
+            return out;
+        }
+        if attempt == tries {
+            break;
+        }
+        if goal.fresh {
+            messages.clear();
+            let restart = vec![
+                Message::System {
+                    content: goal.system.clone(),
+                },
+                Message::User {
+                    content: format!("{}\n\n{report}", goal.prompt),
+                },
+            ];
+            for m in restart {
+                work::push(&mut messages, m, rt.events);
+            }
+        } else {
+            work::push(&mut messages, Message::User { content: report }, rt.events);
+        }
+    }
+    out.status = Status::Failed;
+    out.stop_reason = StopReason::ChecksFailed;
+    out
+}
+
+fn tampered(mut out: Outcome, changed: String) -> Outcome {
+    out.status = Status::Failed;
+    out.stop_reason = StopReason::CheckChanged;
+    out.error = Some(format!(
+        "the check {changed} was changed during the run; the goal fails, since a changed \
+         exam proves nothing"
+    ));
+    out
+}

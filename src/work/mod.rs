@@ -1,0 +1,407 @@
+//! The work loop: ask the model, execute the tool calls it proposes (through the schema gate,
+//! read-only calls together, the others one at a time in the model's order), feed every
+//! result back, and decide when to stop. Every call id gets exactly one result, whatever
+//! happens; a forced stop is never success.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage};
+use crate::tools::process::safe_name;
+use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
+pub use crate::trace::StopReason;
+use crate::trace::{Event, Events};
+
+/// The limits of one work loop.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Model turns, not tool calls.
+    pub max_steps: u32,
+    /// Input plus output tokens over the whole run (all tries).
+    pub token_budget: Option<u64>,
+    pub tool_timeout: Duration,
+    /// Bytes of a tool result the model sees; the rest is kept on disk.
+    pub output_cap: usize,
+    /// The same call with the same result this many times in a row stops the run.
+    pub repeat_limit: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_steps: 30,
+            token_budget: None,
+            tool_timeout: Duration::from_secs(120),
+            output_cap: 16 * 1024,
+            repeat_limit: 3,
+        }
+    }
+}
+
+/// Everything a work loop runs with.
+pub struct Work<'a> {
+    pub model: &'a dyn Model,
+    pub tools: &'a Registry,
+    pub events: &'a Events,
+    pub cancel: &'a CancellationToken,
+    pub limits: &'a Limits,
+    pub workspace: PathBuf,
+    pub output_dir: PathBuf,
+    /// Files the agent must not change (check scripts).
+    pub protected: Arc<Vec<PathBuf>>,
+    /// Environment given to every process a tool starts.
+    pub env: Arc<Vec<(String, String)>>,
+    /// When the run started: event times are offsets from it.
+    pub started: Instant,
+}
+
+/// How one work loop ended.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub stop_reason: StopReason,
+    pub steps: u32,
+    /// Tokens spent by this loop alone.
+    pub usage: Usage,
+    /// The final answer (`final` stops only).
+    pub answer: Option<String>,
+    /// What went wrong (`error` stops).
+    pub error: Option<String>,
+    /// The error is the user's setup (exit 2), not the model failing (exit 4).
+    pub config_error: bool,
+}
+
+/// Add a message to the conversation and to the transcript.
+pub fn push(messages: &mut Vec<Message>, message: Message, events: &Events) {
+    events.emit(Event::Message {
+        message: message.clone(),
+    });
+    messages.push(message);
+}
+
+impl Work<'_> {
+    fn ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1000.0
+    }
+
+    fn finish(&self, stop_reason: StopReason, steps: u32, usage: Usage) -> Outcome {
+        self.events.emit(Event::WorkFinished {
+            stop_reason,
+            steps,
+            error: None,
+        });
+        Outcome {
+            stop_reason,
+            steps,
+            usage,
+            answer: None,
+            error: None,
+            config_error: false,
+        }
+    }
+
+    /// Run the loop on `messages`; `spent` is what earlier tries of the same run used.
+    pub async fn run(&self, messages: &mut Vec<Message>, spent: Usage) -> Outcome {
+        let mut usage = Usage::default();
+        let mut repeats = Repeats::default();
+        let events = self.events;
+        for step in 1..=self.limits.max_steps {
+            if self.cancel.is_cancelled() {
+                return self.finish(StopReason::Cancelled, step - 1, usage);
+            }
+            events.emit(Event::StepStarted { step });
+            let on_text = |t: &str| {
+                events.emit(Event::TextDelta {
+                    text: t.to_string(),
+                })
+            };
+            let request = ModelRequest {
+                messages,
+                tools: self.tools.specs(),
+                on_text: &on_text,
+            };
+            let response = tokio::select! {
+                r = self.model.step(request) => r,
+                _ = self.cancel.cancelled() => {
+                    return self.finish(StopReason::Cancelled, step - 1, usage);
+                }
+            };
+            let response = match response {
+                Ok(r) => r,
+                Err(e) => {
+                    let error = e.to_string();
+                    events.emit(Event::WorkFinished {
+                        stop_reason: StopReason::Error,
+                        steps: step,
+                        error: Some(error.clone()),
+                    });
+                    return Outcome {
+                        stop_reason: StopReason::Error,
+                        steps: step,
+                        usage,
+                        answer: None,
+                        error: Some(error),
+                        config_error: e.is_config(),
+                    };
+                }
+            };
+            usage += response.usage;
+            let mut total = spent;
+            total += usage;
+            if !response.text.is_empty() {
+                events.emit(Event::ModelText {
+                    step,
+                    text: response.text.clone(),
+                });
+            }
+            let calls = response.tool_calls.clone();
+            push(
+                messages,
+                Message::Assistant {
+                    text: response.text.clone(),
+                    tool_calls: calls.clone(),
+                    reasoning: response.reasoning.clone(),
+                },
+                events,
+            );
+            events.emit(Event::StepFinished {
+                step,
+                usage: response.usage,
+                total_usage: total,
+            });
+            for call in &calls {
+                events.emit(Event::ToolCall {
+                    step,
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    input: serde_json::from_str(&call.arguments)
+                        .unwrap_or_else(|_| Value::String(call.arguments.clone())),
+                });
+            }
+            let over_budget = self.limits.token_budget.is_some_and(|b| total.total() >= b);
+            let early_stop = if response.finish == FinishReason::Length {
+                Some((StopReason::Length, "the model ran out of output tokens"))
+            } else if calls.is_empty() {
+                let mut outcome = self.finish(StopReason::Final, step, usage);
+                outcome.answer = Some(response.text);
+                return outcome;
+            } else if over_budget {
+                Some((StopReason::Budget, "the token budget of this run is spent"))
+            } else {
+                None
+            };
+            if let Some((reason, why)) = early_stop {
+                if !calls.is_empty() {
+                    let results = calls
+                        .iter()
+                        .map(|c| self.unrun(step, c, &format!("not run: {why}")))
+                        .collect();
+                    push(messages, Message::Tool { results }, events);
+                }
+                return self.finish(reason, step, usage);
+            }
+            let results = self.execute(step, &calls).await;
+            let repeated = results
+                .iter()
+                .zip(&calls)
+                .any(|(r, c)| repeats.see(c, r) >= self.limits.repeat_limit);
+            push(messages, Message::Tool { results }, events);
+            if self.cancel.is_cancelled() {
+                return self.finish(StopReason::Cancelled, step, usage);
+            }
+            if repeated {
+                return self.finish(StopReason::RepeatedCalls, step, usage);
+            }
+        }
+        self.finish(StopReason::MaxSteps, self.limits.max_steps, usage)
+    }
+
+    /// A result for a call that did not run.
+    fn unrun(&self, step: u32, call: &ToolCall, why: &str) -> ToolResult {
+        let now = self.ms();
+        self.result(step, call, why.to_string(), true, now, now)
+    }
+
+    fn result(
+        &self,
+        step: u32,
+        call: &ToolCall,
+        content: String,
+        is_error: bool,
+        started_ms: f64,
+        finished_ms: f64,
+    ) -> ToolResult {
+        self.events.emit(Event::ToolResult {
+            step,
+            id: call.id.clone(),
+            name: call.name.clone(),
+            content: content.clone(),
+            is_error,
+            started_ms,
+            finished_ms,
+        });
+        ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content,
+            is_error,
+        }
+    }
+
+    /// Execute one step's calls: each passes the gate; consecutive read-only calls run
+    /// together, every other call alone, in the model's order. One result per call, in order.
+    async fn execute(&self, step: u32, calls: &[ToolCall]) -> Vec<ToolResult> {
+        let mut prepared: Vec<Option<Result<Prepared, String>>> = calls
+            .iter()
+            .map(|c| Some(self.tools.prepare(&c.name, &c.arguments)))
+            .collect();
+        let mut results: Vec<Option<ToolResult>> = calls.iter().map(|_| None).collect();
+        let mut i = 0;
+        while i < calls.len() {
+            if self.cancel.is_cancelled() {
+                for j in i..calls.len() {
+                    results[j] = Some(self.unrun(
+                        step,
+                        &calls[j],
+                        "not run: the run was cancelled before this call started",
+                    ));
+                }
+                break;
+            }
+            match prepared[i].take() {
+                None => i += 1,
+                Some(Err(why)) => {
+                    results[i] = Some(self.unrun(step, &calls[i], &why));
+                    i += 1;
+                }
+                Some(Ok(p)) if p.tool.risk() == Risk::Read => {
+                    let mut batch = vec![(i, p)];
+                    let mut j = i + 1;
+                    while j < calls.len() {
+                        match &prepared[j] {
+                            Some(Ok(q)) if q.tool.risk() == Risk::Read => {
+                                if let Some(Ok(q)) = prepared[j].take() {
+                                    batch.push((j, q));
+                                }
+                                j += 1;
+                            }
+                            _ => break,
+                        }
+                    }
+                    let runs = batch
+                        .into_iter()
+                        .map(|(k, p)| async move { (k, self.call(step, &calls[k], p).await) });
+                    for (k, r) in futures::future::join_all(runs).await {
+                        results[k] = Some(r);
+                    }
+                    i = j;
+                }
+                Some(Ok(p)) => {
+                    results[i] = Some(self.call(step, &calls[i], p).await);
+                    i += 1;
+                }
+            }
+        }
+        results
+            .into_iter()
+            .zip(calls)
+            .map(|(r, c)| r.unwrap_or_else(|| self.unrun(step, c, "not run")))
+            .collect()
+    }
+
+    /// Run one prepared call to a result: timeout, cancellation, output cap.
+    async fn call(&self, step: u32, call: &ToolCall, prepared: Prepared) -> ToolResult {
+        let started_ms = self.ms();
+        let ctx = ToolContext {
+            workspace: self.workspace.clone(),
+            cancel: self.cancel.child_token(),
+            timeout: self.limits.tool_timeout,
+            output_dir: self.output_dir.clone(),
+            output_cap: self.limits.output_cap,
+            call_id: call.id.clone(),
+            protected: self.protected.clone(),
+            env: self.env.clone(),
+        };
+        // Tools that run processes time out on their own and report what they printed;
+        // this is the backstop for every other tool.
+        let backstop = self.limits.tool_timeout + Duration::from_secs(2);
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(backstop, prepared.tool.call(&prepared.input, &ctx)) => {
+                r.unwrap_or(Err(ToolError::Timeout(self.limits.tool_timeout)))
+            }
+            _ = self.cancel.cancelled() => Err(ToolError::Cancelled),
+        };
+        let (content, is_error) = match outcome {
+            Ok(text) => (text, false),
+            Err(ToolError::Cancelled) => (
+                "cancelled: the run was cancelled while this call ran; its processes were killed"
+                    .to_string(),
+                true,
+            ),
+            Err(e) => (e.to_string(), true),
+        };
+        let content = self.cap(call, content);
+        self.result(step, call, content, is_error, started_ms, self.ms())
+    }
+
+    /// Keep the head and tail of a long result; the whole of it goes to a file.
+    fn cap(&self, call: &ToolCall, content: String) -> String {
+        let cap = self.limits.output_cap;
+        if content.len() <= cap {
+            return content;
+        }
+        let path = self
+            .output_dir
+            .join(format!("{}.result.txt", safe_name(&call.id)));
+        let saved = std::fs::create_dir_all(&self.output_dir)
+            .and_then(|_| std::fs::write(&path, &content))
+            .map(|_| path.display().to_string())
+            .unwrap_or_else(|e| format!("nowhere (saving failed: {e})"));
+        let mut head_end = cap / 2;
+        while !content.is_char_boundary(head_end) {
+            head_end -= 1;
+        }
+        let mut tail_start = content.len() - cap / 2;
+        while !content.is_char_boundary(tail_start) {
+            tail_start += 1;
+        }
+        format!(
+            "{}\n[… {} of {} bytes cut from the middle; the whole result is in {saved} …]\n{}",
+            &content[..head_end],
+            tail_start - head_end,
+            content.len(),
+            &content[tail_start..]
+        )
+    }
+}
+
+/// Counts the same call with the same result in a row.
+#[derive(Default)]
+struct Repeats {
+    last: Option<(String, String, String, bool)>,
+    count: u32,
+}
+
+impl Repeats {
+    fn see(&mut self, call: &ToolCall, result: &ToolResult) -> u32 {
+        let input = serde_json::from_str::<Value>(&call.arguments)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|_| call.arguments.clone());
+        let key = (
+            call.name.clone(),
+            input,
+            result.content.clone(),
+            result.is_error,
+        );
+        if self.last.as_ref() == Some(&key) {
+            self.count += 1;
+        } else {
+            self.last = Some(key);
+            self.count = 1;
+        }
+        self.count
+    }
+}

@@ -1,0 +1,151 @@
+//! Helpers for end-to-end tests: a temporary SUP_HOME and workspace, scripted models, and
+//! the binary run against them.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub struct Env {
+    pub home: TempDir,
+    pub ws: TempDir,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        Env {
+            home: tempfile::tempdir().unwrap(),
+            ws: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn ws(&self) -> PathBuf {
+        std::fs::canonicalize(self.ws.path()).unwrap()
+    }
+
+    /// Write a script of turns (outside the workspace) and return its path.
+    pub fn script(&self, turns: Value) -> PathBuf {
+        let n = std::fs::read_dir(self.home.path()).unwrap().count();
+        let path = self.home.path().join(format!("script-{n}.json"));
+        std::fs::write(&path, serde_json::to_string_pretty(&turns).unwrap()).unwrap();
+        path
+    }
+
+    pub fn write(&self, rel: &str, content: &str) -> PathBuf {
+        let path = self.ws.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    /// The binary, with SUP_HOME set, the workspace as current directory, and no SUP_MODEL.
+    pub fn sup(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sup"));
+        cmd.env("SUP_HOME", self.home.path())
+            .env_remove("SUP_MODEL")
+            .env_remove("RUST_LOG")
+            .current_dir(self.ws.path())
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    /// `sup run PROMPT --model script:… --json ARGS…`.
+    pub fn run_json(&self, turns: Value, args: &[&str]) -> Run {
+        let script = self.script(turns);
+        let out = self
+            .sup()
+            .arg("run")
+            .arg("do the work")
+            .arg("--model")
+            .arg(format!("script:{}", script.display()))
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap();
+        Run::new(out)
+    }
+
+    /// Every run folder under SUP_HOME/runs.
+    pub fn run_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(self.home.path().join("runs"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        dirs.sort();
+        dirs
+    }
+
+    /// The transcript of the only (or latest) run.
+    pub fn transcript(&self) -> Vec<Value> {
+        let dir = self.run_dirs().pop().expect("a run folder");
+        read_jsonl(&dir.join("transcript.jsonl"))
+    }
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub events: Vec<Value>,
+}
+
+impl Run {
+    pub fn new(out: Output) -> Self {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let events = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            events,
+        }
+    }
+
+    pub fn of_type(&self, t: &str) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["type"] == t).collect()
+    }
+
+    pub fn result(&self) -> &Value {
+        let r = self.events.last().expect("events");
+        assert_eq!(r["type"], "result", "last event is the result: {r}");
+        r
+    }
+
+    /// The result of call `id`.
+    pub fn tool_result(&self, id: &str) -> &Value {
+        self.of_type("tool_result")
+            .into_iter()
+            .find(|e| e["id"] == id)
+            .unwrap_or_else(|| panic!("no result for {id}: {}", self.stdout))
+    }
+}
+
+/// The tool-result messages the model was sent, from a transcript.
+pub fn tool_messages(transcript: &[Value]) -> Vec<Value> {
+    transcript
+        .iter()
+        .filter(|e| e["type"] == "message" && e["message"]["role"] == "tool")
+        .map(|e| e["message"].clone())
+        .collect()
+}
+
+/// The user messages the model was sent, from a transcript.
+pub fn user_messages(transcript: &[Value]) -> Vec<String> {
+    transcript
+        .iter()
+        .filter(|e| e["type"] == "message" && e["message"]["role"] == "user")
+        .map(|e| e["message"]["content"].as_str().unwrap().to_string())
+        .collect()
+}
