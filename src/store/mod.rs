@@ -99,9 +99,12 @@ impl EventSink for Transcript {
                     .into(),
             );
         }
+        let mut line = value.to_string();
+        line.push('\n');
         if let Ok(mut file) = self.file.lock() {
-            // The transcript must not take the run down; a full disk shows in the trace.
-            if let Err(e) = writeln!(file, "{value}") {
+            // One write per line, so a killed run leaves whole lines. The transcript must not
+            // take the run down; a full disk is logged.
+            if let Err(e) = file.write_all(line.as_bytes()) {
                 tracing::warn!("transcript write failed: {e}");
             }
         }

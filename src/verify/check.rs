@@ -59,6 +59,17 @@ impl Check {
             if !path.is_file() {
                 return Err(format!("check script {} does not exist", path.display()));
             }
+            use std::os::unix::fs::PermissionsExt;
+            let runs_directly = program == path.display().to_string();
+            let executable = path
+                .metadata()
+                .is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+            if runs_directly && !executable {
+                return Err(format!(
+                    "check script {} is run directly (its extension names no interpreter) but                      is not executable: chmod +x it, or use .js, .mjs, .py or .sh",
+                    path.display()
+                ));
+            }
         }
         if !program_exists(&program) {
             return Err(format!(

@@ -112,6 +112,15 @@ impl Work<'_> {
             if self.cancel.is_cancelled() {
                 return self.finish(StopReason::Cancelled, step - 1, usage);
             }
+            let mut spent_now = spent;
+            spent_now += usage;
+            if self
+                .limits
+                .token_budget
+                .is_some_and(|b| spent_now.total() >= b)
+            {
+                return self.finish(StopReason::Budget, step - 1, usage);
+            }
             events.emit(Event::StepStarted { step });
             let on_text = |t: &str| {
                 events.emit(Event::TextDelta {

@@ -1,0 +1,117 @@
+//! Harness overhead of the work loop: the scripted model and a no-op tool, at 10, 100 and
+//! 1,000 steps, with and without the transcript writer; time per step and peak memory.
+//! Run: `cargo bench --bench work_loop`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sup::model::ToolSpec;
+use sup::model::script::ScriptModel;
+use sup::store::Transcript;
+use sup::tools::{Registry, Risk, Tool, ToolContext, ToolError};
+use sup::trace::Events;
+use sup::work::{Limits, Work};
+use tokio_util::sync::CancellationToken;
+
+struct Noop(ToolSpec);
+
+#[async_trait]
+impl Tool for Noop {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn risk(&self) -> Risk {
+        Risk::Read
+    }
+    async fn call(&self, _: &Value, _: &ToolContext) -> Result<String, ToolError> {
+        Ok("ok".into())
+    }
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
+    let turns: Vec<Value> = (0..steps)
+        .map(|i| {
+            json!({"usage": {"input_tokens": 1, "output_tokens": 1},
+                   "tool_calls": [{"name": "noop", "input": {"i": i}}]})
+        })
+        .collect();
+    let script = dir.join(format!("script-{steps}-{transcript}.json"));
+    std::fs::write(&script, serde_json::to_string(&turns).unwrap()).unwrap();
+    let model = ScriptModel::load(&script).unwrap();
+    let mut tools = Registry::new();
+    tools
+        .add(Arc::new(Noop(ToolSpec {
+            name: "noop".into(),
+            description: "does nothing".into(),
+            input_schema: json!({"type": "object", "properties": {"i": {"type": "integer"}}}),
+        })))
+        .unwrap();
+    let mut events = Events::new();
+    if transcript {
+        let path = dir.join(format!("t-{steps}.jsonl"));
+        events = events.with(Arc::new(Transcript::create(&path).unwrap()));
+    }
+    let cancel = CancellationToken::new();
+    let limits = Limits {
+        max_steps: steps,
+        // Every input differs, so the repeat guard never fires.
+        ..Limits::default()
+    };
+    let work = Work {
+        model: &model,
+        tools: &tools,
+        events: &events,
+        cancel: &cancel,
+        limits: &limits,
+        workspace: dir.to_path_buf(),
+        output_dir: dir.join("outputs"),
+        protected: Arc::new(Vec::new()),
+        env: Arc::new(Vec::new()),
+        started: Instant::now(),
+    };
+    let mut messages = Vec::new();
+    let started = Instant::now();
+    let outcome = work.run(&mut messages, Default::default()).await;
+    let elapsed = started.elapsed();
+    assert_eq!(outcome.steps, steps);
+    elapsed.as_secs_f64() * 1e6 / f64::from(steps)
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("work loop overhead per step (scripted model, no-op tool)");
+    println!(
+        "{:>7} {:>16} {:>22}",
+        "steps", "µs/step bare", "µs/step + transcript"
+    );
+    for steps in [10u32, 100, 1000] {
+        // Warm up once, then take the best of three.
+        let best = |transcript: bool| {
+            (0..4)
+                .map(|_| rt.block_on(measure(steps, transcript, dir.path())))
+                .skip(1)
+                .fold(f64::MAX, f64::min)
+        };
+        let bare = best(false);
+        let with = best(true);
+        println!("{steps:>7} {bare:>16.1} {with:>22.1}");
+    }
+    println!("peak memory (VmHWM): {} KiB", peak_rss_kib());
+}
