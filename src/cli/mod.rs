@@ -87,6 +87,51 @@ pub struct Common {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
     pub json: bool,
+    /// The provider's base URL (overrides OPENAI_BASE_URL, ANTHROPIC_BASE_URL, …).
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// Ask for whole answers instead of streams.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// The model's output token limit per turn (Anthropic default 8192).
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// How long to wait for a provider's response to start (default 600s).
+    #[arg(long, value_parser = duration)]
+    pub request_timeout: Option<Duration>,
+    /// How long a stream may stay silent before it counts as broken (default 120s).
+    #[arg(long, value_parser = duration)]
+    pub idle_timeout: Option<Duration>,
+    /// Attempts at most for one model request (default 5).
+    #[arg(long)]
+    pub retries: Option<u32>,
+    /// Write every model turn to FILE as a `script:` file that replays the run.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+}
+
+impl Common {
+    /// The provider settings these options give.
+    pub fn provider_options(&self) -> crate::model::ProviderOptions {
+        let mut http = crate::model::http::HttpOptions {
+            stream: !self.no_stream,
+            ..Default::default()
+        };
+        if let Some(t) = self.request_timeout {
+            http.request_timeout = t;
+        }
+        if let Some(t) = self.idle_timeout {
+            http.idle_timeout = t;
+        }
+        if let Some(n) = self.retries {
+            http.max_attempts = n.max(1);
+        }
+        crate::model::ProviderOptions {
+            base_url: self.base_url.clone(),
+            http,
+            max_tokens: self.max_tokens,
+        }
+    }
 }
 
 #[derive(Args, Debug)]

@@ -9,6 +9,7 @@ use anyhow::{Context, anyhow};
 use tokio_util::sync::CancellationToken;
 
 use super::{Common, Fail, GoalArgs, RunArgs, exit};
+use crate::model::record::Recorder;
 use crate::model::{self, ToolSpec};
 use crate::store::{self, RunDir, Transcript};
 use crate::tools::command::CommandTool;
@@ -91,6 +92,8 @@ struct Spec {
     json: bool,
     is_goal: bool,
     tools: Vec<ToolDef>,
+    providers: model::ProviderOptions,
+    record: Option<PathBuf>,
 }
 
 impl Spec {
@@ -186,6 +189,8 @@ impl Spec {
             model,
             model_base,
             json: common.json,
+            providers: common.provider_options(),
+            record: common.record.clone(),
             is_goal,
             tools: file.map(|f| f.tools.clone()).unwrap_or_default(),
         })
@@ -230,7 +235,11 @@ fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
 }
 
 async fn execute(spec: Spec) -> Result<u8, Fail> {
-    let model = model::from_spec(&spec.model, &spec.model_base).map_err(Fail::usage)?;
+    let mut model =
+        model::from_spec(&spec.model, &spec.model_base, &spec.providers).map_err(Fail::usage)?;
+    if let Some(path) = &spec.record {
+        model = Box::new(Recorder::new(model, path.clone()).map_err(Fail::usage)?);
+    }
     let tools = registry(&spec.tools)?;
     let run = RunDir::create(&store::home()).map_err(Fail::usage)?;
     let transcript = Transcript::create(&run.transcript()).map_err(Fail::usage)?;

@@ -1,7 +1,12 @@
 //! The model seam: provider-neutral messages and tool specs, the `Model` trait with its one
 //! async step, token usage, and `from_spec`, which turns `PROVIDER:MODEL` into a model.
 
+pub mod anthropic;
+pub mod http;
+pub mod openai;
+pub mod record;
 pub mod script;
+pub mod sse;
 
 use std::path::Path;
 
@@ -125,6 +130,12 @@ pub enum ModelError {
     /// The scripted model cannot go on.
     #[error("script model: {0}")]
     Script(String),
+    /// The provider answered with an error, or could not be reached.
+    #[error("{provider}: {message}")]
+    Provider { provider: String, message: String },
+    /// The model would not or could not answer (refusal, content filter, context window).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl ModelError {
@@ -142,13 +153,85 @@ pub trait Model: Send + Sync {
     async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
 }
 
+/// Settings for real providers.
+#[derive(Clone, Debug, Default)]
+pub struct ProviderOptions {
+    /// Overrides the provider's base URL (and its environment variable).
+    pub base_url: Option<String>,
+    pub http: http::HttpOptions,
+    /// The output token limit (Anthropic requires one; default 8192).
+    pub max_tokens: Option<u32>,
+}
+
+const PROVIDERS: &str = "openai, anthropic, deepseek, ollama, script";
+
+fn env(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
+}
+
 /// Build a model from `PROVIDER:MODEL`. Relative `script:` paths resolve against `base_dir`.
-pub fn from_spec(spec: &str, base_dir: &Path) -> Result<Box<dyn Model>, ModelError> {
+pub fn from_spec(
+    spec: &str,
+    base_dir: &Path,
+    opts: &ProviderOptions,
+) -> Result<Box<dyn Model>, ModelError> {
     let Some((provider, rest)) = spec.split_once(':') else {
         return Err(ModelError::Config(format!(
-            "model `{spec}` has no provider: write PROVIDER:MODEL, e.g. `script:turns.json` \
-             (providers: script)"
+            "model `{spec}` has no provider: write PROVIDER:MODEL, e.g. `openai:gpt-4o-mini` or \
+             `script:turns.json` (providers: {PROVIDERS})"
         )));
+    };
+    if rest.trim().is_empty() {
+        return Err(ModelError::Config(format!(
+            "model `{spec}` names no model after `{provider}:`"
+        )));
+    }
+    let client = || {
+        reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(15))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot set up the HTTP client: {e}")))
+    };
+    let base = |var: &str, default: &str| {
+        opts.base_url
+            .clone()
+            .or_else(|| env(var))
+            .unwrap_or_else(|| default.to_string())
+            .trim_end_matches('/')
+            .to_string()
+    };
+    let chat = |name: &str,
+                url_base: String,
+                key_var: Option<&'static str>,
+                base_var: &'static str,
+                dialect: openai::Dialect|
+     -> Result<Box<dyn Model>, ModelError> {
+        let mut endpoint = http::Endpoint::new(
+            name,
+            format!("{url_base}/chat/completions"),
+            key_var,
+            base_var,
+        );
+        if let Some(key) = key_var.and_then(env) {
+            endpoint.header("authorization", &format!("Bearer {key}"), true)?;
+        }
+        Ok(Box::new(openai::ChatModel {
+            name: spec.to_string(),
+            model: rest.to_string(),
+            endpoint,
+            http: opts.http.clone(),
+            dialect,
+            client: client()?,
+        }))
+    };
+    let need_key = |var: &str| {
+        if env(var).is_none() {
+            Err(ModelError::Config(format!(
+                "{provider}: no API key: set {var} (or pick another --model)"
+            )))
+        } else {
+            Ok(())
+        }
     };
     match provider {
         "script" => {
@@ -159,8 +242,78 @@ pub fn from_spec(spec: &str, base_dir: &Path) -> Result<Box<dyn Model>, ModelErr
             };
             Ok(Box::new(script::ScriptModel::load(&path)?))
         }
+        "openai" => {
+            const OPENAI: &str = "https://api.openai.com/v1";
+            let url = base("OPENAI_BASE_URL", OPENAI);
+            // A compatible server elsewhere may need no key; OpenAI itself does.
+            if url == OPENAI {
+                need_key("OPENAI_API_KEY")?;
+            }
+            let dialect = openai::Dialect {
+                send_reasoning: false,
+                max_tokens_field: if url == OPENAI {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                },
+                max_tokens: opts.max_tokens,
+            };
+            chat(
+                "openai",
+                url,
+                Some("OPENAI_API_KEY"),
+                "OPENAI_BASE_URL",
+                dialect,
+            )
+        }
+        "deepseek" => {
+            need_key("DEEPSEEK_API_KEY")?;
+            let dialect = openai::Dialect {
+                send_reasoning: true,
+                max_tokens_field: "max_tokens",
+                max_tokens: opts.max_tokens,
+            };
+            let url = base("DEEPSEEK_BASE_URL", "https://api.deepseek.com");
+            chat(
+                "deepseek",
+                url,
+                Some("DEEPSEEK_API_KEY"),
+                "DEEPSEEK_BASE_URL",
+                dialect,
+            )
+        }
+        "ollama" => {
+            let dialect = openai::Dialect {
+                send_reasoning: false,
+                max_tokens_field: "max_tokens",
+                max_tokens: opts.max_tokens,
+            };
+            let url = base("OLLAMA_BASE_URL", "http://localhost:11434/v1");
+            chat("ollama", url, None, "OLLAMA_BASE_URL", dialect)
+        }
+        "anthropic" => {
+            need_key("ANTHROPIC_API_KEY")?;
+            let url = base("ANTHROPIC_BASE_URL", "https://api.anthropic.com");
+            let mut endpoint = http::Endpoint::new(
+                "anthropic",
+                format!("{url}/v1/messages"),
+                Some("ANTHROPIC_API_KEY"),
+                "ANTHROPIC_BASE_URL",
+            );
+            let key = env("ANTHROPIC_API_KEY").unwrap_or_default();
+            endpoint.header("x-api-key", &key, true)?;
+            endpoint.header("anthropic-version", "2023-06-01", false)?;
+            Ok(Box::new(anthropic::MessagesModel {
+                name: spec.to_string(),
+                model: rest.to_string(),
+                max_tokens: opts.max_tokens.unwrap_or(anthropic::DEFAULT_MAX_TOKENS),
+                endpoint,
+                http: opts.http.clone(),
+                client: client()?,
+            }))
+        }
         other => Err(ModelError::Config(format!(
-            "unknown model provider `{other}` in `{spec}` (providers: script)"
+            "unknown model provider `{other}` in `{spec}` (providers: {PROVIDERS})"
         ))),
     }
 }

@@ -2,6 +2,8 @@
 //! the binary run against them.
 #![allow(dead_code)]
 
+pub mod fake_server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,472 @@
+//! The transport shared by the wire protocols: POST a JSON body, retry what is worth
+//! retrying (408, 409, 429, 5xx, 529, connection errors, a stream that breaks before any
+//! output) with exponential backoff and jitter, honouring `Retry-After` and
+//! `retry-after-ms`, within a number of attempts and a total deadline; read the answer whole
+//! or as Server-Sent Events with an idle timeout. Errors name the provider, the status, the
+//! server's message and what to do. Keys live only in sensitive header values.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+use super::ModelError;
+use super::sse::{SseEvent, SseParser};
+
+/// Where and how to reach one provider.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// `openai`, `anthropic`, `deepseek`, `ollama`: how errors name it.
+    pub provider: String,
+    pub url: String,
+    pub headers: HeaderMap,
+    /// The variable that holds the key, for advice on 401.
+    pub key_var: Option<&'static str>,
+    /// The variable that sets the base URL, for advice on 404.
+    pub base_var: &'static str,
+}
+
+impl Endpoint {
+    pub fn new(
+        provider: &str,
+        url: String,
+        key_var: Option<&'static str>,
+        base_var: &'static str,
+    ) -> Self {
+        Endpoint {
+            provider: provider.to_string(),
+            url,
+            headers: HeaderMap::new(),
+            key_var,
+            base_var,
+        }
+    }
+
+    /// Add a header; `secret` values are marked sensitive and never shown.
+    pub fn header(
+        &mut self,
+        name: &'static str,
+        value: &str,
+        secret: bool,
+    ) -> Result<(), ModelError> {
+        let mut v = HeaderValue::from_str(value).map_err(|_| {
+            ModelError::Config(format!(
+                "{}: the value for header {name} has characters a header cannot carry",
+                self.provider
+            ))
+        })?;
+        v.set_sensitive(secret);
+        self.headers.insert(HeaderName::from_static(name), v);
+        Ok(())
+    }
+}
+
+/// Timeouts and retries.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    pub stream: bool,
+    /// Until the response headers arrive (and, unstreamed, the whole body).
+    pub request_timeout: Duration,
+    /// The longest a stream may stay silent.
+    pub idle_timeout: Duration,
+    pub max_attempts: u32,
+    /// All attempts and waits together.
+    pub deadline: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            stream: true,
+            request_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(120),
+            max_attempts: 5,
+            deadline: Duration::from_secs(900),
+        }
+    }
+}
+
+/// A decoding failure: whether another attempt could help (only before any output).
+#[derive(Debug)]
+pub struct DecodeError {
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl DecodeError {
+    pub fn fatal(message: impl Into<String>) -> Self {
+        DecodeError {
+            message: message.into(),
+            retryable: false,
+        }
+    }
+}
+
+/// Turns one protocol's answer into our response, streamed or whole.
+pub trait Decoder: Send {
+    /// Forget everything: a new attempt begins.
+    fn reset(&mut self);
+    /// One streamed event.
+    fn event(
+        &mut self,
+        event: &SseEvent,
+        on_text: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<(), DecodeError>;
+    /// A whole (unstreamed) answer.
+    fn body(&mut self, body: Value) -> Result<(), DecodeError>;
+    /// Whether any output (text or tool call) has arrived in this attempt.
+    fn had_output(&self) -> bool;
+    /// Whether the answer is complete (a finish reason, `[DONE]`, `message_stop`).
+    fn complete(&self) -> bool;
+}
+
+struct Failure {
+    retryable: bool,
+    wait: Option<Duration>,
+    message: String,
+    status: Option<StatusCode>,
+}
+
+impl Failure {
+    fn retry(message: String) -> Self {
+        Failure {
+            retryable: true,
+            wait: None,
+            message,
+            status: None,
+        }
+    }
+}
+
+/// The wait a response asks for: `retry-after-ms`, or `Retry-After` in seconds or as an
+/// HTTP date.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let value = headers.get("retry-after")?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let wait = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let base = 0.5 * 2f64.powi(attempt.saturating_sub(1).min(10) as i32);
+    Duration::from_secs_f64(base.min(30.0) * (0.5 + fastrand::f64() * 0.5))
+}
+
+fn retryable_status(s: StatusCode) -> bool {
+    matches!(s.as_u16(), 408 | 409 | 429 | 500 | 502 | 503 | 504 | 529)
+}
+
+/// The server's own words from an error body: `error.message` (both protocols), or the text.
+pub fn server_message(body: &str) -> String {
+    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("error"))
+            .and_then(|m| m.as_str().map(str::to_string))
+    });
+    let text = from_json.unwrap_or_else(|| body.trim().to_string());
+    let text: String = text.chars().take(600).collect();
+    if text.is_empty() {
+        "(no message)".into()
+    } else {
+        text
+    }
+}
+
+fn is_context_overflow(message: &str) -> bool {
+    let m = message.to_lowercase();
+    m.contains("prompt is too long")
+        || m.contains("context_length_exceeded")
+        || m.contains("context length")
+        || m.contains("context window")
+        || m.contains("maximum context")
+}
+
+fn advice(ep: &Endpoint, status: StatusCode, message: &str, attempts: u32) -> String {
+    match status.as_u16() {
+        401 => match ep.key_var {
+            Some(var) => format!("Check {var}: the key is missing, wrong or expired."),
+            None => "This server wants a key, and this provider sends none.".into(),
+        },
+        403 => {
+            "The key has no access to this model or endpoint; check the account and the model name."
+                .into()
+        }
+        404 => format!(
+            "Check the model name and the base URL ({} or --base-url).",
+            ep.base_var
+        ),
+        400 | 413 | 422 if is_context_overflow(message) => {
+            "The conversation no longer fits the model's context window: lower --max-steps or \
+             --output-cap, or use a model with a larger window."
+                .into()
+        }
+        400 | 422 => "The server rejected the request; it is not retried.".into(),
+        429 => format!("Still rate limited after {attempts} attempts; wait, or lower the load."),
+        _ => {
+            format!("The provider is failing (gave up after {attempts} attempts); try again later.")
+        }
+    }
+}
+
+/// POST `body` and decode the answer, retrying as the module doc says.
+pub async fn exchange(
+    client: &reqwest::Client,
+    ep: &Endpoint,
+    opts: &HttpOptions,
+    body: &Value,
+    decoder: &mut dyn Decoder,
+    on_text: &(dyn Fn(&str) + Send + Sync),
+) -> Result<(), ModelError> {
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        decoder.reset();
+        let failure = match attempt_once(client, ep, opts, body, decoder, on_text).await {
+            Ok(()) => return Ok(()),
+            Err(f) => f,
+        };
+        let wait = failure.wait.unwrap_or_else(|| backoff(attempt));
+        let in_time = started.elapsed() + wait <= opts.deadline;
+        if failure.retryable && attempt < opts.max_attempts && in_time {
+            tracing::warn!(
+                "{}: {}; attempt {attempt} of {} failed, retrying in {:.1}s",
+                ep.provider,
+                failure.message,
+                opts.max_attempts,
+                wait.as_secs_f64()
+            );
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        let message = match failure.status {
+            Some(status) => format!(
+                "HTTP {} from {}: {} {}",
+                status,
+                ep.url,
+                failure.message,
+                advice(ep, status, &failure.message, attempt)
+            ),
+            None if failure.retryable => format!(
+                "{} (gave up after {attempt} attempts{})",
+                failure.message,
+                if in_time {
+                    ""
+                } else {
+                    " and the retry deadline"
+                }
+            ),
+            None => failure.message,
+        };
+        return Err(ModelError::Provider {
+            provider: ep.provider.clone(),
+            message,
+        });
+    }
+}
+
+async fn attempt_once(
+    client: &reqwest::Client,
+    ep: &Endpoint,
+    opts: &HttpOptions,
+    body: &Value,
+    decoder: &mut dyn Decoder,
+    on_text: &(dyn Fn(&str) + Send + Sync),
+) -> Result<(), Failure> {
+    let request = client.post(&ep.url).headers(ep.headers.clone()).json(body);
+    let response = match tokio::time::timeout(opts.request_timeout, request.send()).await {
+        Err(_) => {
+            return Err(Failure::retry(format!(
+                "no answer from {} within {}",
+                ep.url,
+                humantime::format_duration(opts.request_timeout)
+            )));
+        }
+        Ok(Err(e)) => {
+            return Err(Failure::retry(format!(
+                "cannot reach {}: {}",
+                ep.url,
+                plain(&e)
+            )));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = response.status();
+    if !status.is_success() {
+        let wait = retry_after(response.headers());
+        let text = tokio::time::timeout(opts.request_timeout, response.text())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        return Err(Failure {
+            retryable: retryable_status(status),
+            wait,
+            message: server_message(&text),
+            status: Some(status),
+        });
+    }
+    if !opts.stream {
+        let text = match tokio::time::timeout(opts.request_timeout, response.text()).await {
+            Err(_) => {
+                return Err(Failure::retry(format!(
+                    "the answer from {} did not finish in time",
+                    ep.url
+                )));
+            }
+            Ok(Err(e)) => {
+                return Err(Failure::retry(format!(
+                    "reading the answer from {} failed: {}",
+                    ep.url,
+                    plain(&e)
+                )));
+            }
+            Ok(Ok(t)) => t,
+        };
+        let json: Value = serde_json::from_str(&text).map_err(|e| Failure {
+            retryable: false,
+            wait: None,
+            message: format!(
+                "the answer from {} is not JSON ({e}): {}",
+                ep.url,
+                server_message(&text)
+            ),
+            status: None,
+        })?;
+        return decoder.body(json).map_err(|e| Failure {
+            retryable: e.retryable,
+            wait: None,
+            message: e.message,
+            status: None,
+        });
+    }
+    let mut stream = response.bytes_stream();
+    let mut parser = SseParser::new();
+    let mut events = Vec::new();
+    let broken = |decoder: &dyn Decoder, what: String| Failure {
+        retryable: !decoder.had_output(),
+        wait: None,
+        message: if decoder.had_output() {
+            format!("{what} in the middle of the answer; what arrived is kept in the transcript")
+        } else {
+            what
+        },
+        status: None,
+    };
+    loop {
+        let next = match tokio::time::timeout(opts.idle_timeout, stream.next()).await {
+            Err(_) => {
+                return Err(broken(
+                    decoder,
+                    format!(
+                        "the stream from {} sent nothing for {}",
+                        ep.url,
+                        humantime::format_duration(opts.idle_timeout)
+                    ),
+                ));
+            }
+            Ok(n) => n,
+        };
+        let ended = next.is_none();
+        match next {
+            Some(Ok(bytes)) => parser.feed(&bytes, &mut events),
+            Some(Err(e)) => {
+                return Err(broken(
+                    decoder,
+                    format!("the connection to {} dropped: {}", ep.url, plain(&e)),
+                ));
+            }
+            None => parser.finish(&mut events),
+        }
+        for event in events.drain(..) {
+            decoder.event(&event, on_text).map_err(|e| Failure {
+                retryable: e.retryable && !decoder.had_output(),
+                wait: None,
+                message: e.message,
+                status: None,
+            })?;
+        }
+        if decoder.complete() {
+            return Ok(());
+        }
+        if ended {
+            return Err(broken(
+                decoder,
+                format!(
+                    "the stream from {} ended before the answer was complete",
+                    ep.url
+                ),
+            ));
+        }
+    }
+}
+
+/// A reqwest error with its causes.
+fn plain(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_in_every_form() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", HeaderValue::from_static("150"));
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(150)));
+        let mut h = HeaderMap::new();
+        let date = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc2822();
+        h.insert("retry-after", HeaderValue::from_str(&date).unwrap());
+        let wait = retry_after(&h).unwrap();
+        assert!(
+            wait > Duration::from_secs(25) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&h), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn server_messages_from_both_protocols() {
+        assert_eq!(
+            server_message(
+                r#"{"error":{"message":"Incorrect API key","type":"invalid_request_error"}}"#
+            ),
+            "Incorrect API key"
+        );
+        assert_eq!(
+            server_message(
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
+            "Overloaded"
+        );
+        assert_eq!(server_message("Bad Gateway"), "Bad Gateway");
+    }
+}
