@@ -119,8 +119,12 @@ async fn overhead() {
         client: client.clone(),
     };
     let messages = vec![
-        Message::System { content: "You are a benchmark.".into() },
-        Message::User { content: "Say something.".into() },
+        Message::System {
+            content: "You are a benchmark.".into(),
+        },
+        Message::User {
+            content: "Say something.".into(),
+        },
     ];
     let bare_body = json!({"model": "bench", "messages": [{"role": "user", "content": "Say something."}], "stream": true});
     let n = 500;
@@ -129,14 +133,23 @@ async fn overhead() {
     for round in 0..4 {
         let started = Instant::now();
         for _ in 0..n {
-            let r = client.post(&endpoint_url).json(&bare_body).send().await.unwrap();
+            let r = client
+                .post(&endpoint_url)
+                .json(&bare_body)
+                .send()
+                .await
+                .unwrap();
             let _ = r.bytes().await.unwrap();
         }
         let b = started.elapsed();
         let started = Instant::now();
         for _ in 0..n {
             let r = model
-                .step(ModelRequest { messages: &messages, tools: &[], on_text: &|_| {} })
+                .step(ModelRequest {
+                    messages: &messages,
+                    tools: &[],
+                    on_text: &|_| {},
+                })
                 .await
                 .unwrap();
             assert!(!r.text.is_empty());
@@ -151,11 +164,17 @@ async fn overhead() {
     println!("model request against a loopback server ({n} requests, best of 3):");
     println!("  bare reqwest request {:>8.1} µs", per(bare));
     println!("  sup model step       {:>8.1} µs", per(harness));
-    println!("  overhead             {:>8.1} µs per request", per(harness) - per(bare));
+    println!(
+        "  overhead             {:>8.1} µs per request",
+        per(harness) - per(bare)
+    );
 }
 
 fn main() {
     sse_throughput();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(overhead());
 }

@@ -3,6 +3,8 @@
 //! happens, so even a killed run leaves what it did), tool outputs that were cut, and check
 //! outputs.
 
+pub mod db;
+
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};

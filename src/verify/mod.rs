@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod file;
+pub mod launch;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,304 @@
+//! Launching a goal run, the same way from every entry point (`sup run`, `sup goal`, the
+//! daemon, `sup trigger`): flags and goal file merged into a `RunSpec`; then the model, the
+//! tools, the run folder, the transcript and the store record set up around the verify loop.
+//! A run that started is always recorded, whatever ends it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use super::check::DEFAULT_TIMEOUT;
+use super::file::{GoalFile, ToolDef};
+use super::{Check, Goal, Outcome, Runtime, default_system};
+use crate::model::record::Recorder;
+use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
+use crate::store::db::{Db, DbError, Ended, NewRun};
+use crate::store::{RunDir, StoreError, Transcript};
+use crate::tools::command::CommandTool;
+use crate::tools::{Registry, RegistryError, builtin};
+use crate::trace::{Event, EventSink, Events};
+use crate::work::Limits;
+
+/// Runs kept per goal unless the goal file says `keep_runs`.
+pub const DEFAULT_KEEP_RUNS: u32 = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tools(#[from] RegistryError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// What the command line may say over a goal file. `None` leaves the file's value.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub name: Option<String>,
+    pub prompt: Option<String>,
+    pub model: Option<String>,
+    pub max_steps: Option<u32>,
+    pub token_budget: Option<u64>,
+    pub workspace: Option<PathBuf>,
+    pub system: Option<String>,
+    pub tool_timeout: Option<Duration>,
+    pub output_cap: Option<usize>,
+    pub providers: ProviderOptions,
+    pub record: Option<PathBuf>,
+    pub tries: Option<u32>,
+    pub fresh: bool,
+    /// Checks from flags; they replace the file's checks.
+    pub checks: Vec<Check>,
+    pub check_timeout: Option<Duration>,
+}
+
+/// Everything a run is made of, before it starts.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub goal: Goal,
+    pub model: String,
+    /// Where a relative `script:` path starts.
+    pub model_base: PathBuf,
+    pub tools: Vec<ToolDef>,
+    pub providers: ProviderOptions,
+    pub record: Option<PathBuf>,
+    pub keep_runs: u32,
+}
+
+fn usage(msg: impl Into<String>) -> LaunchError {
+    LaunchError::Usage(msg.into())
+}
+
+impl RunSpec {
+    /// Merge flags over a goal file; check what can be checked before any model call.
+    pub fn build(o: &Overrides, file: Option<&GoalFile>) -> Result<RunSpec, LaunchError> {
+        let prompt = o
+            .prompt
+            .clone()
+            .or_else(|| file.and_then(|f| f.prompt.clone()))
+            .ok_or_else(|| {
+                usage(
+                    "no prompt: give one on the command line, or `prompt = \"…\"` in the goal file",
+                )
+            })?;
+        let from_flag = o.model.clone().filter(|m| !m.is_empty());
+        let model_base = match (&from_flag, file) {
+            (None, Some(f)) => f
+                .path
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            _ => PathBuf::from("."),
+        };
+        let model = from_flag
+            .or_else(|| file.and_then(|f| f.model.clone()))
+            .ok_or_else(|| {
+                usage(
+                    "no model configured: pass --model PROVIDER:MODEL or set SUP_MODEL \
+                     (e.g. `--model script:goals/scripts/haiku.json` to run offline, or \
+                     `--model openai:gpt-4o-mini`)",
+                )
+            })?;
+        let workspace = match (&o.workspace, file.and_then(|f| f.workspace.clone())) {
+            (Some(w), _) => w.clone(),
+            (None, Some(w)) => {
+                // A goal file's workspace is made on first use.
+                std::fs::create_dir_all(&w).map_err(|e| {
+                    usage(format!("cannot create the workspace {}: {e}", w.display()))
+                })?;
+                w
+            }
+            (None, None) => PathBuf::from("."),
+        };
+        let workspace = std::fs::canonicalize(&workspace)
+            .ok()
+            .filter(|w| w.is_dir())
+            .ok_or_else(|| usage(format!("workspace {} is not a folder", workspace.display())))?;
+        let defaults = Limits::default();
+        let limits = Limits {
+            max_steps: o
+                .max_steps
+                .or_else(|| file.and_then(|f| f.max_steps))
+                .unwrap_or(defaults.max_steps),
+            token_budget: o.token_budget.or_else(|| file.and_then(|f| f.token_budget)),
+            tool_timeout: o
+                .tool_timeout
+                .or_else(|| file.and_then(|f| f.tool_timeout))
+                .unwrap_or(defaults.tool_timeout),
+            output_cap: o.output_cap.unwrap_or(defaults.output_cap),
+            repeat_limit: defaults.repeat_limit,
+        };
+        if limits.max_steps == 0 {
+            return Err(usage("--max-steps must be at least 1"));
+        }
+        if limits.output_cap < 256 {
+            return Err(usage("--output-cap must be at least 256 bytes"));
+        }
+        let system = o
+            .system
+            .clone()
+            .or_else(|| file.and_then(|f| f.system.clone()))
+            .unwrap_or_else(|| default_system(&workspace));
+        let mut checks = if o.checks.is_empty() {
+            file.map(|f| f.checks.clone()).unwrap_or_default()
+        } else {
+            o.checks.clone()
+        };
+        if let Some(t) = o.check_timeout {
+            for c in &mut checks {
+                c.timeout = t;
+            }
+        }
+        for c in &checks {
+            c.validate().map_err(usage)?;
+        }
+        let tries = o
+            .tries
+            .or_else(|| file.and_then(|f| f.tries))
+            .unwrap_or(if checks.is_empty() { 1 } else { 3 });
+        if tries == 0 {
+            return Err(usage("--tries must be at least 1"));
+        }
+        let name = o
+            .name
+            .clone()
+            .or_else(|| file.map(|f| f.name.clone()))
+            .unwrap_or_else(|| "run".into());
+        Ok(RunSpec {
+            goal: Goal {
+                name,
+                prompt,
+                system,
+                checks,
+                tries,
+                fresh: o.fresh || file.and_then(|f| f.fresh).unwrap_or(false),
+                limits,
+                workspace,
+                feedback_cap: 8 * 1024,
+            },
+            model,
+            model_base,
+            tools: file.map(|f| f.tools.clone()).unwrap_or_default(),
+            providers: o.providers.clone(),
+            record: o.record.clone(),
+            keep_runs: file.and_then(|f| f.keep_runs).unwrap_or(DEFAULT_KEEP_RUNS),
+        })
+    }
+}
+
+/// A check from `--check FILE`.
+pub fn script_check(path: &Path, timeout: Option<Duration>) -> Result<Check, LaunchError> {
+    let full = std::fs::canonicalize(path)
+        .map_err(|_| usage(format!("check script {} does not exist", path.display())))?;
+    Ok(Check::script(
+        path.display().to_string(),
+        full,
+        timeout.unwrap_or(DEFAULT_TIMEOUT),
+    ))
+}
+
+fn registry(defs: &[ToolDef]) -> Result<Registry, LaunchError> {
+    let mut registry = Registry::new();
+    builtin::register_all(&mut registry)?;
+    for d in defs {
+        let tool = CommandTool::new(
+            ToolSpec {
+                name: d.name.clone(),
+                description: d.description.clone(),
+                input_schema: d.input_schema.clone(),
+            },
+            d.risk,
+            d.program.clone(),
+            d.args.clone(),
+        );
+        registry.add(Arc::new(tool))?;
+    }
+    Ok(registry)
+}
+
+/// What started a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Trigger {
+    /// `cli`, `schedule` or `manual`.
+    pub kind: &'static str,
+    pub scheduled_for: Option<DateTime<Utc>>,
+}
+
+/// A run that happened.
+pub struct Launched {
+    pub run_id: String,
+    pub outcome: Outcome,
+}
+
+/// Set up and run `spec` to its end, recording it in the store under `home`.
+pub async fn launch(
+    spec: &RunSpec,
+    home: &Path,
+    trigger: Trigger,
+    sinks: Vec<Arc<dyn EventSink>>,
+    cancel: &CancellationToken,
+) -> Result<Launched, LaunchError> {
+    let mut model = model::from_spec(&spec.model, &spec.model_base, &spec.providers)?;
+    if let Some(path) = &spec.record {
+        model = Box::new(Recorder::new(model, path.clone())?);
+    }
+    let tools = registry(&spec.tools)?;
+    let mut db = Db::open(home)?;
+    let run = RunDir::create(home)?;
+    let mut events = Events::new().with(Arc::new(Transcript::create(&run.transcript())?));
+    for sink in sinks {
+        events = events.with(sink);
+    }
+    db.start_run(&NewRun {
+        id: &run.id,
+        goal: &spec.goal.name,
+        trigger: trigger.kind,
+        scheduled_for: trigger.scheduled_for,
+        model: model.name(),
+        workspace: &spec.goal.workspace.display().to_string(),
+        dir: &run.dir.display().to_string(),
+    })?;
+    events.emit(Event::RunStarted {
+        run_id: run.id.clone(),
+        model: model.name().to_string(),
+        workspace: spec.goal.workspace.display().to_string(),
+        prompt: spec.goal.prompt.clone(),
+    });
+    let rt = Runtime {
+        model: model.as_ref(),
+        tools: &tools,
+        events: &events,
+        cancel,
+        run: &run,
+    };
+    let outcome = super::run(&spec.goal, &rt).await;
+    events.emit(outcome.event(&run.id));
+    db.finish_run(
+        &run.id,
+        &Ended {
+            status: outcome.status,
+            stop_reason: outcome.stop_reason,
+            tries: outcome.tries,
+            steps: outcome.steps,
+            usage: outcome.usage,
+            error: outcome.error.as_deref(),
+            checks: &outcome.checks,
+        },
+    )?;
+    for dir in db.prune(&spec.goal.name, spec.keep_runs)? {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!("cannot remove the pruned run folder {dir}: {e}");
+        }
+    }
+    Ok(Launched {
+        run_id: run.id,
+        outcome,
+    })
+}
