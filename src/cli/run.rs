@@ -120,10 +120,11 @@ pub async fn execute(
         .await
         .map_err(launch_fail)?;
     let outcome = launched.outcome;
-    if !json && outcome.status == Status::Achieved {
-        if let Some(answer) = outcome.answer.as_deref().filter(|a| !a.is_empty()) {
-            println!("{answer}");
-        }
+    if !json
+        && outcome.status == Status::Achieved
+        && let Some(answer) = outcome.answer.as_deref().filter(|a| !a.is_empty())
+    {
+        println!("{answer}");
     }
     Ok(exit_code(&outcome))
 }

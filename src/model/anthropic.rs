@@ -33,11 +33,11 @@ pub fn request_body(
     let mut system = Vec::new();
     let mut out: Vec<Value> = Vec::new();
     let mut push = |role: &str, blocks: Vec<Value>| {
-        if let Some(last) = out.last_mut().filter(|m| m["role"] == role) {
-            if let Some(content) = last["content"].as_array_mut() {
-                content.extend(blocks);
-                return;
-            }
+        if let Some(last) = out.last_mut().filter(|m| m["role"] == role)
+            && let Some(content) = last["content"].as_array_mut()
+        {
+            content.extend(blocks);
+            return;
         }
         out.push(json!({"role": role, "content": blocks}));
     };
@@ -272,10 +272,10 @@ impl MessagesDecoder {
             "content_block_stop" => {
                 // Parse the whole input once it is complete; invalid JSON stays raw so the
                 // work loop can tell the model what was wrong.
-                if let Some(Block::Tool { json, .. }) = self.block(index) {
-                    if let Ok(parsed) = serde_json::from_str::<Value>(json) {
-                        *json = parsed.to_string();
-                    }
+                if let Some(Block::Tool { json, .. }) = self.block(index)
+                    && let Ok(parsed) = serde_json::from_str::<Value>(json)
+                {
+                    *json = parsed.to_string();
                 }
             }
             "message_delta" => {

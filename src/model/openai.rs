@@ -167,10 +167,10 @@ impl ChatDecoder {
             self.by_index.insert(i, slot);
         }
         let call = &mut self.calls[slot];
-        if let Some(name) = tc.pointer("/function/name").and_then(Value::as_str) {
-            if call.name.is_empty() {
-                call.name = name.to_string();
-            }
+        if let Some(name) = tc.pointer("/function/name").and_then(Value::as_str)
+            && call.name.is_empty()
+        {
+            call.name = name.to_string();
         }
         if let Some(args) = tc.pointer("/function/arguments") {
             match args {
@@ -205,11 +205,11 @@ impl ChatDecoder {
             return Ok(());
         };
         if let Some(delta) = choice.get("delta") {
-            if let Some(t) = delta.get("content").and_then(Value::as_str) {
-                if !t.is_empty() {
-                    on_text(t);
-                    self.text.push_str(t);
-                }
+            if let Some(t) = delta.get("content").and_then(Value::as_str)
+                && !t.is_empty()
+            {
+                on_text(t);
+                self.text.push_str(t);
             }
             if let Some(r) = delta.get("reasoning_content").and_then(Value::as_str) {
                 self.reasoning.push_str(r);

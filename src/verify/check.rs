@@ -182,14 +182,14 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
     let half = run.feedback_cap / 2;
     let mut tail = String::new();
     for (label, path) in [("stdout", &spec.stdout), ("stderr", &spec.stderr)] {
-        if let Ok((text, cut)) = read_tail(path, half) {
-            if !text.trim().is_empty() {
-                tail.push_str(&format!(
-                    "--- {label}{} ---\n{}\n",
-                    if cut { " (last part)" } else { "" },
-                    text.trim_end()
-                ));
-            }
+        if let Ok((text, cut)) = read_tail(path, half)
+            && !text.trim().is_empty()
+        {
+            tail.push_str(&format!(
+                "--- {label}{} ---\n{}\n",
+                if cut { " (last part)" } else { "" },
+                text.trim_end()
+            ));
         }
     }
     CheckReport {

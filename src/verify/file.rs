@@ -286,27 +286,27 @@ impl GoalFile {
             }
             mcp.push(m);
         }
-        if let Some(o) = &raw.overlap {
-            if !["skip", "queue", "replace", "allow"].contains(&o.get_ref().as_str()) {
-                return Err(err(
-                    line_at(text, o.span().start),
-                    format!(
-                        "key `overlap`: `{}` is not a policy; use skip, queue, replace or allow",
-                        o.get_ref()
-                    ),
-                ));
-            }
+        if let Some(o) = &raw.overlap
+            && !["skip", "queue", "replace", "allow"].contains(&o.get_ref().as_str())
+        {
+            return Err(err(
+                line_at(text, o.span().start),
+                format!(
+                    "key `overlap`: `{}` is not a policy; use skip, queue, replace or allow",
+                    o.get_ref()
+                ),
+            ));
         }
-        if let Some(a) = &raw.approval {
-            if !["ask", "queue", "auto", "never"].contains(&a.get_ref().as_str()) {
-                return Err(err(
-                    line_at(text, a.span().start),
-                    format!(
-                        "key `approval`: `{}` is not a mode; use ask, queue, auto or never",
-                        a.get_ref()
-                    ),
-                ));
-            }
+        if let Some(a) = &raw.approval
+            && !["ask", "queue", "auto", "never"].contains(&a.get_ref().as_str())
+        {
+            return Err(err(
+                line_at(text, a.span().start),
+                format!(
+                    "key `approval`: `{}` is not a mode; use ask, queue, auto or never",
+                    a.get_ref()
+                ),
+            ));
         }
         Ok(GoalFile {
             path: path.to_path_buf(),
