@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod model;
+pub mod schedule;
 pub mod store;
 pub mod tools;
 pub mod trace;

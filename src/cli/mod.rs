@@ -1,6 +1,7 @@
 //! The command line: clap definitions, the commands, and the one place that knows about the
 //! terminal, signals and exit codes.
 
+mod manage;
 mod run;
 
 use std::path::PathBuf;
@@ -54,6 +55,59 @@ enum Command {
     Run(RunArgs),
     /// Run a goal: the work loop, then checks, retried up to --tries times.
     Goal(GoalArgs),
+    /// Run the goals of a folder on their schedules until SIGTERM.
+    Daemon {
+        /// The folder of goal files.
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+        /// Goals running at once at most; more wait.
+        #[arg(long, default_value_t = 4)]
+        max_concurrent: usize,
+        /// At shutdown, how long running goals get to finish before they are cancelled.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        grace: Duration,
+    },
+    /// The goals of a folder: schedules, next occurrences, last results, file errors.
+    Goals {
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The run history, newest first.
+    Runs {
+        #[arg(long)]
+        goal: Option<String>,
+        /// achieved, failed, unfinished, error, interrupted or running.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run: its transcript rendered like the trace, its checks, its outcome.
+    Show { run_id: String },
+    /// Run a goal of the folder now, recorded as manual.
+    Trigger {
+        name: String,
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a goal: the daemon skips its occurrences until it is resumed.
+    Pause {
+        name: String,
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+    },
+    /// Resume a paused goal.
+    Resume {
+        name: String,
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+    },
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -179,12 +233,19 @@ pub fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
         }
     };
+    // The daemon logs each occurrence fired and finished; other commands only trouble.
+    let default_level = if matches!(cli.command, Command::Daemon { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -200,6 +261,22 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Goal(args) => run::goal(args).await,
+            Command::Daemon {
+                goals,
+                max_concurrent,
+                grace,
+            } => manage::daemon(goals, max_concurrent, grace).await,
+            Command::Goals { goals, json } => manage::goals(&goals, json),
+            Command::Runs {
+                goal,
+                status,
+                limit,
+                json,
+            } => manage::runs(goal.as_deref(), status.as_deref(), limit, json),
+            Command::Show { run_id } => manage::show(&run_id),
+            Command::Trigger { name, goals, json } => manage::trigger(&goals, &name, json).await,
+            Command::Pause { name, goals } => manage::pause(&goals, &name, true),
+            Command::Resume { name, goals } => manage::pause(&goals, &name, false),
         }
     });
     // Tool processes are killed by their own guards; do not wait on stragglers.

@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use super::{Common, Fail, GoalArgs, RunArgs, exit};
 use crate::store;
 use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
-use crate::verify::file::GoalFile;
 use crate::verify::launch::{self, LaunchError, Overrides, RunSpec, Trigger};
 use crate::verify::{Check, check::DEFAULT_TIMEOUT};
 
@@ -22,7 +21,11 @@ pub async fn run(args: RunArgs) -> Result<u8, Fail> {
 
 pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
     let file = match &args.file {
-        Some(path) => Some(GoalFile::load(path).map_err(Fail::usage)?),
+        Some(path) => Some(
+            crate::schedule::goals::load(path)
+                .map_err(Fail::usage)?
+                .file,
+        ),
         None => None,
     };
     let mut o = overrides(&args.common);

@@ -18,6 +18,11 @@ pub enum DbError {
         path: String,
         source: rusqlite::Error,
     },
+    #[error("cannot create SUP_HOME {path}: {source}")]
+    Home {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("no run `{0}`; `sup runs` lists them")]
     NoRun(String),
 }
@@ -172,12 +177,28 @@ impl Db {
             path: shown.clone(),
             source,
         };
-        std::fs::create_dir_all(home)
-            .map_err(|e| err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+        std::fs::create_dir_all(home).map_err(|source| DbError::Home {
+            path: home.display().to_string(),
+            source,
+        })?;
         let mut conn = Connection::open(&path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(err)?;
+        // Switching to WAL takes a lock the busy timeout does not wait for, so a store
+        // opened by several processes at once retries here.
+        let started = std::time::Instant::now();
+        loop {
+            match conn
+                .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))
+            {
+                Ok(mode) if mode.eq_ignore_ascii_case("wal") => break,
+                Ok(_) => {}
+                Err(rusqlite::Error::SqliteFailure(f, _))
+                    if f.code == rusqlite::ErrorCode::DatabaseBusy
+                        && started.elapsed() < Duration::from_secs(10) => {}
+                Err(e) => return Err(err(e)),
+            }
+            std::thread::sleep(Duration::from_millis(10 + u64::from(fastrand::u8(..) % 40)));
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(err)?;
         conn.pragma_update(None, "foreign_keys", "ON")

@@ -106,7 +106,7 @@ pub struct CheckReport {
 }
 
 /// One thing that happened in a run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     RunStarted {
@@ -186,7 +186,7 @@ pub enum Event {
         answer: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         checks: Vec<Vec<CheckReport>>,
     },
 }
@@ -215,6 +215,50 @@ impl Events {
     pub fn emit(&self, event: Event) {
         for sink in &self.sinks {
             sink.emit(&event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_reads_back_from_its_json() {
+        let events = vec![
+            Event::Result {
+                status: Status::Unfinished,
+                stop_reason: StopReason::MaxSteps,
+                tries: 1,
+                steps: 3,
+                usage: Usage::default(),
+                run_id: "r".into(),
+                answer: None,
+                error: None,
+                checks: Vec::new(),
+            },
+            Event::Check {
+                r#try: 1,
+                report: CheckReport {
+                    name: "c".into(),
+                    passed: false,
+                    exit_status: Some(1),
+                    outcome: "exit 1".into(),
+                    duration_ms: 3,
+                    output_tail: "x".into(),
+                    output_path: None,
+                },
+            },
+            Event::WorkFinished {
+                stop_reason: StopReason::Final,
+                steps: 1,
+                error: None,
+            },
+        ];
+        for e in events {
+            let json = serde_json::to_string(&e).unwrap();
+            let back: Event = serde_json::from_str(&json).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), json);
         }
     }
 }

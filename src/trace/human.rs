@@ -12,17 +12,26 @@ pub struct HumanTrace {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
     /// Streamed text was printed in this step and its line is still open.
     streaming: bool,
+    out: Box<dyn Write + Send>,
 }
 
 impl HumanTrace {
+    /// The live trace, on stderr.
     pub fn new(goal: bool) -> Self {
+        Self::to(goal, Box::new(std::io::stderr()))
+    }
+
+    /// The trace on any writer (`sup show` renders a transcript on stdout).
+    pub fn to(goal: bool, out: Box<dyn Write + Send>) -> Self {
         HumanTrace {
             goal,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                streaming: false,
+                out,
+            }),
         }
     }
 }
@@ -182,10 +191,11 @@ impl HumanTrace {
 
 impl EventSink for HumanTrace {
     fn emit(&self, event: &Event) {
-        let Ok(mut state) = self.state.lock() else {
+        let Ok(mut guard) = self.state.lock() else {
             return;
         };
-        let mut err = std::io::stderr().lock();
+        let state = &mut *guard;
+        let err = &mut state.out;
         if let Event::TextDelta { text } = event {
             if !state.streaming {
                 let _ = write!(err, "  ");

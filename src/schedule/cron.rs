@@ -1,0 +1,215 @@
+//! Cron schedules in a time zone: standard 5-field expressions with an optional leading
+//! seconds field, `L`, `W`, `#`, names, and day-of-month OR day-of-week as classic cron,
+//! parsed by `croner` and evaluated in an IANA zone from `chrono-tz`. Across DST a time in the
+//! spring-forward gap runs right after the gap, and a time in the fall-back overlap once.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub expr: String,
+    pub tz: Tz,
+    cron: Cron,
+}
+
+/// The machine's zone: `TZ` if it names one, else the system's, else UTC.
+pub fn local_zone() -> Tz {
+    std::env::var("TZ")
+        .ok()
+        .and_then(|z| Tz::from_str(z.trim_start_matches(':')).ok())
+        .or_else(|| {
+            iana_time_zone::get_timezone()
+                .ok()
+                .and_then(|z| Tz::from_str(&z).ok())
+        })
+        .unwrap_or(Tz::UTC)
+}
+
+pub fn parse_zone(name: &str) -> Result<Tz, String> {
+    Tz::from_str(name).map_err(|_| {
+        format!("`{name}` is not an IANA time zone; write e.g. `Europe/Berlin`, `Asia/Shanghai` or `UTC`")
+    })
+}
+
+impl Schedule {
+    /// Parse `expr` (5 or 6 fields) for zone `tz`.
+    pub fn parse(expr: &str, tz: Tz) -> Result<Schedule, String> {
+        let fields = expr.split_whitespace().count();
+        if !expr.trim_start().starts_with('@') && !(5..=6).contains(&fields) {
+            return Err(format!(
+                "`{expr}` has {fields} fields; a schedule has 5 (minute hour day month weekday) \
+                 or 6 (seconds first)"
+            ));
+        }
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(expr)
+            .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?;
+        Ok(Schedule {
+            expr: expr.to_string(),
+            tz,
+            cron,
+        })
+    }
+
+    /// The first occurrence strictly after `t`.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.cron
+            .find_next_occurrence(&t.with_timezone(&self.tz), false)
+            .ok()
+            .map(|d| d.with_timezone(&Utc))
+    }
+
+    /// The next `n` occurrences after `t`.
+    pub fn upcoming(&self, t: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::with_capacity(n);
+        let mut at = t;
+        while out.len() < n {
+            match self.next_after(at) {
+                Some(next) => {
+                    out.push(next);
+                    at = next;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Occurrences in `(from, to]`, at most `cap` of them (the latest ones), and how many
+    /// there were in all.
+    pub fn between(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        cap: usize,
+    ) -> (Vec<DateTime<Utc>>, usize) {
+        let mut all = std::collections::VecDeque::new();
+        let mut total = 0;
+        let mut at = from;
+        while let Some(next) = self.next_after(at) {
+            if next > to {
+                break;
+            }
+            total += 1;
+            all.push_back(next);
+            if all.len() > cap {
+                all.pop_front();
+            }
+            at = next;
+        }
+        (all.into(), total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn next(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {
+        Schedule::parse(expr, parse_zone(tz).unwrap())
+            .unwrap()
+            .upcoming(utc(after), n)
+            .into_iter()
+            .map(|t| t.with_timezone(&parse_zone(tz).unwrap()).to_rfc3339())
+            .collect()
+    }
+
+    #[test]
+    fn five_and_six_fields() {
+        assert_eq!(
+            next("0 9 * * MON-FRI", "UTC", "2026-11-27T10:00:00Z", 2),
+            ["2026-11-30T09:00:00+00:00", "2026-12-01T09:00:00+00:00"]
+        );
+        assert_eq!(
+            next("*/20 * * * * *", "UTC", "2026-11-27T10:00:00Z", 3),
+            [
+                "2026-11-27T10:00:20+00:00",
+                "2026-11-27T10:00:40+00:00",
+                "2026-11-27T10:01:00+00:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn last_weekday_and_nth() {
+        // L: the last day of the month.
+        assert_eq!(
+            next("0 0 L * *", "UTC", "2026-02-01T00:00:00Z", 1),
+            ["2026-02-28T00:00:00+00:00"]
+        );
+        // W: the weekday closest to the 15th (2026-11-15 is a Sunday → Monday the 16th).
+        assert_eq!(
+            next("0 0 15W * *", "UTC", "2026-11-01T00:00:00Z", 1),
+            ["2026-11-16T00:00:00+00:00"]
+        );
+        // #: the second Tuesday.
+        assert_eq!(
+            next("0 0 * * TUE#2", "UTC", "2026-11-01T00:00:00Z", 1),
+            ["2026-11-10T00:00:00+00:00"]
+        );
+    }
+
+    #[test]
+    fn day_of_month_or_day_of_week() {
+        // The 1st of the month OR any Monday, as classic cron.
+        assert_eq!(
+            next("0 0 1 * MON", "UTC", "2026-11-25T00:00:00Z", 3),
+            [
+                "2026-11-30T00:00:00+00:00",
+                "2026-12-01T00:00:00+00:00",
+                "2026-12-07T00:00:00+00:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn spring_forward_gap_runs_right_after_the_gap() {
+        // 2026-03-08 02:30 does not exist in New York; the run comes at 03:00 EDT.
+        let got = next("30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", 2);
+        assert_eq!(
+            got,
+            ["2026-03-08T03:00:00-04:00", "2026-03-09T02:30:00-04:00"]
+        );
+        let got = next("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", 2);
+        assert_eq!(
+            got,
+            ["2026-03-29T03:00:00+02:00", "2026-03-30T02:30:00+02:00"]
+        );
+    }
+
+    #[test]
+    fn fall_back_overlap_runs_once() {
+        // 01:30 happens twice in New York on 2026-11-01; the job runs once.
+        let got = next("30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z", 2);
+        assert_eq!(
+            got,
+            ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]
+        );
+        let got = next("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", 2);
+        assert_eq!(
+            got,
+            ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+        );
+    }
+
+    #[test]
+    fn bad_expressions_say_why() {
+        let e = Schedule::parse("0 9 * *", Tz::UTC).unwrap_err();
+        assert!(e.contains("4 fields"), "{e}");
+        let e = Schedule::parse("0 25 * * *", Tz::UTC).unwrap_err();
+        assert!(e.contains("not a valid cron"), "{e}");
+        assert!(parse_zone("Mars/Olympus").unwrap_err().contains("IANA"));
+    }
+}

@@ -1,0 +1,651 @@
+//! The daemon: sleeps until the earliest next occurrence (or a reload, or shutdown), claims
+//! each occurrence in the store before it runs (so it runs at most once across daemons),
+//! applies the overlap, catch-up, jitter and pause rules, runs goals through the verify loop
+//! with a global concurrency limit, reloads goal files when they change, and on shutdown
+//! drains or cancels what runs, recording everything. Time comes from a `Clock`, so tests
+//! move time instead of sleeping.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::cron::Schedule;
+use super::goals::{Overlap, ScheduledGoal, load_dir};
+use crate::store::db::{Db, DbError, stamp};
+use crate::verify::launch::{self, Overrides, RunSpec, Trigger};
+
+/// How late an occurrence may be noticed and still count as on time.
+const ON_TIME: Duration = Duration::from_secs(2);
+/// Missed occurrences recorded one by one at most, per catch-up.
+const MISSED_CAP: usize = 1000;
+
+/// Where the daemon gets the time.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// The real clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let wait = (t - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        Box::pin(tokio::time::sleep(wait))
+    }
+}
+
+/// A clock that moves only when told: for tests.
+pub struct ManualClock {
+    now: watch::Sender<DateTime<Utc>>,
+}
+
+impl ManualClock {
+    pub fn new(start: DateTime<Utc>) -> Self {
+        ManualClock {
+            now: watch::Sender::new(start),
+        }
+    }
+    pub fn set(&self, t: DateTime<Utc>) {
+        self.now.send_replace(t);
+    }
+    /// How many sleepers wait on this clock: a test knows the daemon is idle when it is > 0.
+    pub fn waiting(&self) -> usize {
+        self.now.receiver_count()
+    }
+    pub fn advance(&self, d: Duration) {
+        let t = *self.now.borrow() + chrono::Duration::from_std(d).unwrap_or_default();
+        self.set(t);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.now.borrow()
+    }
+    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let mut rx = self.now.subscribe();
+        Box::pin(async move {
+            while *rx.borrow_and_update() < t {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot read the goals folder {path}: {source}")]
+    Goals {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+pub struct Config {
+    pub goals_dir: PathBuf,
+    pub home: PathBuf,
+    pub max_concurrent: usize,
+    /// How long running goals get to finish at shutdown before they are cancelled.
+    pub grace: Duration,
+    pub clock: Arc<dyn Clock>,
+    /// The model for goal files that name none (`SUP_MODEL`).
+    pub default_model: Option<String>,
+}
+
+struct Running {
+    at: DateTime<Utc>,
+    cancel: CancellationToken,
+}
+
+struct Slot {
+    path: PathBuf,
+    spec: RunSpec,
+    schedule: Schedule,
+    overlap: Overlap,
+    catch_up: Duration,
+    jitter: Duration,
+    next: Option<DateTime<Utc>>,
+    running: Vec<Running>,
+    queued: Option<DateTime<Utc>>,
+}
+
+struct Done {
+    goal: String,
+    at: DateTime<Utc>,
+    run_id: Option<String>,
+    status: String,
+}
+
+/// The daemon's state, driven by `run`.
+struct Daemon {
+    cfg: Config,
+    db: Db,
+    id: String,
+    slots: BTreeMap<String, Slot>,
+    /// Files that failed to load, with why; their last good version keeps running.
+    errors: BTreeMap<PathBuf, String>,
+    tasks: JoinSet<()>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    permits: Arc<Semaphore>,
+    /// Every run's cancel token, for shutdown.
+    all_running: Arc<Mutex<Vec<CancellationToken>>>,
+}
+
+fn spec_of(goal: &ScheduledGoal, default_model: Option<&String>) -> Result<RunSpec, String> {
+    let overrides = Overrides {
+        model: goal
+            .file
+            .model
+            .is_none()
+            .then(|| default_model.cloned())
+            .flatten(),
+        ..Overrides::default()
+    };
+    RunSpec::build(&overrides, Some(&goal.file))
+        .map_err(|e| format!("{}: {e}", goal.file.path.display()))
+}
+
+impl Daemon {
+    fn log_db(&self, r: Result<impl Sized, DbError>) {
+        if let Err(e) = r {
+            tracing::error!("{e}");
+        }
+    }
+
+    /// Load (or reload) the goal files. New or changed schedules start from `now`; a broken
+    /// file keeps its last good version.
+    fn load(&mut self, now: DateTime<Utc>, starting: bool) -> Result<(), DaemonError> {
+        let loaded = load_dir(&self.cfg.goals_dir).map_err(|source| DaemonError::Goals {
+            path: self.cfg.goals_dir.display().to_string(),
+            source,
+        })?;
+        let mut seen: Vec<PathBuf> = Vec::new();
+        self.errors.clear();
+        for (path, result) in loaded {
+            seen.push(path.clone());
+            let goal = match result.map_err(|e| e.to_string()).and_then(|g| {
+                let spec = spec_of(&g, self.cfg.default_model.as_ref())?;
+                Ok((g, spec))
+            }) {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!("{e}; the last good version of this goal keeps its schedule");
+                    self.errors.insert(path, e);
+                    continue;
+                }
+            };
+            let (goal, spec) = goal;
+            let name = goal.file.name.clone();
+            if let Some((other, _)) = self
+                .slots
+                .iter()
+                .find(|(n, s)| **n == name && s.path != path)
+            {
+                let e = format!(
+                    "{}: the goal name `{other}` is taken by another file",
+                    path.display()
+                );
+                tracing::warn!("{e}");
+                self.errors.insert(path, e);
+                continue;
+            }
+            // A file that now has another name, or no schedule, gives up its old slot.
+            let old: Vec<String> = self
+                .slots
+                .iter()
+                .filter(|(n, s)| s.path == path && **n != name)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in old {
+                self.slots.remove(&n);
+            }
+            let Some(schedule) = goal.schedule.clone() else {
+                self.slots.remove(&name);
+                continue;
+            };
+            let changed = self
+                .slots
+                .get(&name)
+                .is_none_or(|s| s.schedule.expr != schedule.expr || s.schedule.tz != schedule.tz);
+            let next = if changed {
+                if !starting {
+                    tracing::info!(
+                        "goal {name}: schedule `{}` ({}) loaded",
+                        schedule.expr,
+                        schedule.tz
+                    );
+                }
+                schedule.next_after(now)
+            } else {
+                self.slots.get(&name).and_then(|s| s.next)
+            };
+            let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
+                path: path.clone(),
+                spec: spec.clone(),
+                schedule: schedule.clone(),
+                overlap: goal.overlap,
+                catch_up: goal.catch_up,
+                jitter: goal.jitter,
+                next,
+                running: Vec::new(),
+                queued: None,
+            });
+            slot.spec = spec;
+            slot.schedule = schedule;
+            slot.overlap = goal.overlap;
+            slot.catch_up = goal.catch_up;
+            slot.jitter = goal.jitter;
+            slot.next = next;
+        }
+        let gone: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| !seen.contains(&s.path))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            tracing::info!("goal {n}: its file is gone; no more occurrences");
+            self.slots.remove(&n);
+        }
+        Ok(())
+    }
+
+    /// At start: occurrences missed while no daemon ran. The latest within `catch_up` runs;
+    /// the others are recorded as missed.
+    fn catch_up(&mut self, now: DateTime<Utc>) {
+        let names: Vec<String> = self.slots.keys().cloned().collect();
+        for name in names {
+            let last = match self.db.last_occurrence(&name) {
+                Ok(Some(t)) => t,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    continue;
+                }
+            };
+            let Some(slot) = self.slots.get(&name) else {
+                continue;
+            };
+            let (missed, total) = slot.schedule.between(last, now, MISSED_CAP);
+            let window = slot.catch_up;
+            self.settle(&name, missed, total, now, window);
+        }
+    }
+
+    /// Of `due` (oldest first, `total` in all): run the latest if it is within `window` of
+    /// `now`, record the rest as missed.
+    fn settle(
+        &mut self,
+        name: &str,
+        mut due: Vec<DateTime<Utc>>,
+        total: usize,
+        now: DateTime<Utc>,
+        window: Duration,
+    ) {
+        let Some(latest) = due.pop() else { return };
+        let on_time = (now - latest).to_std().unwrap_or(Duration::ZERO) <= window;
+        let mut missed = due;
+        if !on_time {
+            missed.push(latest);
+        }
+        let uncounted = total.saturating_sub(missed.len() + usize::from(on_time));
+        if !missed.is_empty() {
+            tracing::info!(
+                "goal {name}: {} occurrence(s) missed{}",
+                missed.len() + uncounted,
+                if uncounted > 0 {
+                    format!(" ({uncounted} older ones not listed)")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        for at in missed {
+            let r = self.db.claim(name, at, "missed", &self.id);
+            self.log_db(r);
+        }
+        if on_time {
+            self.fire(name, latest);
+        }
+    }
+
+    /// Occurrences that came due by `now`.
+    fn due(&mut self, now: DateTime<Utc>) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.next.is_some_and(|n| n <= now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let Some(slot) = self.slots.get_mut(&name) else {
+                continue;
+            };
+            let Some(first) = slot.next else { continue };
+            let (mut later, total) = slot.schedule.between(first, now, MISSED_CAP);
+            let mut due = vec![first];
+            due.append(&mut later);
+            slot.next = slot.schedule.next_after(now);
+            let window = slot.catch_up.max(ON_TIME);
+            self.settle(&name, due, total + 1, now, window);
+        }
+    }
+
+    /// Claim an occurrence and act on it.
+    fn fire(&mut self, name: &str, at: DateTime<Utc>) {
+        match self.db.claim(name, at, "claimed", &self.id) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!("goal {name} at {}: claimed by another daemon", stamp(at));
+                return;
+            }
+            Err(e) => {
+                tracing::error!("goal {name} at {}: cannot claim: {e}", stamp(at));
+                return;
+            }
+        }
+        match self.db.paused(name) {
+            Ok(true) => {
+                tracing::info!("goal {name} at {}: paused, not run", stamp(at));
+                let r = self.db.occurrence(name, at, "paused", None);
+                self.log_db(r);
+                return;
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!("{e}"),
+        }
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        if !slot.running.is_empty() {
+            match slot.overlap {
+                Overlap::Skip => {
+                    tracing::info!(
+                        "goal {name} at {}: skipped, the last run is still going",
+                        stamp(at)
+                    );
+                    let r = self.db.occurrence(name, at, "skipped", None);
+                    self.log_db(r);
+                    return;
+                }
+                Overlap::Queue => {
+                    if slot.queued.is_some() {
+                        tracing::info!(
+                            "goal {name} at {}: skipped, one occurrence already waits",
+                            stamp(at)
+                        );
+                        let r = self.db.occurrence(name, at, "skipped", None);
+                        self.log_db(r);
+                    } else {
+                        tracing::info!(
+                            "goal {name} at {}: queued behind the running one",
+                            stamp(at)
+                        );
+                        slot.queued = Some(at);
+                        let r = self.db.occurrence(name, at, "queued", None);
+                        self.log_db(r);
+                    }
+                    return;
+                }
+                Overlap::Replace => {
+                    tracing::info!("goal {name} at {}: replacing the running one", stamp(at));
+                    for r in &slot.running {
+                        r.cancel.cancel();
+                    }
+                }
+                Overlap::Allow => {}
+            }
+        }
+        self.start(name, at);
+    }
+
+    fn start(&mut self, name: &str, at: DateTime<Utc>) {
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        let cancel = CancellationToken::new();
+        slot.running.push(Running {
+            at,
+            cancel: cancel.clone(),
+        });
+        if let Ok(mut all) = self.all_running.lock() {
+            all.retain(|c| !c.is_cancelled());
+            all.push(cancel.clone());
+        }
+        let spec = slot.spec.clone();
+        let jitter = slot.jitter;
+        let home = self.cfg.home.clone();
+        let permits = self.permits.clone();
+        let done = self.done_tx.clone();
+        let goal = name.to_string();
+        let r = self.db.occurrence(name, at, "running", None);
+        self.log_db(r);
+        self.tasks.spawn(async move {
+            let (run_id, status) =
+                run_one(&goal, at, &spec, &home, jitter, &permits, &cancel).await;
+            let _ = done.send(Done {
+                goal,
+                at,
+                run_id,
+                status,
+            });
+        });
+    }
+
+    fn finished(&mut self, done: Done) {
+        tracing::info!(
+            "goal {} at {}: finished, {}{}",
+            done.goal,
+            stamp(done.at),
+            done.status,
+            done.run_id
+                .as_deref()
+                .map(|r| format!(" (run {r})"))
+                .unwrap_or_default()
+        );
+        let r = self
+            .db
+            .occurrence(&done.goal, done.at, "done", done.run_id.as_deref());
+        self.log_db(r);
+        let Some(slot) = self.slots.get_mut(&done.goal) else {
+            return;
+        };
+        slot.running.retain(|r| r.at != done.at);
+        if slot.running.is_empty()
+            && let Some(q) = slot.queued.take()
+        {
+            self.start(&done.goal, q);
+        }
+    }
+}
+
+async fn run_one(
+    goal: &str,
+    at: DateTime<Utc>,
+    spec: &RunSpec,
+    home: &Path,
+    jitter: Duration,
+    permits: &Semaphore,
+    cancel: &CancellationToken,
+) -> (Option<String>, String) {
+    if !jitter.is_zero() {
+        let wait = jitter.mul_f64(fastrand::f64());
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = cancel.cancelled() => return (None, "cancelled before it started".into()),
+        }
+    }
+    let _permit = tokio::select! {
+        p = permits.acquire() => p.ok(),
+        _ = cancel.cancelled() => return (None, "cancelled before it started".into()),
+    };
+    tracing::info!("goal {goal} at {}: fired", stamp(at));
+    let trigger = Trigger {
+        kind: "schedule",
+        scheduled_for: Some(at),
+    };
+    match launch::launch(spec, home, trigger, Vec::new(), cancel).await {
+        Ok(l) => (Some(l.run_id), l.outcome.status.as_str().to_string()),
+        Err(e) => {
+            tracing::error!("goal {goal} at {}: could not start: {e}", stamp(at));
+            (None, format!("could not start: {e}"))
+        }
+    }
+}
+
+/// Run the daemon until `shutdown`; `reload` asks for goal files to be read again.
+pub async fn run(
+    cfg: Config,
+    shutdown: CancellationToken,
+    mut reload: mpsc::UnboundedReceiver<()>,
+) -> Result<(), DaemonError> {
+    let db = Db::open(&cfg.home)?;
+    let orphans = db.mark_orphans()?;
+    if orphans > 0 {
+        tracing::info!(
+            "{orphans} run(s) left running by a process that is gone are now interrupted"
+        );
+    }
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut d = Daemon {
+        permits: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
+        cfg,
+        db,
+        id: format!(
+            "{}-{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ),
+        slots: BTreeMap::new(),
+        errors: BTreeMap::new(),
+        tasks: JoinSet::new(),
+        done_tx,
+        all_running: Arc::new(Mutex::new(Vec::new())),
+    };
+    let clock = d.cfg.clock.clone();
+    let now = clock.now();
+    d.load(now, true)?;
+    tracing::info!(
+        "daemon started: {} scheduled goal(s) from {}",
+        d.slots.len(),
+        d.cfg.goals_dir.display()
+    );
+    d.catch_up(now);
+    let (watch_tx, mut watch_rx) = mpsc::unbounded_channel();
+    let _watcher = watch(&d.cfg.goals_dir, watch_tx);
+    loop {
+        let now = clock.now();
+        d.due(now);
+        let wake = d.slots.values().filter_map(|s| s.next).min();
+        let sleep = async {
+            match wake {
+                Some(t) => clock.sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = sleep => {}
+            Some(done) = done_rx.recv() => d.finished(done),
+            Some(()) = reload.recv() => reload_now(&mut d, &clock, &mut watch_rx).await?,
+            Some(()) = watch_rx.recv() => reload_now(&mut d, &clock, &mut watch_rx).await?,
+            Some(_) = d.tasks.join_next(), if !d.tasks.is_empty() => {}
+        }
+    }
+    drain(&mut d, &mut done_rx).await;
+    Ok(())
+}
+
+async fn reload_now(
+    d: &mut Daemon,
+    clock: &Arc<dyn Clock>,
+    watch_rx: &mut mpsc::UnboundedReceiver<()>,
+) -> Result<(), DaemonError> {
+    // Let a burst of file events settle into one reload.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while watch_rx.try_recv().is_ok() {}
+    let result = d.load(clock.now(), false);
+    if let Err(e) = &result {
+        tracing::warn!("reload failed: {e}; the goals keep their schedules");
+    }
+    Ok(())
+}
+
+/// Stop firing; give running goals the grace period, then cancel them; record all.
+async fn drain(d: &mut Daemon, done_rx: &mut mpsc::UnboundedReceiver<Done>) {
+    let running = d.slots.values().map(|s| s.running.len()).sum::<usize>();
+    tracing::info!(
+        "stopping: {running} running goal(s) get {} to finish",
+        humantime::format_duration(d.cfg.grace)
+    );
+    let queued: Vec<(String, DateTime<Utc>)> = d
+        .slots
+        .iter_mut()
+        .filter_map(|(n, s)| s.queued.take().map(|q| (n.clone(), q)))
+        .collect();
+    for (name, at) in queued {
+        let r = d.db.occurrence(&name, at, "skipped", None);
+        d.log_db(r);
+    }
+    let grace = tokio::time::sleep(d.cfg.grace);
+    tokio::pin!(grace);
+    let mut cancelled = false;
+    loop {
+        tokio::select! {
+            joined = d.tasks.join_next() => {
+                if joined.is_none() {
+                    break;
+                }
+            }
+            _ = &mut grace, if !cancelled => {
+                cancelled = true;
+                tracing::info!("grace period over: cancelling the goals still running");
+                if let Ok(all) = d.all_running.lock() {
+                    for c in all.iter() {
+                        c.cancel();
+                    }
+                }
+            }
+        }
+        while let Ok(done) = done_rx.try_recv() {
+            d.finished(done);
+        }
+    }
+    while let Ok(done) = done_rx.try_recv() {
+        d.finished(done);
+    }
+    tracing::info!("daemon stopped");
+}
+
+/// Watch the goals folder; each change sends a reload request.
+fn watch(dir: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !e.kind.is_access()) {
+            let _ = tx.send(());
+        }
+    })
+    .map_err(|e| tracing::warn!("cannot watch the goals folder ({e}); reload with SIGHUP"))
+    .ok()?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .map_err(|e| tracing::warn!("cannot watch {} ({e}); reload with SIGHUP", dir.display()))
+        .ok()?;
+    Some(watcher)
+}

@@ -1,0 +1,7 @@
+//! The schedule loop: cron occurrences in a time zone, claims in the store so each runs at
+//! most once, overlap and catch-up policies, reloads, and the daemon that fires goals
+//! through the verify loop.
+
+pub mod cron;
+pub mod daemon;
+pub mod goals;

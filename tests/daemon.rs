@@ -1,0 +1,406 @@
+//! The daemon and the history commands through the binary: real per-second schedules, two
+//! daemons on one store, reloads, SIGTERM, kill -9, `sup goals`, `runs`, `show`, `trigger`,
+//! `pause` and `resume`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Env;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sup::store::db::{Db, RunRow};
+
+/// Goals live in `home/goals`; a scripted model that answers after `delay_ms`.
+fn goal(env: &Env, name: &str, schedule: &str, delay_ms: u64, extra: &str) -> PathBuf {
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        format!(r#"[{{"text": "done", "delay_ms": {delay_ms}}}]"#),
+    )
+    .unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "prompt = \"work\"\nmodel = \"script:{name}.json\"\nworkspace = \"work-{name}\"\n\
+             schedule = \"{schedule}\"\ntimezone = \"UTC\"\ntries = 1\n{extra}\n[[check]]\nrun = \"true\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn daemon(env: &Env, args: &[&str]) -> Child {
+    let log = std::fs::File::create(env.home.path().join(format!(
+        "daemon-{}.log",
+        std::fs::read_dir(env.home.path()).unwrap().count()
+    )))
+    .unwrap();
+    env.sup()
+        .arg("daemon")
+        .arg("--goals")
+        .arg(env.home.path().join("goals"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+fn stop(mut child: Child) -> i32 {
+    signal(&child, Signal::SIGTERM);
+    child.wait().unwrap().code().unwrap_or(-1)
+}
+
+fn runs(env: &Env, goal: &str) -> Vec<RunRow> {
+    Db::open(env.home.path())
+        .unwrap()
+        .runs(Some(goal), None, 1000)
+        .unwrap()
+}
+
+fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sup_out(env: &Env, args: &[&str]) -> (i32, String) {
+    let out = env.sup().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn a_per_second_schedule_runs_on_successive_occurrences() {
+    let env = Env::new();
+    goal(&env, "tick", "* * * * * *", 0, "");
+    let d = daemon(&env, &[]);
+    until("three runs", 15, || {
+        runs(&env, "tick")
+            .iter()
+            .filter(|r| r.status == "achieved")
+            .count()
+            >= 3
+    });
+    assert_eq!(stop(d), 0);
+    let rows = runs(&env, "tick");
+    let mut at: Vec<_> = rows
+        .iter()
+        .map(|r| r.scheduled_for.clone().unwrap())
+        .collect();
+    at.sort();
+    at.dedup();
+    assert_eq!(at.len(), rows.len(), "each occurrence once");
+    let (code, text) = sup_out(&env, &["runs", "--goal", "tick"]);
+    assert_eq!(code, 0);
+    assert!(
+        text.lines()
+            .filter(|l| l.contains("tick") && l.contains("schedule") && l.contains("achieved"))
+            .count()
+            >= 3,
+        "{text}"
+    );
+}
+
+#[test]
+fn two_daemons_on_one_store_run_each_occurrence_once() {
+    let env = Env::new();
+    goal(&env, "tick", "* * * * * *", 200, "overlap = \"allow\"");
+    let a = daemon(&env, &[]);
+    let b = daemon(&env, &[]);
+    until("four runs", 20, || runs(&env, "tick").len() >= 4);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(stop(a), 0);
+    assert_eq!(stop(b), 0);
+    let rows = runs(&env, "tick");
+    let mut at: Vec<_> = rows
+        .iter()
+        .map(|r| r.scheduled_for.clone().unwrap())
+        .collect();
+    let n = at.len();
+    at.sort();
+    at.dedup();
+    assert_eq!(at.len(), n, "no occurrence ran twice: {rows:?}");
+    let pids: std::collections::BTreeSet<u32> = rows.iter().map(|r| r.pid).collect();
+    assert!(!pids.is_empty());
+}
+
+#[test]
+fn editing_a_goal_file_changes_its_schedule_and_a_broken_one_keeps_the_old() {
+    let env = Env::new();
+    let path = goal(&env, "edit", "0 0 1 1 *", 0, "");
+    let d = daemon(&env, &[]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(runs(&env, "edit").is_empty());
+    goal(&env, "edit", "* * * * * *", 0, "");
+    until("the new schedule fires", 10, || {
+        !runs(&env, "edit").is_empty()
+    });
+    // Break the file: the last good version keeps its schedule.
+    std::fs::write(
+        &path,
+        "prompt = \"work\"\nschedule = \"every now and then\"\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = runs(&env, "edit").len();
+    until("runs go on", 10, || runs(&env, "edit").len() >= before + 2);
+    let (code, text) = sup_out(
+        &env,
+        &[
+            "goals",
+            "--goals",
+            env.home.path().join("goals").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("edit.toml")
+            && text.contains("schedule")
+            && text.contains("every now and then"),
+        "{text}"
+    );
+    assert_eq!(stop(d), 0);
+}
+
+#[test]
+fn sigterm_drains_running_goals_and_records_them() {
+    let env = Env::new();
+    goal(&env, "slow", "* * * * * *", 1500, "");
+    let d = daemon(&env, &[]);
+    until("a run going", 10, || {
+        runs(&env, "slow").iter().any(|r| r.status == "running")
+    });
+    assert_eq!(stop(d), 0);
+    let rows = runs(&env, "slow");
+    assert!(!rows.is_empty());
+    assert!(
+        rows.iter().all(|r| r.status == "achieved"),
+        "drained to the end: {rows:?}"
+    );
+    for r in &rows {
+        assert!(Path::new(&r.dir).join("transcript.jsonl").exists());
+    }
+}
+
+#[test]
+fn after_the_grace_period_running_goals_are_cancelled_and_recorded() {
+    let env = Env::new();
+    goal(&env, "slower", "* * * * * *", 20_000, "");
+    let d = daemon(&env, &["--grace", "300ms"]);
+    until("a run going", 10, || {
+        runs(&env, "slower").iter().any(|r| r.status == "running")
+    });
+    let started = Instant::now();
+    assert_eq!(stop(d), 0);
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let rows = runs(&env, "slower");
+    assert!(rows.iter().all(|r| r.status == "interrupted"), "{rows:?}");
+}
+
+#[test]
+fn a_run_killed_with_its_daemon_reads_interrupted_after_restart() {
+    let env = Env::new();
+    goal(&env, "victim", "* * * * * *", 30_000, "");
+    let mut d = daemon(&env, &[]);
+    until("a run going", 10, || {
+        runs(&env, "victim").iter().any(|r| r.status == "running")
+    });
+    signal(&d, Signal::SIGKILL);
+    d.wait().unwrap();
+    let id = runs(&env, "victim")[0].id.clone();
+    // Restart: the run left `running` by a daemon that is gone is marked interrupted.
+    std::fs::remove_file(env.home.path().join("goals/victim.toml")).unwrap();
+    let d = daemon(&env, &[]);
+    until("interrupted", 10, || {
+        Db::open(env.home.path()).unwrap().run(&id).unwrap().status == "interrupted"
+    });
+    assert_eq!(stop(d), 0);
+    let (code, text) = sup_out(&env, &["show", &id]);
+    assert_eq!(code, 0);
+    assert!(text.contains("outcome: interrupted"), "{text}");
+    assert!(text.contains("gone"), "{text}");
+}
+
+#[test]
+fn pause_and_resume_from_the_command_line() {
+    let env = Env::new();
+    goal(&env, "p", "* * * * * *", 0, "");
+    let dir = env.home.path().join("goals");
+    let dir = dir.to_str().unwrap();
+    let (code, _) = sup_out(&env, &["pause", "p", "--goals", dir]);
+    assert_eq!(code, 0);
+    let d = daemon(&env, &[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(runs(&env, "p").is_empty(), "paused: nothing ran");
+    let (_, text) = sup_out(&env, &["goals", "--goals", dir]);
+    assert!(text.contains("paused"), "{text}");
+    sup_out(&env, &["resume", "p", "--goals", dir]);
+    until("runs after resume", 10, || !runs(&env, "p").is_empty());
+    assert_eq!(stop(d), 0);
+    let (code, text) = sup_out(&env, &["pause", "nope", "--goals", dir]);
+    assert_eq!(code, 2);
+    assert!(text.contains("no goal `nope`"), "{text}");
+}
+
+#[test]
+fn trigger_runs_a_goal_now_recorded_as_manual() {
+    let env = Env::new();
+    goal(&env, "now", "0 0 1 1 *", 0, "");
+    let dir = env.home.path().join("goals");
+    let (code, text) = sup_out(&env, &["trigger", "now", "--goals", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("Goal achieved"), "{text}");
+    let rows = runs(&env, "now");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].trigger, "manual");
+}
+
+#[test]
+fn goals_lists_schedules_next_occurrences_last_results_and_errors() {
+    let env = Env::new();
+    goal(&env, "daily", "30 2 * * *", 0, "");
+    let dir = env.home.path().join("goals");
+    std::fs::write(
+        dir.join("broken.toml"),
+        "prompt = \"x\"\nschedule = \"0 9 * *\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("badzone.toml"),
+        "prompt = \"x\"\nschedule = \"0 9 * * *\"\ntimezone = \"Moon/Base\"\n",
+    )
+    .unwrap();
+    let (code, text) = sup_out(&env, &["goals", "--goals", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = v.as_array().unwrap();
+    let daily = rows.iter().find(|r| r["name"] == "daily").unwrap();
+    assert_eq!(daily["schedule"], "30 2 * * *");
+    assert_eq!(daily["timezone"], "UTC");
+    assert_eq!(daily["next"].as_array().unwrap().len(), 3);
+    assert!(daily["next"][0].as_str().unwrap().contains("T02:30:00"));
+    assert!(daily["last"].is_null());
+    let broken = rows
+        .iter()
+        .find(|r| r["file"].as_str().unwrap().ends_with("broken.toml"))
+        .unwrap();
+    let e = broken["error"].as_str().unwrap();
+    assert!(
+        e.contains("broken.toml:2:") && e.contains("schedule"),
+        "{e}"
+    );
+    let zone = rows
+        .iter()
+        .find(|r| r["file"].as_str().unwrap().ends_with("badzone.toml"))
+        .unwrap();
+    let e = zone["error"].as_str().unwrap();
+    assert!(
+        e.contains("badzone.toml:3:") && e.contains("timezone") && e.contains("Moon/Base"),
+        "{e}"
+    );
+}
+
+#[test]
+fn show_renders_each_kind_of_outcome() {
+    let env = Env::new();
+    let script = |turns: &str| {
+        let p = env.home.path().join(format!(
+            "s{}.json",
+            std::fs::read_dir(env.home.path()).unwrap().count()
+        ));
+        std::fs::write(&p, turns).unwrap();
+        format!("script:{}", p.display())
+    };
+    let cases: Vec<(Vec<String>, &str, &[&str])> = vec![
+        (
+            vec![
+                "goal".into(),
+                "x".into(),
+                "--check-cmd".into(),
+                "true".into(),
+                "--model".into(),
+                script(r#"[{"text": "fine"}]"#),
+            ],
+            "achieved",
+            &["Goal achieved", "✓ true"],
+        ),
+        (
+            vec![
+                "goal".into(),
+                "x".into(),
+                "--check-cmd".into(),
+                "echo nope-output; exit 3".into(),
+                "--tries".into(),
+                "1".into(),
+                "--model".into(),
+                script(r#"[{"text": "fine"}]"#),
+            ],
+            "failed",
+            &["Goal not achieved", "exit 3", "nope-output"],
+        ),
+        (
+            vec![
+                "run".into(),
+                "x".into(),
+                "--max-steps".into(),
+                "1".into(),
+                "--model".into(),
+                script(r#"[{"tool_calls": [{"name": "list_files", "input": {}}]}]"#),
+            ],
+            "unfinished",
+            &["Unfinished", "max_steps", "⚙ list_files"],
+        ),
+        (
+            vec![
+                "run".into(),
+                "x".into(),
+                "--model".into(),
+                script(r#"[{"tool_calls": [{"name": "list_files", "input": {}}]}]"#),
+            ],
+            "error",
+            &["all were played", "error:"],
+        ),
+    ];
+    for (args, status, wants) in cases {
+        let out = env.sup().args(&args).output().unwrap();
+        assert_ne!(
+            out.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run = Db::open(env.home.path())
+            .unwrap()
+            .runs(None, None, 1)
+            .unwrap()
+            .remove(0);
+        assert_eq!(run.status, status);
+        let (code, text) = sup_out(&env, &["show", &run.id]);
+        assert_eq!(code, 0);
+        assert!(text.contains(&format!("outcome: {status}")), "{text}");
+        for w in wants {
+            assert!(text.contains(w), "{status}: wants {w}: {text}");
+        }
+    }
+    let (code, text) = sup_out(&env, &["show", "no-such-run"]);
+    assert_eq!(code, 2);
+    assert!(text.contains("no run"), "{text}");
+}

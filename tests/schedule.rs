@@ -1,0 +1,378 @@
+//! The daemon in-process with a manual clock: time moves when the test says, nothing waits
+//! for a real schedule. Catch-up, every overlap policy, pause and resume, retention.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sup::schedule::daemon::{self, Clock, ManualClock};
+use sup::store::db::{Db, parse_stamp};
+use tokio_util::sync::CancellationToken;
+
+struct Harness {
+    goals: tempfile::TempDir,
+    home: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn t(s: &str) -> DateTime<Utc> {
+    parse_stamp(s).unwrap()
+}
+
+impl Harness {
+    fn new(start: &str) -> Self {
+        Harness {
+            goals: tempfile::tempdir().unwrap(),
+            home: tempfile::tempdir().unwrap(),
+            clock: Arc::new(ManualClock::new(t(start))),
+            shutdown: CancellationToken::new(),
+            task: None,
+        }
+    }
+
+    /// A goal whose scripted model answers after `delay_ms`, with a passing check.
+    fn goal(&self, name: &str, extra: &str, delay_ms: u64) {
+        let script = self.goals.path().join(format!("{name}.script.json"));
+        std::fs::write(
+            &script,
+            format!(r#"[{{"text": "done", "delay_ms": {delay_ms}}}]"#),
+        )
+        .unwrap();
+        std::fs::write(
+            self.goals.path().join(format!("{name}.toml")),
+            format!(
+                "prompt = \"work\"\nmodel = \"script:{name}.script.json\"\nworkspace = \"work-{name}\"\n\
+                 tries = 1\n{extra}\n[[check]]\nrun = \"true\"\n"
+            ),
+        )
+        .unwrap();
+    }
+
+    fn db(&self) -> Db {
+        Db::open(self.home.path()).unwrap()
+    }
+
+    fn start(&mut self) {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let cfg = daemon::Config {
+            goals_dir: self.goals.path().to_path_buf(),
+            home: self.home.path().to_path_buf(),
+            max_concurrent: 4,
+            grace: Duration::from_secs(5),
+            clock: self.clock.clone(),
+            default_model: None,
+        };
+        let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = self.shutdown.clone();
+        self.task = Some(tokio::spawn(async move {
+            // Keep the reload sender alive for the daemon's life.
+            let _tx = _tx;
+            daemon::run(cfg, shutdown, rx).await.unwrap();
+        }));
+    }
+
+    /// Wait until the daemon sleeps on the clock: it has loaded and settled.
+    async fn idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.clock.waiting() == 0 {
+            assert!(Instant::now() < deadline, "the daemon never went to sleep");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+
+    /// Wait (in real time, bounded) until `f` holds.
+    async fn until(&self, what: &str, f: impl Fn(&Db) -> bool) {
+        let db = self.db();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f(&db) {
+            if Instant::now() > deadline {
+                let occ = db.occurrences("g", 100).unwrap();
+                let runs: Vec<_> = db
+                    .runs(None, None, 100)
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| (r.status, r.error))
+                    .collect();
+                panic!("timed out waiting for: {what}; occurrences {occ:?}; runs {runs:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn statuses(&self, goal: &str) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .db()
+            .occurrences(goal, 1000)
+            .unwrap()
+            .into_iter()
+            .map(|(at, status, _)| (at, status))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn run_statuses(&self, goal: &str) -> Vec<String> {
+        let mut runs = self.db().runs(Some(goal), None, 100).unwrap();
+        runs.sort_by(|a, b| a.scheduled_for.cmp(&b.scheduled_for));
+        runs.into_iter().map(|r| r.status).collect()
+    }
+
+    fn advance_to(&self, s: &str) {
+        self.clock.set(t(s));
+    }
+}
+
+fn status_of(h: &Harness, goal: &str, at: &str) -> Option<String> {
+    h.statuses(goal)
+        .into_iter()
+        .find(|(a, _)| a == at)
+        .map(|(_, s)| s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn successive_occurrences_run_once_each() {
+    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
+    h.goal("g", "schedule = \"* * * * * *\"\ntimezone = \"UTC\"", 0);
+    h.start();
+    h.idle().await;
+    for s in ["01", "02", "03"] {
+        h.advance_to(&format!("2026-01-01T00:00:{s}.100Z"));
+        let at = format!("2026-01-01T00:00:{s}Z");
+        h.until(&format!("{at} done"), |_| {
+            status_of(&h, "g", &at).as_deref() == Some("done")
+        })
+        .await;
+    }
+    h.stop().await;
+    assert_eq!(h.run_statuses("g"), ["achieved", "achieved", "achieved"]);
+    let runs = h.db().runs(Some("g"), None, 10).unwrap();
+    assert!(runs.iter().all(|r| r.trigger == "schedule"));
+}
+
+fn prior_occurrence(h: &Harness, goal: &str, at: &str) {
+    assert!(h.db().claim(goal, t(at), "done", "earlier-daemon").unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catch_up_runs_the_latest_missed_occurrence_inside_its_window() {
+    let mut h = Harness::new("2026-01-01T00:00:30Z");
+    h.goal(
+        "g",
+        "schedule = \"* * * * *\"\ntimezone = \"UTC\"\ncatch_up = \"5m\"",
+        0,
+    );
+    prior_occurrence(&h, "g", "2025-12-31T23:50:00Z");
+    h.start();
+    h.idle().await;
+    h.until("the latest runs", |_| {
+        status_of(&h, "g", "2026-01-01T00:00:00Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    let s = h.statuses("g");
+    let missed = s.iter().filter(|(_, st)| st == "missed").count();
+    assert_eq!(missed, 9, "{s:?}");
+    assert_eq!(h.run_statuses("g"), ["achieved"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missed_occurrences_outside_the_window_are_recorded_not_run() {
+    for extra in ["catch_up = \"10s\"", ""] {
+        let mut h = Harness::new("2026-01-01T00:00:30Z");
+        h.goal(
+            "g",
+            &format!("schedule = \"* * * * *\"\ntimezone = \"UTC\"\n{extra}"),
+            0,
+        );
+        prior_occurrence(&h, "g", "2025-12-31T23:57:00Z");
+        h.start();
+        h.idle().await;
+        h.until("three missed", |_| {
+            h.statuses("g")
+                .iter()
+                .filter(|(_, s)| s == "missed")
+                .count()
+                == 3
+        })
+        .await;
+        // The next occurrence on time still runs.
+        h.advance_to("2026-01-01T00:01:00.2Z");
+        h.until("the next one runs", |_| {
+            status_of(&h, "g", "2026-01-01T00:01:00Z").as_deref() == Some("done")
+        })
+        .await;
+        h.stop().await;
+        assert_eq!(h.run_statuses("g"), ["achieved"], "{extra}");
+    }
+}
+
+/// A slow goal (the model takes 1.5 s) under `policy`: occurrences at :01 and :02 (and :03).
+async fn overlap(policy: &str, occurrences: &[&str]) -> Harness {
+    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
+    h.goal(
+        "g",
+        &format!("schedule = \"* * * * * *\"\ntimezone = \"UTC\"\noverlap = \"{policy}\""),
+        1500,
+    );
+    h.start();
+    h.idle().await;
+    h.advance_to("2026-01-01T00:00:01.100Z");
+    h.until("the first is running", |db| {
+        db.runs(Some("g"), Some("running"), 10).unwrap().len() == 1
+    })
+    .await;
+    for s in occurrences {
+        h.advance_to(&format!("2026-01-01T00:00:{s}.100Z"));
+        let at = format!("2026-01-01T00:00:{s}Z");
+        h.until(&format!("{at} handled"), |_| {
+            status_of(&h, "g", &at).is_some_and(|s| s != "claimed")
+        })
+        .await;
+    }
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_skip_records_the_occurrence_as_skipped() {
+    let mut h = overlap("skip", &["02"]).await;
+    h.until("first done", |_| {
+        status_of(&h, "g", "2026-01-01T00:00:01Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(
+        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref(),
+        Some("skipped")
+    );
+    assert_eq!(h.run_statuses("g"), ["achieved"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_queue_runs_one_waiting_occurrence_after() {
+    let mut h = overlap("queue", &["02", "03"]).await;
+    assert_eq!(
+        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref(),
+        Some("queued")
+    );
+    assert_eq!(
+        status_of(&h, "g", "2026-01-01T00:00:03Z").as_deref(),
+        Some("skipped")
+    );
+    h.until("the queued one ran", |_| {
+        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.run_statuses("g"), ["achieved", "achieved"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_replace_cancels_the_running_one() {
+    let mut h = overlap("replace", &["02"]).await;
+    h.until("the new one done", |_| {
+        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.run_statuses("g"), ["interrupted", "achieved"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_allow_runs_side_by_side() {
+    let mut h = overlap("allow", &["02"]).await;
+    h.until("two running", |db| {
+        db.runs(Some("g"), Some("running"), 10).unwrap().len() == 2
+    })
+    .await;
+    h.until("both done", |_| {
+        h.statuses("g").iter().all(|(_, s)| s == "done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.run_statuses("g"), ["achieved", "achieved"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_goal_is_not_run_until_resumed() {
+    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
+    h.goal("g", "schedule = \"* * * * * *\"\ntimezone = \"UTC\"", 0);
+    h.db().set_paused("g", true).unwrap();
+    h.start();
+    h.idle().await;
+    h.advance_to("2026-01-01T00:00:01.100Z");
+    h.until("paused", |_| {
+        status_of(&h, "g", "2026-01-01T00:00:01Z").as_deref() == Some("paused")
+    })
+    .await;
+    h.db().set_paused("g", false).unwrap();
+    h.advance_to("2026-01-01T00:00:02.100Z");
+    h.until("ran", |_| {
+        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.run_statuses("g"), ["achieved"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_runs_are_pruned_with_their_transcripts() {
+    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
+    h.goal(
+        "g",
+        "schedule = \"* * * * * *\"\ntimezone = \"UTC\"\nkeep_runs = 2",
+        0,
+    );
+    h.start();
+    h.idle().await;
+    for s in ["01", "02", "03", "04"] {
+        h.advance_to(&format!("2026-01-01T00:00:{s}.100Z"));
+        let at = format!("2026-01-01T00:00:{s}Z");
+        h.until(&at, |_| status_of(&h, "g", &at).as_deref() == Some("done"))
+            .await;
+    }
+    h.stop().await;
+    let runs = h.db().runs(Some("g"), None, 10).unwrap();
+    assert_eq!(runs.len(), 2);
+    let dirs = std::fs::read_dir(h.home.path().join("runs"))
+        .unwrap()
+        .count();
+    assert_eq!(dirs, 2, "the pruned runs' folders are gone");
+    for r in runs {
+        assert!(Path::new(&r.dir).join("transcript.jsonl").exists());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dst_gap_occurrence_fires_right_after_the_gap() {
+    // 02:30 on 2026-03-08 does not exist in New York: the run comes at 03:00 EDT (07:00 UTC).
+    let mut h = Harness::new("2026-03-08T06:00:00Z");
+    h.goal(
+        "g",
+        "schedule = \"30 2 * * *\"\ntimezone = \"America/New_York\"",
+        0,
+    );
+    h.start();
+    h.idle().await;
+    h.advance_to("2026-03-08T07:00:00.300Z");
+    h.until("ran after the gap", |_| {
+        status_of(&h, "g", "2026-03-08T07:00:00Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.statuses("g").len(), 1);
+    let now = h.clock.now();
+    assert!(now > t("2026-03-08T07:00:00Z"));
+}
