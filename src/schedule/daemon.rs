@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::cron::Schedule;
-use super::goals::{Overlap, ScheduledGoal, load_dir};
+use super::goals::{self, Overlap, ScheduledGoal};
 use crate::store::db::{Db, DbError, stamp};
 use crate::verify::launch::{self, Overrides, RunSpec, Trigger};
 
@@ -171,14 +171,22 @@ impl Daemon {
     /// Load (or reload) the goal files. New or changed schedules start from `now`; a broken
     /// file keeps its last good version.
     fn load(&mut self, now: DateTime<Utc>, starting: bool) -> Result<(), DaemonError> {
-        let loaded = load_dir(&self.cfg.goals_dir).map_err(|source| DaemonError::Goals {
+        let paths = goals::paths(&self.cfg.goals_dir).map_err(|source| DaemonError::Goals {
             path: self.cfg.goals_dir.display().to_string(),
             source,
         })?;
-        let mut seen: Vec<PathBuf> = Vec::new();
+        let mut seen: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+        // Which goal each file held, to notice renames without scanning every slot.
+        let by_path: std::collections::HashMap<PathBuf, String> = self
+            .slots
+            .iter()
+            .map(|(n, s)| (s.path.clone(), n.clone()))
+            .collect();
         self.errors.clear();
-        for (path, result) in loaded {
-            seen.push(path.clone());
+        // One file at a time: ten thousand goals never sit in memory twice.
+        for path in paths {
+            let result = goals::load(&path);
+            seen.insert(path.clone());
             let goal = match result.map_err(|e| e.to_string()).and_then(|g| {
                 let spec = spec_of(&g, self.cfg.default_model.as_ref())?;
                 Ok((g, spec))
@@ -192,28 +200,19 @@ impl Daemon {
             };
             let (goal, spec) = goal;
             let name = goal.file.name.clone();
-            if let Some((other, _)) = self
-                .slots
-                .iter()
-                .find(|(n, s)| **n == name && s.path != path)
-            {
+            if let Some(other) = self.slots.get(&name).filter(|s| s.path != path) {
                 let e = format!(
-                    "{}: the goal name `{other}` is taken by another file",
-                    path.display()
+                    "{}: the goal name `{name}` is taken by {}",
+                    path.display(),
+                    other.path.display()
                 );
                 tracing::warn!("{e}");
                 self.errors.insert(path, e);
                 continue;
             }
-            // A file that now has another name, or no schedule, gives up its old slot.
-            let old: Vec<String> = self
-                .slots
-                .iter()
-                .filter(|(n, s)| s.path == path && **n != name)
-                .map(|(n, _)| n.clone())
-                .collect();
-            for n in old {
-                self.slots.remove(&n);
+            // A file that now has another name gives up its old slot.
+            if let Some(old) = by_path.get(&path).filter(|old| **old != name) {
+                self.slots.remove(old);
             }
             let Some(schedule) = goal.schedule.clone() else {
                 self.slots.remove(&name);
@@ -325,8 +324,25 @@ impl Daemon {
         }
     }
 
-    /// Occurrences that came due by `now`.
+    /// Occurrences that came due by `now`, claimed in one transaction.
     fn due(&mut self, now: DateTime<Utc>) {
+        if !self
+            .slots
+            .values()
+            .any(|s| s.next.is_some_and(|n| n <= now))
+        {
+            return;
+        }
+        if let Err(e) = self.db.conn().execute_batch("BEGIN IMMEDIATE") {
+            tracing::error!("cannot begin the claims of {}: {e}", stamp(now));
+        }
+        self.due_each(now);
+        if let Err(e) = self.db.conn().execute_batch("COMMIT") {
+            tracing::error!("cannot commit the claims of {}: {e}", stamp(now));
+        }
+    }
+
+    fn due_each(&mut self, now: DateTime<Utc>) {
         let names: Vec<String> = self
             .slots
             .iter()

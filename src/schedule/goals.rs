@@ -81,17 +81,22 @@ pub fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
     })
 }
 
-/// The goal files of a folder (`*.toml`, sorted), each loaded or with its error.
-pub fn load_dir(
-    dir: &Path,
-) -> std::io::Result<Vec<(PathBuf, Result<ScheduledGoal, GoalFileError>)>> {
+/// The goal files of a folder: `*.toml`, sorted.
+pub fn paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.is_file())
         .collect();
     paths.sort();
-    Ok(paths
+    Ok(paths)
+}
+
+/// The goal files of a folder, each loaded or with its error.
+pub fn load_dir(
+    dir: &Path,
+) -> std::io::Result<Vec<(PathBuf, Result<ScheduledGoal, GoalFileError>)>> {
+    Ok(paths(dir)?
         .into_iter()
         .map(|p| {
             let loaded = load(&p);

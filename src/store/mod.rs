@@ -48,7 +48,8 @@ impl RunDir {
     pub fn create(home: &Path) -> Result<Self, StoreError> {
         let id = new_run_id();
         let dir = home.join("runs").join(&id);
-        std::fs::create_dir_all(dir.join("outputs")).map_err(|source| StoreError::Create {
+        // `outputs/` is made by whoever first needs it: most runs never cut an output.
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Create {
             path: dir.display().to_string(),
             source,
         })?;
