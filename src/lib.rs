@@ -2,6 +2,7 @@
 //! `verify` (checks and retries) and `schedule` (the daemon). `model` and `tools` sit under
 //! the work loop; `store` and `trace` serve every layer; `cli` is the edge.
 
+pub mod approval;
 pub mod cli;
 pub mod model;
 pub mod schedule;

@@ -352,3 +352,59 @@ pub fn pause(dir: &Path, name: &str, paused: bool) -> Result<u8, Fail> {
     );
     Ok(exit::ACHIEVED)
 }
+
+pub fn approvals(json_out: bool) -> Result<u8, Fail> {
+    let rows = db()?.pending_approvals().map_err(Fail::usage)?;
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
+        return Ok(exit::ACHIEVED);
+    }
+    if rows.is_empty() {
+        let _ = writeln!(out, "no approval requests are waiting");
+    }
+    for r in rows {
+        let what = if r.kind == "check" {
+            format!("human check: {}", r.input)
+        } else {
+            format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
+        };
+        let _ = writeln!(
+            out,
+            "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
+            r.id,
+            r.goal,
+            r.run_id,
+            short(&r.created_at),
+            short(&r.deadline)
+        );
+    }
+    Ok(exit::ACHIEVED)
+}
+
+pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {
+    let db = db()?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let (status, verb) = if approve {
+        ("approved", "sup approve")
+    } else {
+        ("denied", "sup deny")
+    };
+    let by = format!("{user} (via {verb})");
+    if db
+        .decide_approval(id, status, always, reason.as_deref(), &by)
+        .map_err(Fail::usage)?
+    {
+        println!("{id}: {status}");
+        return Ok(exit::ACHIEVED);
+    }
+    let why = match db.approval(id).map_err(Fail::usage)? {
+        Some(r) => format!(
+            "approval request {id} is no longer waiting: it was {} by {}",
+            r.status.replace('_', " "),
+            r.decided_by.unwrap_or_else(|| "someone".into())
+        ),
+        None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
+    };
+    Err(Fail::usage(anyhow!(why)))
+}

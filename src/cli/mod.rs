@@ -108,6 +108,24 @@ enum Command {
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
     },
+    /// Approval requests waiting for a person.
+    Approvals {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a waiting request (a tool call, or a human check).
+    Approve {
+        id: String,
+        /// Allow the same tool and argument for the rest of that run.
+        #[arg(long)]
+        always: bool,
+    },
+    /// Deny a waiting request; the reason goes back to the model.
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -162,6 +180,28 @@ pub struct Common {
     /// Write every model turn to FILE as a `script:` file that replays the run.
     #[arg(long)]
     pub record: Option<PathBuf>,
+    /// ask (prompt at the terminal), queue (wait for `sup approve`), auto (allow what no
+    /// rule denies) or never (deny what no rule allows). Default: ask at a terminal, never
+    /// without one.
+    #[arg(long, env = "SUP_APPROVAL", value_parser = approval_mode)]
+    pub approval: Option<crate::approval::Mode>,
+    /// Allow calls matching `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`.
+    #[arg(long)]
+    pub allow: Vec<String>,
+    /// Always ask a person for calls matching this rule.
+    #[arg(long)]
+    pub ask: Vec<String>,
+    /// Deny calls matching this rule.
+    #[arg(long)]
+    pub deny: Vec<String>,
+    /// How long a queued approval waits before it counts as a denial (default 1h).
+    #[arg(long, value_parser = duration)]
+    pub approval_timeout: Option<Duration>,
+}
+
+fn approval_mode(s: &str) -> Result<crate::approval::Mode, String> {
+    crate::approval::Mode::parse(s)
+        .ok_or_else(|| format!("`{s}` is not an approval mode: use ask, queue, auto or never"))
 }
 
 impl Common {
@@ -277,6 +317,9 @@ pub fn main() -> ExitCode {
             Command::Trigger { name, goals, json } => manage::trigger(&goals, &name, json).await,
             Command::Pause { name, goals } => manage::pause(&goals, &name, true),
             Command::Resume { name, goals } => manage::pause(&goals, &name, false),
+            Command::Approvals { json } => manage::approvals(json),
+            Command::Approve { id, always } => manage::answer(&id, true, always, None),
+            Command::Deny { id, reason } => manage::answer(&id, false, false, reason),
         }
     });
     // Tool processes are killed by their own guards; do not wait on stragglers.

@@ -63,6 +63,11 @@ pub fn overrides(c: &Common) -> Overrides {
         output_cap: c.output_cap,
         providers: c.provider_options(),
         record: c.record.clone(),
+        approval: c.approval,
+        allow: c.allow.clone(),
+        ask: c.ask.clone(),
+        deny: c.deny.clone(),
+        approval_timeout: c.approval_timeout,
         ..Overrides::default()
     }
 }

@@ -149,6 +149,42 @@ pub struct Ended<'a> {
     pub checks: &'a [Vec<CheckReport>],
 }
 
+/// One approval request.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ApprovalRow {
+    pub id: String,
+    pub run_id: String,
+    pub goal: String,
+    /// `tool` (a call waiting for a yes) or `check` (a person as a check).
+    pub kind: String,
+    pub tool: String,
+    pub input: String,
+    pub created_at: String,
+    pub deadline: String,
+    /// `pending`, `approved`, `denied`, `timed_out`, `cancelled`.
+    pub status: String,
+    pub always: bool,
+    pub reason: Option<String>,
+    pub decided_by: Option<String>,
+}
+
+fn approval_of(r: &rusqlite::Row) -> rusqlite::Result<ApprovalRow> {
+    Ok(ApprovalRow {
+        id: r.get("id")?,
+        run_id: r.get("run_id")?,
+        goal: r.get("goal")?,
+        kind: r.get("kind")?,
+        tool: r.get("tool")?,
+        input: r.get("input")?,
+        created_at: r.get("created_at")?,
+        deadline: r.get("deadline")?,
+        status: r.get("status")?,
+        always: r.get("always")?,
+        reason: r.get("reason")?,
+        decided_by: r.get("decided_by")?,
+    })
+}
+
 /// Per-goal counts for `sup goals`.
 #[derive(Clone, Debug, Default)]
 pub struct GoalStats {
@@ -545,6 +581,65 @@ impl Db {
         })
         .and_then(Iterator::collect)
         .map_err(|e| self.err(e))
+    }
+
+    /// Store a pending approval request.
+    pub fn request_approval(&self, req: &ApprovalRow) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline, status)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending')",
+                params![
+                    req.id,
+                    req.run_id,
+                    req.goal,
+                    req.kind,
+                    req.tool,
+                    req.input,
+                    req.created_at,
+                    req.deadline
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, DbError> {
+        self.conn
+            .query_row("SELECT * FROM approvals WHERE id = ?1", [id], approval_of)
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    /// Pending requests, oldest first.
+    pub fn pending_approvals(&self) -> Result<Vec<ApprovalRow>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT * FROM approvals WHERE status = 'pending' ORDER BY created_at, id")
+            .map_err(|e| self.err(e))?;
+        stmt.query_map([], approval_of)
+            .and_then(Iterator::collect)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Answer a pending request; `false` when it is not pending (answered, expired, gone).
+    pub fn decide_approval(
+        &self,
+        id: &str,
+        status: &str,
+        always: bool,
+        reason: Option<&str>,
+        by: &str,
+    ) -> Result<bool, DbError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE approvals SET status = ?2, always = ?3, reason = ?4, decided_at = ?5,
+                     decided_by = ?6 WHERE id = ?1 AND status = 'pending'",
+                params![id, status, always, reason, stamp(Utc::now()), by],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(n == 1)
     }
 
     /// The connection, for the approval queue's own statements.

@@ -155,6 +155,24 @@ pub enum Event {
         usage: Usage,
         total_usage: Usage,
     },
+    /// A call waits for a person: `sup approve REQUEST` / `sup deny REQUEST --reason …`.
+    ApprovalRequested {
+        id: String,
+        request: String,
+        tool: String,
+        input: String,
+        deadline: String,
+    },
+    /// What the approval gate decided about a call: `allowed`, `approved`, `denied` or
+    /// `timed_out`, by which rule or person, and why.
+    Approval {
+        id: String,
+        tool: String,
+        decision: String,
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     WorkFinished {
         stop_reason: StopReason,
         steps: u32,

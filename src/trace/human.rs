@@ -106,6 +106,30 @@ impl HumanTrace {
                 }
                 s
             }
+            Event::ApprovalRequested {
+                request,
+                tool,
+                input,
+                deadline,
+                ..
+            } => format!(
+                "⏸ {tool} waits for approval {request} (until {deadline}): {}\n  answer with `sup approve {request}` or `sup deny {request} --reason …`",
+                one_line(input, 120)
+            ),
+            Event::Approval {
+                tool,
+                decision,
+                by,
+                reason,
+                ..
+            } => {
+                let icon = if decision == "allowed" || decision == "approved" { '✓' } else { '✗' };
+                let mut s = format!("{icon} {tool} {decision} by {by}");
+                if let Some(r) = reason {
+                    s.push_str(&format!(": {r}"));
+                }
+                s
+            }
             Event::WorkFinished {
                 stop_reason,
                 steps,

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{Gate, Judgement};
 use crate::tools::process::{self, Ending, program_exists, read_tail, script_command};
-use crate::trace::CheckReport;
+use crate::trace::{CheckReport, Events};
 
 #[derive(Clone, Debug)]
 pub enum CheckKind {
@@ -16,6 +17,8 @@ pub enum CheckKind {
     Script(PathBuf),
     /// A shell command line, run with `bash -c`.
     Command(String),
+    /// A person: accepts, or rejects with a reason.
+    Human(String),
 }
 
 #[derive(Clone, Debug)]
@@ -45,15 +48,26 @@ impl Check {
         }
     }
 
+    pub fn human(question: String, timeout: Duration) -> Self {
+        Check {
+            name: format!("human: {question}"),
+            kind: CheckKind::Human(question),
+            timeout,
+        }
+    }
+
     pub fn script_path(&self) -> Option<PathBuf> {
         match &self.kind {
             CheckKind::Script(p) => Some(p.clone()),
-            CheckKind::Command(_) => None,
+            _ => None,
         }
     }
 
     /// Whether the check can run at all: its file exists and its interpreter is installed.
     pub fn validate(&self) -> Result<(), String> {
+        if let CheckKind::Human(_) = self.kind {
+            return Ok(());
+        }
         let (program, _) = self.argv();
         if let CheckKind::Script(path) = &self.kind {
             if !path.is_file() {
@@ -84,6 +98,7 @@ impl Check {
         match &self.kind {
             CheckKind::Script(p) => script_command(p),
             CheckKind::Command(line) => ("bash".into(), vec!["-c".into(), line.clone()]),
+            CheckKind::Human(_) => (String::new(), Vec::new()),
         }
     }
 }
@@ -116,6 +131,9 @@ pub struct CheckRun<'a> {
     pub answer_file: &'a Path,
     pub feedback_cap: usize,
     pub cancel: &'a CancellationToken,
+    /// Asks the person of a human check.
+    pub gate: Option<&'a Gate>,
+    pub events: &'a Events,
 }
 
 fn file_stem(name: &str) -> String {
@@ -152,7 +170,31 @@ pub async fn run_all(
     reports
 }
 
+async fn ask_person(check: &Check, question: &str, run: &CheckRun<'_>) -> CheckReport {
+    let started = std::time::Instant::now();
+    let judgement = match run.gate {
+        Some(gate) => gate.human(question, run.events, run.cancel).await,
+        None => Judgement::Rejected("no person can be asked in this run".into()),
+    };
+    let (passed, outcome, tail) = match judgement {
+        Judgement::Accepted => (true, "accepted".to_string(), String::new()),
+        Judgement::Rejected(reason) => (false, "rejected".to_string(), format!("{reason}\n")),
+    };
+    CheckReport {
+        name: check.name.clone(),
+        passed,
+        exit_status: None,
+        outcome,
+        duration_ms: started.elapsed().as_millis() as u64,
+        output_tail: tail,
+        output_path: None,
+    }
+}
+
 async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport {
+    if let CheckKind::Human(question) = &check.kind {
+        return ask_person(check, question, run).await;
+    }
     let (program, args) = check.argv();
     let base = format!("check-{}-{}", index + 1, file_stem(&check.name));
     let spec = process::Spec {

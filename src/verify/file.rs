@@ -134,8 +134,6 @@ pub struct GoalFile {
     pub approval: Option<Located<String>>,
     pub approval_timeout: Option<Duration>,
     pub checks: Vec<Check>,
-    /// `[[check]] human = "…"` questions.
-    pub human_checks: Vec<String>,
     pub tools: Vec<ToolDef>,
     pub mcp: Vec<RawMcp>,
     pub approval_rules: RawRules,
@@ -196,7 +194,6 @@ impl GoalFile {
                 .map_or_else(|| "goal".into(), |s| s.to_string_lossy().into_owned())
         });
         let mut checks = Vec::new();
-        let mut human_checks = Vec::new();
         for c in raw.check {
             let line = line_at(text, c.span().start);
             let c = c.into_inner();
@@ -210,7 +207,7 @@ impl GoalFile {
                     checks.push(Check::script(script, full, timeout));
                 }
                 (None, Some(run), None) => checks.push(Check::command(run, timeout)),
-                (None, None, Some(question)) => human_checks.push(question),
+                (None, None, Some(question)) => checks.push(Check::human(question, timeout)),
                 _ => {
                     return Err(err(
                         line,
@@ -329,7 +326,6 @@ impl GoalFile {
             approval: raw.approval.map(located),
             approval_timeout: duration("approval_timeout", raw.approval_timeout)?,
             checks,
-            human_checks,
             tools,
             mcp,
             approval_rules: raw.approval_rules.unwrap_or_default(),

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::check::DEFAULT_TIMEOUT;
 use super::file::{GoalFile, ToolDef};
 use super::{Check, Goal, Outcome, Runtime, default_system};
+use crate::approval::{self, Gate, Mode, QueueTarget, Rules, Terminal};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::store::db::{Db, DbError, Ended, NewRun};
@@ -37,6 +38,8 @@ pub enum LaunchError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error(transparent)]
+    Rule(#[from] approval::RuleError),
 }
 
 /// What the command line may say over a goal file. `None` leaves the file's value.
@@ -58,6 +61,11 @@ pub struct Overrides {
     /// Checks from flags; they replace the file's checks.
     pub checks: Vec<Check>,
     pub check_timeout: Option<Duration>,
+    pub approval: Option<Mode>,
+    pub allow: Vec<String>,
+    pub ask: Vec<String>,
+    pub deny: Vec<String>,
+    pub approval_timeout: Option<Duration>,
 }
 
 /// Everything a run is made of, before it starts.
@@ -71,6 +79,10 @@ pub struct RunSpec {
     pub providers: ProviderOptions,
     pub record: Option<PathBuf>,
     pub keep_runs: u32,
+    /// The approval mode asked for; `None` picks by where the run happens.
+    pub approval: Option<Mode>,
+    pub rules: Rules,
+    pub approval_timeout: Duration,
 }
 
 fn usage(msg: impl Into<String>) -> LaunchError {
@@ -166,6 +178,16 @@ impl RunSpec {
         if tries == 0 {
             return Err(usage("--tries must be at least 1"));
         }
+        let file_rules = file.map(|f| f.approval_rules.clone()).unwrap_or_default();
+        let mut rules = user_rules()?;
+        rules.extend(Rules::parse(&file_rules.allow, &file_rules.ask, &file_rules.deny)?);
+        rules.extend(Rules::parse(&o.allow, &o.ask, &o.deny)?);
+        let approval = match o.approval {
+            Some(m) => Some(m),
+            None => file
+                .and_then(|f| f.approval.as_ref())
+                .and_then(|a| Mode::parse(&a.value)),
+        };
         let name = o
             .name
             .clone()
@@ -189,12 +211,64 @@ impl RunSpec {
             providers: o.providers.clone(),
             record: o.record.clone(),
             keep_runs: file.and_then(|f| f.keep_runs).unwrap_or(DEFAULT_KEEP_RUNS),
+            approval,
+            rules,
+            approval_timeout: o
+                .approval_timeout
+                .or_else(|| file.and_then(|f| f.approval_timeout))
+                .unwrap_or(approval::DEFAULT_TIMEOUT),
         })
     }
 }
 
-/// A check from `--check FILE`.
+/// The user's config file: `$SUP_CONFIG`, or `$XDG_CONFIG_HOME/sup/config.toml`, or
+/// `~/.config/sup/config.toml`.
+pub fn user_config_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SUP_CONFIG").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("sup/config.toml"))
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct UserConfig {
+    #[serde(default)]
+    approval_rules: crate::verify::file::RawRules,
+}
+
+/// Approval rules from the user's config file (none when it does not exist).
+fn user_rules() -> Result<Rules, LaunchError> {
+    let Some(path) = user_config_path().filter(|p| p.exists()) else {
+        return Ok(Rules::default());
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
+    let config: UserConfig = toml::from_str(&text).map_err(|e| {
+        let line = e.span().map_or(0, |s| text[..s.start].matches('\n').count() + 1);
+        usage(format!("{}:{line}: {}", path.display(), e.message().trim()))
+    })?;
+    let r = config.approval_rules;
+    Ok(Rules::parse(&r.allow, &r.ask, &r.deny)?)
+}
+
+/// A check from `--check FILE`; `human` is a person.
 pub fn script_check(path: &Path, timeout: Option<Duration>) -> Result<Check, LaunchError> {
+    if path == Path::new("human") && !path.exists() {
+        return Ok(Check::human(
+            "Is the work done? Accept it, or reject it and say what is wrong.".into(),
+            timeout.unwrap_or(DEFAULT_TIMEOUT),
+        ));
+    }
+    script_check_file(path, timeout)
+}
+
+/// A check from `--check FILE`.
+fn script_check_file(path: &Path, timeout: Option<Duration>) -> Result<Check, LaunchError> {
     let full = std::fs::canonicalize(path)
         .map_err(|_| usage(format!("check script {} does not exist", path.display())))?;
     Ok(Check::script(
@@ -237,6 +311,51 @@ pub struct Launched {
     pub outcome: Outcome,
 }
 
+/// The approval gate of a run. Scheduled runs never prompt (their default is `queue`); a run
+/// with no terminal never waits on a prompt (its default is `never`), and says so.
+fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Events) -> Gate {
+    let scheduled = trigger.kind == "schedule";
+    let terminal = if scheduled { None } else { Terminal::detect() };
+    let notice = |text: String| events.emit(Event::Notice { text });
+    let mode = match spec.approval {
+        Some(Mode::Ask) if scheduled => {
+            notice("approval: scheduled runs never prompt; mode ask becomes queue".into());
+            Mode::Queue
+        }
+        Some(Mode::Ask) if terminal.is_none() => {
+            notice(
+                "approval: no terminal to ask at, so mode never: write and exec calls that no \
+                 rule allows are denied (use --approval queue or auto)"
+                    .into(),
+            );
+            Mode::Never
+        }
+        Some(m) => m,
+        None if scheduled => Mode::Queue,
+        None if terminal.is_some() => Mode::Ask,
+        None => {
+            notice(
+                "approval: no terminal, so mode never: write and exec calls that no rule \
+                 allows are denied (use --approval queue or auto, or allow rules)"
+                    .into(),
+            );
+            Mode::Never
+        }
+    };
+    Gate::new(
+        mode,
+        spec.rules.clone(),
+        spec.approval_timeout,
+        terminal,
+        QueueTarget {
+            home: home.to_path_buf(),
+            run_id: run_id.to_string(),
+            goal: spec.goal.name.clone(),
+        },
+        spec.goal.workspace.clone(),
+    )
+}
+
 /// Set up and run `spec` to its end, recording it in the store under `home`.
 pub async fn launch(
     spec: &RunSpec,
@@ -271,12 +390,14 @@ pub async fn launch(
         workspace: spec.goal.workspace.display().to_string(),
         prompt: spec.goal.prompt.clone(),
     });
+    let gate = gate(spec, trigger, &run.id, home, &events);
     let rt = Runtime {
         model: model.as_ref(),
         tools: &tools,
         events: &events,
         cancel,
         run: &run,
+        gate: Some(&gate),
     };
     let outcome = super::run(&spec.goal, &rt).await;
     events.emit(outcome.event(&run.id));

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::Gate;
 use crate::model::{Message, Model, Usage};
 use crate::store::RunDir;
 use crate::tools::Registry;
@@ -53,6 +54,7 @@ pub struct Runtime<'a> {
     pub events: &'a Events,
     pub cancel: &'a CancellationToken,
     pub run: &'a RunDir,
+    pub gate: Option<&'a Gate>,
 }
 
 /// How a goal run ended.
@@ -121,6 +123,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         protected: Arc::new(protected),
         env: Arc::new(env.clone()),
         started,
+        gate: rt.gate,
     };
     let mut messages = Vec::new();
     let first = vec![
@@ -188,6 +191,8 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
                 answer_file: &answer_file,
                 feedback_cap: goal.feedback_cap,
                 cancel: rt.cancel,
+                gate: rt.gate,
+                events: rt.events,
             },
             |r| {
                 rt.events.emit(Event::Check {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{Answer, Gate};
 use crate::model::{FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage};
 use crate::tools::process::safe_name;
 use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
@@ -57,6 +58,8 @@ pub struct Work<'a> {
     pub env: Arc<Vec<(String, String)>>,
     /// When the run started: event times are offsets from it.
     pub started: Instant,
+    /// The approval gate every call passes; `None` allows everything (library use).
+    pub gate: Option<&'a Gate>,
 }
 
 /// How one work loop ended.
@@ -267,6 +270,29 @@ impl Work<'_> {
             .iter()
             .map(|c| Some(self.tools.prepare(&c.name, &c.arguments)))
             .collect();
+        if let Some(gate) = self.gate {
+            // Every call of the step is put to the gate at once, so queued requests wait
+            // side by side; terminal prompts still come one at a time, in call order.
+            let asks = prepared.iter().zip(calls).map(|(p, c)| async move {
+                match p {
+                    Some(Ok(p)) => Some(
+                        gate.check(&c.id, &c.name, p.tool.risk(), &p.input, self.events, self.cancel)
+                            .await,
+                    ),
+                    _ => None,
+                }
+            });
+            let answers = futures::future::join_all(asks).await;
+            for (slot, answer) in prepared.iter_mut().zip(answers) {
+                match answer {
+                    Some(Answer::Deny(why)) => *slot = Some(Err(why)),
+                    Some(Answer::Quit) => {
+                        *slot = Some(Err("not run: the person quit the run".to_string()))
+                    }
+                    _ => {}
+                }
+            }
+        }
         let mut results: Vec<Option<ToolResult>> = calls.iter().map(|_| None).collect();
         let mut i = 0;
         while i < calls.len() {

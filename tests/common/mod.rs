@@ -42,10 +42,13 @@ impl Env {
         path
     }
 
-    /// The binary, with SUP_HOME set, the workspace as current directory, and no SUP_MODEL.
+    /// The binary, with SUP_HOME set, the workspace as current directory, no SUP_MODEL, no
+    /// user config, and approval mode `auto` (approval tests set their own).
     pub fn sup(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sup"));
         cmd.env("SUP_HOME", self.home.path())
+            .env("SUP_APPROVAL", "auto")
+            .env("SUP_CONFIG", self.home.path().join("no-config.toml"))
             .env_remove("SUP_MODEL")
             .env_remove("RUST_LOG")
             .current_dir(self.ws.path())

@@ -1,0 +1,144 @@
+//! The terminal prompt: reads from the controlling terminal (`/dev/tty`), not stdin, one
+//! question at a time. For `write_file` and `edit_file` it shows a diff of what would change.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::Judgement;
+
+/// The controlling terminal, when a person is there.
+pub struct Terminal {
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+pub enum CallAnswer {
+    Yes,
+    Always,
+    No(Option<String>),
+    Quit,
+}
+
+impl Terminal {
+    /// A terminal, if this process has one and a person can be at it: stdin or stderr is a
+    /// terminal and `/dev/tty` opens.
+    pub fn detect() -> Option<Terminal> {
+        use std::io::IsTerminal;
+        let interactive = std::io::stdin().is_terminal() || std::io::stderr().is_terminal();
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/tty")
+            .is_ok();
+        (interactive && tty).then(|| Terminal {
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Ask until an answer parses; `None` when the terminal closes.
+    async fn ask<T: Send + 'static>(&self, text: String, again: &'static str, parse: fn(&str) -> Option<T>) -> Option<T> {
+        let _one = self.one_at_a_time.lock().await;
+        tokio::task::spawn_blocking(move || {
+            let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").ok()?;
+            let mut out = tty.try_clone().ok()?;
+            let mut input = BufReader::new(tty);
+            let _ = write!(out, "{text}");
+            let _ = out.flush();
+            loop {
+                let mut line = String::new();
+                if input.read_line(&mut line).ok()? == 0 {
+                    return None;
+                }
+                if let Some(t) = parse(line.trim()) {
+                    return Some(t);
+                }
+                let _ = write!(out, "{again}");
+                let _ = out.flush();
+            }
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    pub async fn ask_call(&self, text: String) -> CallAnswer {
+        let text = format!("{text}\nAllow? [y]es · [a]lways · [n]o (a reason may follow) · [q]uit: ");
+        self.ask(text, "answer y, a, n [reason] or q: ", parse_call)
+            .await
+            .unwrap_or(CallAnswer::No(Some("no answer: the terminal closed".into())))
+    }
+
+    pub async fn ask_check(&self, question: String) -> Judgement {
+        let text = format!("\n? {question}\n[a]ccept · [r]eject with a reason: ");
+        self.ask(text, "answer a, or r and a reason: ", parse_check)
+            .await
+            .unwrap_or(Judgement::Rejected("no answer: the terminal closed".into()))
+    }
+}
+
+fn split_word(s: &str) -> (String, Option<String>) {
+    let mut it = s.splitn(2, char::is_whitespace);
+    let word = it.next().unwrap_or("").to_lowercase();
+    let rest = it.next().map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
+    (word, rest)
+}
+
+fn parse_call(s: &str) -> Option<CallAnswer> {
+    let (word, rest) = split_word(s);
+    match word.as_str() {
+        "y" | "yes" => Some(CallAnswer::Yes),
+        "a" | "always" => Some(CallAnswer::Always),
+        "n" | "no" => Some(CallAnswer::No(rest)),
+        "q" | "quit" => Some(CallAnswer::Quit),
+        _ => None,
+    }
+}
+
+fn parse_check(s: &str) -> Option<Judgement> {
+    let (word, rest) = split_word(s);
+    match word.as_str() {
+        "a" | "accept" | "y" | "yes" => Some(Judgement::Accepted),
+        "r" | "reject" | "n" | "no" => Some(Judgement::Rejected(
+            rest.unwrap_or_else(|| "rejected without a reason".into()),
+        )),
+        _ => None,
+    }
+}
+
+fn diff(path: &str, old: &str, new: &str) -> String {
+    similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(path, path)
+        .to_string()
+}
+
+/// What the person is asked about: the tool and its input, or for file edits the diff.
+pub fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
+    let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or("");
+    let current = |p: &str| {
+        crate::tools::paths::resolve(workspace, p)
+            .ok()
+            .and_then(|full| std::fs::read_to_string(full).ok())
+    };
+    match tool {
+        "write_file" => {
+            let path = field("path");
+            let old = current(path);
+            let what = if old.is_some() { "overwrite" } else { "create" };
+            format!("\n⚠ write_file wants to {what} {path}:\n{}", diff(path, &old.unwrap_or_default(), field("content")))
+        }
+        "edit_file" => {
+            let path = field("path");
+            let old = current(path).unwrap_or_default();
+            let new = old.replacen(field("old_string"), field("new_string"), 1);
+            format!("\n⚠ edit_file wants to change {path}:\n{}", diff(path, &old, &new))
+        }
+        "run_command" => format!("\n⚠ run_command wants to run:\n  {}", field("command")),
+        _ => format!(
+            "\n⚠ {tool} wants to run with:\n  {}",
+            serde_json::to_string_pretty(input).unwrap_or_default().replace('\n', "\n  ")
+        ),
+    }
+}
