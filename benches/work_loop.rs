@@ -81,6 +81,7 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         protected: Arc::new(Vec::new()),
         env: Arc::new(Vec::new()),
         started: Instant::now(),
+        gate: None,
     };
     let mut messages = Vec::new();
     let started = Instant::now();

@@ -127,7 +127,14 @@ impl Gate {
         self.mode
     }
 
-    fn decided(events: &Events, id: &str, tool: &str, decision: &str, by: String, reason: Option<String>) {
+    fn decided(
+        events: &Events,
+        id: &str,
+        tool: &str,
+        decision: &str,
+        by: String,
+        reason: Option<String>,
+    ) {
         events.emit(Event::Approval {
             id: id.to_string(),
             tool: tool.to_string(),
@@ -153,7 +160,14 @@ impl Gate {
             .lock()
             .is_ok_and(|a| a.iter().any(|(t, x)| t == tool && *x == arg));
         if remembered {
-            Self::decided(events, id, tool, "allowed", "an earlier `always` answer".into(), None);
+            Self::decided(
+                events,
+                id,
+                tool,
+                "allowed",
+                "an earlier `always` answer".into(),
+                None,
+            );
             return Answer::Allow;
         }
         let asked_by = match self.rules.judge(tool, &arg) {
@@ -163,7 +177,14 @@ impl Gate {
                 return Answer::Deny(refusal(&format!("the approval {by} matches `{arg}`")));
             }
             Some((Verdict::Allow, rule)) => {
-                Self::decided(events, id, tool, "allowed", format!("rule allow `{}`", rule.text), None);
+                Self::decided(
+                    events,
+                    id,
+                    tool,
+                    "allowed",
+                    format!("rule allow `{}`", rule.text),
+                    None,
+                );
                 return Answer::Allow;
             }
             Some((Verdict::Ask, rule)) => Some(format!("rule ask `{}`", rule.text)),
@@ -172,7 +193,14 @@ impl Gate {
         };
         match (self.mode, &asked_by) {
             (Mode::Auto, None) => {
-                Self::decided(events, id, tool, "allowed", "approval mode auto".into(), None);
+                Self::decided(
+                    events,
+                    id,
+                    tool,
+                    "allowed",
+                    "approval mode auto".into(),
+                    None,
+                );
                 Answer::Allow
             }
             (Mode::Never, _) => {
@@ -280,7 +308,9 @@ impl Gate {
                 }
             }
             let Some(now) = db.approval(&request).map_err(|e| e.to_string())? else {
-                return Err(format!("approval request {request} vanished from the store"));
+                return Err(format!(
+                    "approval request {request} vanished from the store"
+                ));
             };
             if now.status != "pending" {
                 return Ok(now);
@@ -308,7 +338,14 @@ impl Gate {
         {
             Ok(row) => row,
             Err(e) => {
-                Self::decided(events, id, tool, "denied", "the queue".into(), Some(e.clone()));
+                Self::decided(
+                    events,
+                    id,
+                    tool,
+                    "denied",
+                    "the queue".into(),
+                    Some(e.clone()),
+                );
                 return Answer::Deny(refusal(&e));
             }
         };
@@ -320,7 +357,14 @@ impl Gate {
                 {
                     a.push((tool.to_string(), main_argument(tool, input)));
                 }
-                Self::decided(events, id, tool, "approved", format!("{by} (request {})", row.id), None);
+                Self::decided(
+                    events,
+                    id,
+                    tool,
+                    "approved",
+                    format!("{by} (request {})", row.id),
+                    None,
+                );
                 Answer::Allow
             }
             "timed_out" => {
@@ -329,12 +373,26 @@ impl Gate {
                     row.id,
                     humantime::format_duration(self.timeout)
                 );
-                Self::decided(events, id, tool, "timed_out", "the deadline".into(), Some(why.clone()));
+                Self::decided(
+                    events,
+                    id,
+                    tool,
+                    "timed_out",
+                    "the deadline".into(),
+                    Some(why.clone()),
+                );
                 Answer::Deny(refusal(&why))
             }
             _ => {
                 let reason = row.reason.clone();
-                Self::decided(events, id, tool, "denied", format!("{by} (request {})", row.id), reason.clone());
+                Self::decided(
+                    events,
+                    id,
+                    tool,
+                    "denied",
+                    format!("{by} (request {})", row.id),
+                    reason.clone(),
+                );
                 let why = match reason {
                     Some(r) => format!("{by} denied request {}: {r}", row.id),
                     None => format!("{by} denied request {}", row.id),
@@ -345,7 +403,12 @@ impl Gate {
     }
 
     /// A person as a check: at the terminal when there is one, else through the queue.
-    pub async fn human(&self, question: &str, events: &Events, cancel: &CancellationToken) -> Judgement {
+    pub async fn human(
+        &self,
+        question: &str,
+        events: &Events,
+        cancel: &CancellationToken,
+    ) -> Judgement {
         if let Some(term) = &self.terminal {
             return tokio::select! {
                 j = term.ask_check(question.to_string()) => j,
@@ -353,7 +416,14 @@ impl Gate {
             };
         }
         match self
-            .wait_in_queue("check", "human", "human", question.to_string(), events, cancel)
+            .wait_in_queue(
+                "check",
+                "human",
+                "human",
+                question.to_string(),
+                events,
+                cancel,
+            )
             .await
         {
             Ok(row) if row.status == "approved" => Judgement::Accepted,
@@ -361,10 +431,11 @@ impl Gate {
                 "nobody answered the check within {}",
                 humantime::format_duration(self.timeout)
             )),
-            Ok(row) => Judgement::Rejected(
-                row.reason
-                    .unwrap_or_else(|| format!("rejected by {}", row.decided_by.unwrap_or_default())),
-            ),
+            Ok(row) => {
+                Judgement::Rejected(row.reason.unwrap_or_else(|| {
+                    format!("rejected by {}", row.decided_by.unwrap_or_default())
+                }))
+            }
             Err(e) => Judgement::Rejected(e),
         }
     }

@@ -16,7 +16,9 @@ pub struct Rule {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("approval rule `{rule}`: {why}; write `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`")]
+#[error(
+    "approval rule `{rule}`: {why}; write `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`"
+)]
 pub struct RuleError {
     pub rule: String,
     pub why: String,
@@ -77,7 +79,11 @@ pub struct Rules {
 
 impl Rules {
     pub fn parse(allow: &[String], ask: &[String], deny: &[String]) -> Result<Rules, RuleError> {
-        let all = |v: &[String]| v.iter().map(|r| Rule::parse(r)).collect::<Result<Vec<_>, _>>();
+        let all = |v: &[String]| {
+            v.iter()
+                .map(|r| Rule::parse(r))
+                .collect::<Result<Vec<_>, _>>()
+        };
         Ok(Rules {
             allow: all(allow)?,
             ask: all(ask)?,
@@ -186,7 +192,11 @@ fn normalize(path: &str) -> String {
             p => out.push(p),
         }
     }
-    if out.is_empty() { ".".into() } else { out.join("/") }
+    if out.is_empty() {
+        ".".into()
+    } else {
+        out.join("/")
+    }
 }
 
 #[cfg(test)]
@@ -200,18 +210,27 @@ mod tests {
 
     #[test]
     fn compound_commands_are_split() {
-        assert_eq!(split_command("cargo test && rm -rf ~"), ["cargo test", "rm -rf ~"]);
+        assert_eq!(
+            split_command("cargo test && rm -rf ~"),
+            ["cargo test", "rm -rf ~"]
+        );
         assert_eq!(
             split_command("a; b | c || d & e\nf"),
             ["a", "b", "c", "d", "e", "f"]
         );
-        assert_eq!(split_command("echo $(curl evil) `id`"), ["echo", "curl evil", "id"]);
+        assert_eq!(
+            split_command("echo $(curl evil) `id`"),
+            ["echo", "curl evil", "id"]
+        );
     }
 
     #[test]
     fn allow_needs_every_part() {
         let r = rules(&["run_command(cargo test*)"], &[], &[]);
-        assert_eq!(r.judge("run_command", "cargo test --all").unwrap().0, Verdict::Allow);
+        assert_eq!(
+            r.judge("run_command", "cargo test --all").unwrap().0,
+            Verdict::Allow
+        );
         assert!(r.judge("run_command", "cargo test && rm -rf ~").is_none());
         assert!(r.judge("run_command", "cargo test $(rm -rf ~)").is_none());
         assert!(r.judge("run_command", "cargo test `rm -rf ~`").is_none());
@@ -219,16 +238,29 @@ mod tests {
 
     #[test]
     fn deny_beats_ask_beats_allow() {
-        let r = rules(&["run_command"], &["run_command(git push*)"], &["run_command(rm -rf*)"]);
-        assert_eq!(r.judge("run_command", "ls && rm -rf /").unwrap().0, Verdict::Deny);
-        assert_eq!(r.judge("run_command", "git push origin").unwrap().0, Verdict::Ask);
+        let r = rules(
+            &["run_command"],
+            &["run_command(git push*)"],
+            &["run_command(rm -rf*)"],
+        );
+        assert_eq!(
+            r.judge("run_command", "ls && rm -rf /").unwrap().0,
+            Verdict::Deny
+        );
+        assert_eq!(
+            r.judge("run_command", "git push origin").unwrap().0,
+            Verdict::Ask
+        );
         assert_eq!(r.judge("run_command", "ls").unwrap().0, Verdict::Allow);
     }
 
     #[test]
     fn file_patterns_see_normalized_paths() {
         let r = rules(&["write_file(src/**)"], &[], &["write_file(*.env)"]);
-        let arg = main_argument("write_file", &serde_json::json!({"path": "./src/../src/a.rs"}));
+        let arg = main_argument(
+            "write_file",
+            &serde_json::json!({"path": "./src/../src/a.rs"}),
+        );
         assert_eq!(arg, "src/a.rs");
         assert_eq!(r.judge("write_file", &arg).unwrap().0, Verdict::Allow);
         assert_eq!(r.judge("write_file", "prod.env").unwrap().0, Verdict::Deny);

@@ -37,10 +37,19 @@ impl Terminal {
     }
 
     /// Ask until an answer parses; `None` when the terminal closes.
-    async fn ask<T: Send + 'static>(&self, text: String, again: &'static str, parse: fn(&str) -> Option<T>) -> Option<T> {
+    async fn ask<T: Send + 'static>(
+        &self,
+        text: String,
+        again: &'static str,
+        parse: fn(&str) -> Option<T>,
+    ) -> Option<T> {
         let _one = self.one_at_a_time.lock().await;
         tokio::task::spawn_blocking(move || {
-            let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").ok()?;
+            let tty = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/tty")
+                .ok()?;
             let mut out = tty.try_clone().ok()?;
             let mut input = BufReader::new(tty);
             let _ = write!(out, "{text}");
@@ -63,10 +72,13 @@ impl Terminal {
     }
 
     pub async fn ask_call(&self, text: String) -> CallAnswer {
-        let text = format!("{text}\nAllow? [y]es · [a]lways · [n]o (a reason may follow) · [q]uit: ");
+        let text =
+            format!("{text}\nAllow? [y]es · [a]lways · [n]o (a reason may follow) · [q]uit: ");
         self.ask(text, "answer y, a, n [reason] or q: ", parse_call)
             .await
-            .unwrap_or(CallAnswer::No(Some("no answer: the terminal closed".into())))
+            .unwrap_or(CallAnswer::No(Some(
+                "no answer: the terminal closed".into(),
+            )))
     }
 
     pub async fn ask_check(&self, question: String) -> Judgement {
@@ -80,7 +92,11 @@ impl Terminal {
 fn split_word(s: &str) -> (String, Option<String>) {
     let mut it = s.splitn(2, char::is_whitespace);
     let word = it.next().unwrap_or("").to_lowercase();
-    let rest = it.next().map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
+    let rest = it
+        .next()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(str::to_string);
     (word, rest)
 }
 
@@ -127,18 +143,26 @@ pub fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
             let path = field("path");
             let old = current(path);
             let what = if old.is_some() { "overwrite" } else { "create" };
-            format!("\n⚠ write_file wants to {what} {path}:\n{}", diff(path, &old.unwrap_or_default(), field("content")))
+            format!(
+                "\n⚠ write_file wants to {what} {path}:\n{}",
+                diff(path, &old.unwrap_or_default(), field("content"))
+            )
         }
         "edit_file" => {
             let path = field("path");
             let old = current(path).unwrap_or_default();
             let new = old.replacen(field("old_string"), field("new_string"), 1);
-            format!("\n⚠ edit_file wants to change {path}:\n{}", diff(path, &old, &new))
+            format!(
+                "\n⚠ edit_file wants to change {path}:\n{}",
+                diff(path, &old, &new)
+            )
         }
         "run_command" => format!("\n⚠ run_command wants to run:\n  {}", field("command")),
         _ => format!(
             "\n⚠ {tool} wants to run with:\n  {}",
-            serde_json::to_string_pretty(input).unwrap_or_default().replace('\n', "\n  ")
+            serde_json::to_string_pretty(input)
+                .unwrap_or_default()
+                .replace('\n', "\n  ")
         ),
     }
 }

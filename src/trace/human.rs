@@ -123,7 +123,11 @@ impl HumanTrace {
                 reason,
                 ..
             } => {
-                let icon = if decision == "allowed" || decision == "approved" { '✓' } else { '✗' };
+                let icon = if decision == "allowed" || decision == "approved" {
+                    '✓'
+                } else {
+                    '✗'
+                };
                 let mut s = format!("{icon} {tool} {decision} by {by}");
                 if let Some(r) = reason {
                     s.push_str(&format!(": {r}"));

@@ -180,7 +180,11 @@ impl RunSpec {
         }
         let file_rules = file.map(|f| f.approval_rules.clone()).unwrap_or_default();
         let mut rules = user_rules()?;
-        rules.extend(Rules::parse(&file_rules.allow, &file_rules.ask, &file_rules.deny)?);
+        rules.extend(Rules::parse(
+            &file_rules.allow,
+            &file_rules.ask,
+            &file_rules.deny,
+        )?);
         rules.extend(Rules::parse(&o.allow, &o.ask, &o.deny)?);
         let approval = match o.approval {
             Some(m) => Some(m),
@@ -249,7 +253,9 @@ fn user_rules() -> Result<Rules, LaunchError> {
     let text = std::fs::read_to_string(&path)
         .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
     let config: UserConfig = toml::from_str(&text).map_err(|e| {
-        let line = e.span().map_or(0, |s| text[..s.start].matches('\n').count() + 1);
+        let line = e
+            .span()
+            .map_or(0, |s| text[..s.start].matches('\n').count() + 1);
         usage(format!("{}:{line}: {}", path.display(), e.message().trim()))
     })?;
     let r = config.approval_rules;

@@ -276,8 +276,15 @@ impl Work<'_> {
             let asks = prepared.iter().zip(calls).map(|(p, c)| async move {
                 match p {
                     Some(Ok(p)) => Some(
-                        gate.check(&c.id, &c.name, p.tool.risk(), &p.input, self.events, self.cancel)
-                            .await,
+                        gate.check(
+                            &c.id,
+                            &c.name,
+                            p.tool.risk(),
+                            &p.input,
+                            self.events,
+                            self.cancel,
+                        )
+                        .await,
                     ),
                     _ => None,
                 }
