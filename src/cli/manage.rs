@@ -86,6 +86,7 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
+        crate::tools::mcp::kill_all();
         std::process::exit(i32::from(exit::INTERRUPTED));
     });
     let cfg = daemon::Config {

@@ -197,6 +197,27 @@ pub struct Common {
     /// How long a queued approval waits before it counts as a denial (default 1h).
     #[arg(long, value_parser = duration)]
     pub approval_timeout: Option<Duration>,
+    /// An MCP server over stdio: NAME=COMMAND (split at spaces); its tools are NAME__TOOL.
+    #[arg(long, value_parser = mcp_server)]
+    pub mcp: Vec<crate::tools::mcp::ServerSpec>,
+}
+
+fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
+    let (name, command) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: write NAME=COMMAND, e.g. git=uvx mcp-server-git"))?;
+    let command: Vec<String> = command.split_whitespace().map(str::to_string).collect();
+    if name.trim().is_empty() || command.is_empty() {
+        return Err(format!(
+            "`{s}`: write NAME=COMMAND, e.g. git=uvx mcp-server-git"
+        ));
+    }
+    Ok(crate::tools::mcp::ServerSpec {
+        name: name.trim().to_string(),
+        command,
+        args: Vec::new(),
+        env: Default::default(),
+    })
 }
 
 fn approval_mode(s: &str) -> Result<crate::approval::Mode, String> {

@@ -68,6 +68,7 @@ pub fn overrides(c: &Common) -> Overrides {
         ask: c.ask.clone(),
         deny: c.deny.clone(),
         approval_timeout: c.approval_timeout,
+        mcp: c.mcp.clone(),
         ..Overrides::default()
     }
 }
@@ -89,6 +90,7 @@ fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
         eprintln!("· interrupting: stopping the model and tools (Ctrl-C again to quit at once)");
         cancel.cancel();
         int.recv().await;
+        crate::tools::mcp::kill_all();
         std::process::exit(i32::from(exit::INTERRUPTED));
     });
     Ok(())

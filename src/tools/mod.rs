@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub mod command;
+pub mod mcp;
 pub mod paths;
 pub mod process;
 mod schema;

@@ -19,6 +19,7 @@ use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::store::db::{Db, DbError, Ended, NewRun};
 use crate::store::{RunDir, StoreError, Transcript};
 use crate::tools::command::CommandTool;
+use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
 use crate::work::Limits;
@@ -40,6 +41,8 @@ pub enum LaunchError {
     Db(#[from] DbError),
     #[error(transparent)]
     Rule(#[from] approval::RuleError),
+    #[error(transparent)]
+    Mcp(#[from] McpError),
 }
 
 /// What the command line may say over a goal file. `None` leaves the file's value.
@@ -66,6 +69,8 @@ pub struct Overrides {
     pub ask: Vec<String>,
     pub deny: Vec<String>,
     pub approval_timeout: Option<Duration>,
+    /// MCP servers from `--mcp`, added to the goal file's.
+    pub mcp: Vec<ServerSpec>,
 }
 
 /// Everything a run is made of, before it starts.
@@ -83,6 +88,7 @@ pub struct RunSpec {
     pub approval: Option<Mode>,
     pub rules: Rules,
     pub approval_timeout: Duration,
+    pub mcp: Vec<ServerSpec>,
 }
 
 fn usage(msg: impl Into<String>) -> LaunchError {
@@ -217,6 +223,22 @@ impl RunSpec {
             keep_runs: file.and_then(|f| f.keep_runs).unwrap_or(DEFAULT_KEEP_RUNS),
             approval,
             rules,
+            mcp: file
+                .map(|f| {
+                    f.mcp
+                        .iter()
+                        .map(|m| ServerSpec {
+                            name: m.name.clone(),
+                            command: m.command.clone(),
+                            args: m.args.clone(),
+                            env: m.env.clone(),
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+                .into_iter()
+                .chain(o.mcp.iter().cloned())
+                .collect(),
             approval_timeout: o
                 .approval_timeout
                 .or_else(|| file.and_then(|f| f.approval_timeout))
@@ -374,9 +396,26 @@ pub async fn launch(
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);
     }
-    let tools = registry(&spec.tools)?;
+    let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
     let run = RunDir::create(home)?;
+    // MCP servers start before the first model call; one that cannot start ends the run
+    // here, before anything was recorded.
+    let (mut servers, mcp_tools) =
+        match Servers::start(&spec.mcp, &spec.goal.workspace, &run.dir).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&run.dir);
+                return Err(e.into());
+            }
+        };
+    for t in mcp_tools {
+        if let Err(e) = tools.add(t) {
+            servers.shutdown().await;
+            let _ = std::fs::remove_dir_all(&run.dir);
+            return Err(e.into());
+        }
+    }
     let mut events = Events::new().with(Arc::new(Transcript::create(&run.transcript())?));
     for sink in sinks {
         events = events.with(sink);
@@ -406,6 +445,7 @@ pub async fn launch(
         gate: Some(&gate),
     };
     let outcome = super::run(&spec.goal, &rt).await;
+    servers.shutdown().await;
     events.emit(outcome.event(&run.id));
     db.finish_run(
         &run.id,

@@ -1,0 +1,395 @@
+//! MCP tools: the servers a goal names, started over stdio with the official SDK (`rmcp`),
+//! initialized, their tools listed (every page) and offered to the model as `SERVER__TOOL`
+//! through the same schema gate as every tool; calls with a timeout and cancellation; risk
+//! from annotations (`readOnlyHint` → read, else exec); stderr into the run's folder; and
+//! every server's process group shut down when the run ends, whatever ends it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use rmcp::transport::TokioChildProcess;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+use super::{Risk, Tool, ToolContext, ToolError};
+use crate::model::ToolSpec;
+
+/// How long a server gets to start and answer `initialize` and `tools/list`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A server to start: `[[mcp]]` in a goal file, or `--mcp NAME=COMMAND`.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    pub name: String,
+    /// The program and its first arguments.
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    #[error("MCP server `{name}`: cannot start `{command}`: {reason}")]
+    Spawn {
+        name: String,
+        command: String,
+        reason: String,
+    },
+    #[error("MCP server `{name}` did not initialize: {reason}{stderr}")]
+    Init {
+        name: String,
+        reason: String,
+        stderr: String,
+    },
+}
+
+/// Process groups of live servers, so that even a hard exit can end them.
+static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// Kill every server process group still alive (used on a hard exit).
+pub fn kill_all() {
+    if let Ok(groups) = LIVE_GROUPS.lock() {
+        for g in groups.iter() {
+            let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+        }
+    }
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+/// One running server.
+pub struct Server {
+    name: String,
+    client: tokio::sync::Mutex<Option<Client>>,
+    peer: rmcp::service::Peer<RoleClient>,
+    group: Option<i32>,
+    log: PathBuf,
+}
+
+/// The servers of a run; shut them down with `shutdown` when the run ends.
+#[derive(Default)]
+pub struct Servers {
+    servers: Vec<Arc<Server>>,
+}
+
+fn tail_of(path: &Path) -> String {
+    match crate::tools::process::read_tail(path, 2000) {
+        Ok((t, _)) if !t.trim().is_empty() => format!(
+            "\n--- its stderr ({}) ---\n{}",
+            path.display(),
+            t.trim_end()
+        ),
+        _ => String::new(),
+    }
+}
+
+/// A tool name every provider accepts: letters, digits, `_` and `-`, at most 64.
+fn wire_name(server: &str, tool: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let mut name = format!("{}__{}", clean(server), clean(tool));
+    name.truncate(64);
+    name
+}
+
+impl Servers {
+    /// Start every server and list its tools; the first failure stops everything.
+    pub async fn start(
+        specs: &[ServerSpec],
+        workspace: &Path,
+        log_dir: &Path,
+    ) -> Result<(Servers, Vec<Arc<dyn Tool>>), McpError> {
+        let mut servers = Servers::default();
+        let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+        for spec in specs {
+            match start_one(spec, workspace, log_dir).await {
+                Ok((server, list)) => {
+                    let server = Arc::new(server);
+                    for t in list {
+                        let risk = match t.annotations.as_ref().and_then(|a| a.read_only_hint) {
+                            Some(true) => Risk::Read,
+                            _ => Risk::Exec,
+                        };
+                        tools.push(Arc::new(McpTool {
+                            spec: ToolSpec {
+                                name: wire_name(&spec.name, &t.name),
+                                description: t
+                                    .description
+                                    .as_deref()
+                                    .map(str::to_string)
+                                    .unwrap_or_else(|| {
+                                        format!("`{}` from the MCP server `{}`", t.name, spec.name)
+                                    }),
+                                input_schema: Value::Object((*t.input_schema).clone()),
+                            },
+                            tool: t.name.to_string(),
+                            risk,
+                            server: server.clone(),
+                        }));
+                    }
+                    servers.servers.push(server);
+                }
+                Err(e) => {
+                    servers.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok((servers, tools))
+    }
+
+    /// Close every server: the transport first, then the whole process group.
+    pub async fn shutdown(&mut self) {
+        for s in self.servers.drain(..) {
+            let client = s.client.lock().await.take();
+            if let Some(client) = client {
+                let _ = tokio::time::timeout(Duration::from_secs(3), client.cancel()).await;
+            }
+            if let Some(g) = s.group {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+                if let Ok(mut live) = LIVE_GROUPS.lock() {
+                    live.retain(|x| *x != g);
+                }
+            }
+            tracing::debug!(
+                "MCP server `{}` shut down; its stderr is in {}",
+                s.name,
+                s.log.display()
+            );
+        }
+    }
+}
+
+async fn start_one(
+    spec: &ServerSpec,
+    workspace: &Path,
+    log_dir: &Path,
+) -> Result<(Server, Vec<rmcp::model::Tool>), McpError> {
+    let shown = spec
+        .command
+        .iter()
+        .chain(&spec.args)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let spawn_err = |reason: String| McpError::Spawn {
+        name: spec.name.clone(),
+        command: shown.clone(),
+        reason,
+    };
+    let Some((program, first)) = spec.command.split_first() else {
+        return Err(spawn_err("the command is empty".into()));
+    };
+    if !crate::tools::process::program_exists(program) {
+        return Err(spawn_err(format!(
+            "`{program}` is not found (not a file, not on PATH)"
+        )));
+    }
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(first)
+        .args(&spec.args)
+        .envs(&spec.env)
+        .current_dir(workspace)
+        .process_group(0);
+    let (transport, stderr) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_err(e.to_string()))?;
+    let group = transport.id().and_then(|id| i32::try_from(id).ok());
+    if let (Some(g), Ok(mut live)) = (group, LIVE_GROUPS.lock()) {
+        live.push(g);
+    }
+    let _ = std::fs::create_dir_all(log_dir);
+    let log = log_dir.join(format!(
+        "mcp-{}.stderr.log",
+        crate::tools::process::safe_name(&spec.name)
+    ));
+    if let Some(mut stderr) = stderr {
+        let path = log.clone();
+        tokio::spawn(async move {
+            if let Ok(mut file) = tokio::fs::File::create(&path).await {
+                let _ = tokio::io::copy(&mut stderr, &mut file).await;
+                let _ = file.flush().await;
+            }
+        });
+    }
+    let fail = |reason: String| McpError::Init {
+        name: spec.name.clone(),
+        reason,
+        stderr: String::new(),
+    };
+    let started = tokio::time::timeout(START_TIMEOUT, async {
+        let client = ().serve(transport).await.map_err(|e| fail(e.to_string()))?;
+        let tools = client
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| fail(format!("tools/list failed: {e}")))?;
+        Ok::<_, McpError>((client, tools))
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(fail(format!(
+            "no answer within {}s",
+            START_TIMEOUT.as_secs()
+        )))
+    });
+    match started {
+        Ok((client, tools)) => Ok((
+            Server {
+                name: spec.name.clone(),
+                peer: client.peer().clone(),
+                client: tokio::sync::Mutex::new(Some(client)),
+                group,
+                log,
+            },
+            tools,
+        )),
+        Err(e) => {
+            if let Some(g) = group {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            }
+            // Give the stderr copier a moment to write what the server said.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(match e {
+                McpError::Init { name, reason, .. } => McpError::Init {
+                    name,
+                    reason,
+                    stderr: tail_of(&log),
+                },
+                other => other,
+            })
+        }
+    }
+}
+
+/// One tool of one server.
+struct McpTool {
+    spec: ToolSpec,
+    tool: String,
+    risk: Risk,
+    server: Arc<Server>,
+}
+
+/// Text content as it is; other kinds described.
+fn render(content: &[Value]) -> String {
+    let mut parts = Vec::new();
+    for c in content {
+        let kind = c["type"].as_str().unwrap_or("unknown");
+        parts.push(match kind {
+            "text" => c["text"].as_str().unwrap_or("").to_string(),
+            "image" | "audio" => format!(
+                "[{kind} content: {}, {} bytes of base64]",
+                c["mimeType"].as_str().unwrap_or("unknown type"),
+                c["data"].as_str().map_or(0, str::len)
+            ),
+            "resource" => {
+                let r = &c["resource"];
+                match r["text"].as_str() {
+                    Some(text) => format!("[resource {}]\n{text}", r["uri"].as_str().unwrap_or("")),
+                    None => format!(
+                        "[resource {}: {}, binary]",
+                        r["uri"].as_str().unwrap_or(""),
+                        r["mimeType"].as_str().unwrap_or("unknown type")
+                    ),
+                }
+            }
+            "resource_link" => format!(
+                "[resource link {}: {}]",
+                c["uri"].as_str().unwrap_or(""),
+                c["name"].as_str().unwrap_or("")
+            ),
+            other => format!("[{other} content]"),
+        });
+    }
+    parts.join("\n")
+}
+
+#[async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn risk(&self) -> Risk {
+        self.risk
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let mut params = CallToolRequestParams::new(self.tool.clone());
+        params.arguments = input.as_object().cloned();
+        // Dropping the request (timeout, cancel) sends the server a cancellation.
+        let call = self.server.peer.call_tool(params);
+        let result = tokio::select! {
+            r = tokio::time::timeout(ctx.timeout, call) => r,
+            _ = ctx.cancel.cancelled() => return Err(ToolError::Cancelled),
+        };
+        let result = match result {
+            Err(_) => return Err(ToolError::Timeout(ctx.timeout)),
+            Ok(Err(e)) => {
+                return Err(ToolError::Failed(format!(
+                    "the MCP server `{}` did not answer: {e} (its stderr: {})",
+                    self.server.name,
+                    self.server.log.display()
+                )));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let json = serde_json::to_value(&result).unwrap_or(Value::Null);
+        let mut text = render(json["content"].as_array().map_or(&[][..], Vec::as_slice));
+        if text.is_empty()
+            && let Some(s) = json.get("structuredContent")
+        {
+            text = s.to_string();
+        }
+        if result.is_error == Some(true) {
+            Err(ToolError::Failed(text))
+        } else {
+            Ok(text)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wire_names_are_safe() {
+        assert_eq!(wire_name("fs", "read_file"), "fs__read_file");
+        assert_eq!(wire_name("my server", "a.b/c"), "my_server__a_b_c");
+        assert_eq!(wire_name("x", &"y".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn content_kinds_are_rendered_or_described() {
+        let text = render(&[
+            json!({"type": "text", "text": "hello"}),
+            json!({"type": "image", "mimeType": "image/png", "data": "AAAA"}),
+            json!({"type": "resource", "resource": {"uri": "file:///a", "text": "body"}}),
+            json!({"type": "resource_link", "uri": "file:///b", "name": "b"}),
+        ]);
+        assert_eq!(
+            text,
+            "hello\n[image content: image/png, 4 bytes of base64]\n[resource file:///a]\nbody\n[resource link file:///b: b]"
+        );
+    }
+}
