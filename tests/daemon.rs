@@ -404,3 +404,49 @@ fn show_renders_each_kind_of_outcome() {
     assert_eq!(code, 2);
     assert!(text.contains("no run"), "{text}");
 }
+
+#[test]
+fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
+    let env = Env::new();
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("w.json"),
+        r#"[{"tool_calls": [{"name": "write_file", "input": {"path": "made.txt", "content": "x"}}]}, {"text": "done"}]"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("w.toml"),
+        "prompt = \"write\"\nmodel = \"script:w.json\"\nworkspace = \"work-w\"\nschedule = \"* * * * * *\"\n\
+         timezone = \"UTC\"\n",
+    )
+    .unwrap();
+    // No SUP_APPROVAL: the daemon's default for scheduled runs applies.
+    let log = std::fs::File::create(env.home.path().join("daemon.log")).unwrap();
+    let d = env
+        .sup()
+        .env_remove("SUP_APPROVAL")
+        .args(["daemon", "--goals"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let id = loop {
+        let pending = Db::open(env.home.path()).unwrap().pending_approvals().unwrap();
+        if let Some(p) = pending.first() {
+            assert_eq!(p.goal, "w");
+            assert_eq!(p.tool, "write_file");
+            break p.id.clone();
+        }
+        assert!(Instant::now() < deadline, "no approval was queued");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!dir.join("work-w/made.txt").exists());
+    let (code, _) = sup_out(&env, &["approve", &id]);
+    assert_eq!(code, 0);
+    until("the approved run finishes", 10, || runs(&env, "w").iter().any(|r| r.status == "achieved"));
+    assert!(dir.join("work-w/made.txt").exists());
+    assert_eq!(stop(d), 0);
+}

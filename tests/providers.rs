@@ -634,3 +634,49 @@ fn the_key_is_not_logged_even_at_trace_level() {
     assert!(all.contains("127.0.0.1"), "trace logging was on");
     assert!(!all.contains(OPENAI_KEY));
 }
+
+#[test]
+fn a_context_window_error_says_what_to_do() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![Reply::json(
+        400,
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+    )]);
+    let run = run_against(&env, &server, Protocol::Anthropic, &[]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert_eq!(server.requests().len(), 1, "a 400 is not retried");
+    let error = run.result()["error"].as_str().unwrap();
+    assert!(error.contains("prompt is too long") && error.contains("context window") && error.contains("--max-steps"), "{error}");
+}
+
+#[test]
+fn a_stream_silent_past_the_idle_timeout_is_retried() {
+    let env = Env::new();
+    let mut stalled = openai_stream(&Turn::text("too slow"), Indexing::Standard);
+    if let common::fake_server::Body::Chunks { pieces, .. } = &mut stalled.body {
+        pieces[0].0 = 5000;
+    }
+    let server = FakeServer::start(vec![stalled, openai_stream(&Turn::text("on time"), Indexing::Standard)]);
+    let run = run_against(&env, &server, Protocol::OpenAi, &["--idle-timeout", "1s"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.result()["answer"], "on time");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[test]
+fn a_server_that_cannot_be_reached_is_retried_then_exit_4() {
+    let env = Env::new();
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = env
+        .sup()
+        .args(["run", "hi", "--json", "--model", "openai:gpt-test", "--retries", "2"])
+        .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{port}/v1"))
+        .env("OPENAI_API_KEY", OPENAI_KEY)
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    let error = run.result()["error"].as_str().unwrap();
+    assert!(error.contains("cannot reach") && error.contains("2 attempts"), "{error}");
+}
