@@ -434,7 +434,10 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     let id = loop {
-        let pending = Db::open(env.home.path()).unwrap().pending_approvals().unwrap();
+        let pending = Db::open(env.home.path())
+            .unwrap()
+            .pending_approvals()
+            .unwrap();
         if let Some(p) = pending.first() {
             assert_eq!(p.goal, "w");
             assert_eq!(p.tool, "write_file");
@@ -446,7 +449,9 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
     assert!(!dir.join("work-w/made.txt").exists());
     let (code, _) = sup_out(&env, &["approve", &id]);
     assert_eq!(code, 0);
-    until("the approved run finishes", 10, || runs(&env, "w").iter().any(|r| r.status == "achieved"));
+    until("the approved run finishes", 10, || {
+        runs(&env, "w").iter().any(|r| r.status == "achieved")
+    });
     assert!(dir.join("work-w/made.txt").exists());
     assert_eq!(stop(d), 0);
 }

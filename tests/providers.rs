@@ -646,7 +646,12 @@ fn a_context_window_error_says_what_to_do() {
     assert_eq!(run.code, 4, "{}", run.stderr);
     assert_eq!(server.requests().len(), 1, "a 400 is not retried");
     let error = run.result()["error"].as_str().unwrap();
-    assert!(error.contains("prompt is too long") && error.contains("context window") && error.contains("--max-steps"), "{error}");
+    assert!(
+        error.contains("prompt is too long")
+            && error.contains("context window")
+            && error.contains("--max-steps"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -656,7 +661,10 @@ fn a_stream_silent_past_the_idle_timeout_is_retried() {
     if let common::fake_server::Body::Chunks { pieces, .. } = &mut stalled.body {
         pieces[0].0 = 5000;
     }
-    let server = FakeServer::start(vec![stalled, openai_stream(&Turn::text("on time"), Indexing::Standard)]);
+    let server = FakeServer::start(vec![
+        stalled,
+        openai_stream(&Turn::text("on time"), Indexing::Standard),
+    ]);
     let run = run_against(&env, &server, Protocol::OpenAi, &["--idle-timeout", "1s"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.result()["answer"], "on time");
@@ -667,10 +675,22 @@ fn a_stream_silent_past_the_idle_timeout_is_retried() {
 fn a_server_that_cannot_be_reached_is_retried_then_exit_4() {
     let env = Env::new();
     // A port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let out = env
         .sup()
-        .args(["run", "hi", "--json", "--model", "openai:gpt-test", "--retries", "2"])
+        .args([
+            "run",
+            "hi",
+            "--json",
+            "--model",
+            "openai:gpt-test",
+            "--retries",
+            "2",
+        ])
         .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{port}/v1"))
         .env("OPENAI_API_KEY", OPENAI_KEY)
         .output()
@@ -678,5 +698,8 @@ fn a_server_that_cannot_be_reached_is_retried_then_exit_4() {
     let run = Run::new(out);
     assert_eq!(run.code, 4, "{}", run.stderr);
     let error = run.result()["error"].as_str().unwrap();
-    assert!(error.contains("cannot reach") && error.contains("2 attempts"), "{error}");
+    assert!(
+        error.contains("cannot reach") && error.contains("2 attempts"),
+        "{error}"
+    );
 }

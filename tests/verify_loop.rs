@@ -18,16 +18,7 @@ fn say(text: &str) -> Value {
 
 /// `sup goal PROMPT --model script:… --json ARGS…`.
 fn goal(env: &Env, turns: Value, args: &[&str]) -> Run {
-    let script = env.script(turns);
-    let out = env
-        .sup()
-        .args(["goal", "make it so", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    Run::new(out)
+    env.json(&["goal", "make it so"], turns, args)
 }
 
 /// A check script in the workspace: passes when `out.txt` has two lines.

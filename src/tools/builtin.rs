@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::paths::{relative, resolve};
-use super::process::{self, Ending, read_capped, safe_name};
+use super::process::{self, Ending, read_capped};
 use super::{Registry, RegistryError, Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
 
@@ -517,7 +517,7 @@ pub async fn run_for_tool(
     mut spec: process::Spec,
     ctx: &ToolContext,
 ) -> Result<(Ending, String, String), ToolError> {
-    let base = safe_name(&ctx.call_id);
+    let base = &ctx.output_name;
     spec.stdout = ctx.output_dir.join(format!("{base}.stdout"));
     spec.stderr = ctx.output_dir.join(format!("{base}.stderr"));
     let finished = process::run(&spec, &ctx.cancel)

@@ -93,18 +93,8 @@ fn tail_of(path: &Path) -> String {
 
 /// A tool name every provider accepts: letters, digits, `_` and `-`, at most 64.
 fn wire_name(server: &str, tool: &str) -> String {
-    let clean = |s: &str| -> String {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
-    };
-    let mut name = format!("{}__{}", clean(server), clean(tool));
+    use crate::tools::process::safe_name;
+    let mut name = format!("{}__{}", safe_name(server), safe_name(tool));
     name.truncate(64);
     name
 }

@@ -41,8 +41,8 @@ pub struct ToolContext {
     pub output_dir: PathBuf,
     /// Byte cap of a result; tools that produce output streams cap each at half of it.
     pub output_cap: usize,
-    /// The id of the call, for naming saved outputs.
-    pub call_id: String,
+    /// A name for this call's saved outputs, unique in the run (models may reuse call ids).
+    pub output_name: String,
     /// Files the agent may not change (the check scripts), as canonical paths.
     pub protected: Arc<Vec<PathBuf>>,
     /// Extra environment for processes (`SUP_WORKSPACE`, …).

@@ -354,6 +354,15 @@ impl Work<'_> {
             .collect()
     }
 
+    /// A file name for a call's saved outputs: the time in the run, then the call id.
+    fn output_name(&self, call: &ToolCall) -> String {
+        format!(
+            "{:012}-{}",
+            self.started.elapsed().as_micros(),
+            safe_name(&call.id)
+        )
+    }
+
     /// Run one prepared call to a result: timeout, cancellation, output cap.
     async fn call(&self, step: u32, call: &ToolCall, prepared: Prepared) -> ToolResult {
         let started_ms = self.ms();
@@ -363,7 +372,7 @@ impl Work<'_> {
             timeout: self.limits.tool_timeout,
             output_dir: self.output_dir.clone(),
             output_cap: self.limits.output_cap,
-            call_id: call.id.clone(),
+            output_name: self.output_name(call),
             protected: self.protected.clone(),
             env: self.env.clone(),
         };
@@ -397,7 +406,7 @@ impl Work<'_> {
         }
         let path = self
             .output_dir
-            .join(format!("{}.result.txt", safe_name(&call.id)));
+            .join(format!("{}.result.txt", self.output_name(call)));
         let saved = std::fs::create_dir_all(&self.output_dir)
             .and_then(|_| std::fs::write(&path, &content))
             .map(|_| path.display().to_string())

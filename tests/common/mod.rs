@@ -58,11 +58,15 @@ impl Env {
 
     /// `sup run PROMPT --model script:… --json ARGS…`.
     pub fn run_json(&self, turns: Value, args: &[&str]) -> Run {
+        self.json(&["run", "do the work"], turns, args)
+    }
+
+    /// `sup COMMAND… --model script:… --json ARGS…`, the turns scripted.
+    pub fn json(&self, command: &[&str], turns: Value, args: &[&str]) -> Run {
         let script = self.script(turns);
         let out = self
             .sup()
-            .arg("run")
-            .arg("do the work")
+            .args(command)
             .arg("--model")
             .arg(format!("script:{}", script.display()))
             .arg("--json")
