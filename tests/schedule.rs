@@ -11,6 +11,7 @@ use sup::store::db::{Db, parse_stamp};
 use tokio_util::sync::CancellationToken;
 
 struct Harness {
+    max_concurrent: usize,
     goals: tempfile::TempDir,
     home: tempfile::TempDir,
     clock: Arc<ManualClock>,
@@ -25,6 +26,7 @@ fn t(s: &str) -> DateTime<Utc> {
 impl Harness {
     fn new(start: &str) -> Self {
         Harness {
+            max_concurrent: 4,
             goals: tempfile::tempdir().unwrap(),
             home: tempfile::tempdir().unwrap(),
             clock: Arc::new(ManualClock::new(t(start))),
@@ -63,7 +65,7 @@ impl Harness {
         let cfg = daemon::Config {
             goals_dir: self.goals.path().to_path_buf(),
             home: self.home.path().to_path_buf(),
-            max_concurrent: 4,
+            max_concurrent: self.max_concurrent,
             grace: Duration::from_secs(5),
             clock: self.clock.clone(),
             default_model: None,
@@ -375,4 +377,25 @@ async fn a_dst_gap_occurrence_fires_right_after_the_gap() {
     assert_eq!(h.statuses("g").len(), 1);
     let now = h.clock.now();
     assert!(now > t("2026-03-08T07:00:00Z"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occurrences_beyond_max_concurrent_wait_their_turn() {
+    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
+    h.max_concurrent = 1;
+    h.goal("a", "schedule = \"* * * * * *\"\ntimezone = \"UTC\"", 800);
+    h.goal("b", "schedule = \"* * * * * *\"\ntimezone = \"UTC\"", 800);
+    h.start();
+    h.idle().await;
+    h.advance_to("2026-01-01T00:00:01.100Z");
+    h.until("both done", |db| {
+        db.runs(None, Some("achieved"), 10).unwrap().len() == 2
+    })
+    .await;
+    h.stop().await;
+    let mut runs = h.db().runs(None, None, 10).unwrap();
+    runs.sort_by(|x, y| x.started_at.cmp(&y.started_at));
+    let first_end = parse_stamp(runs[0].ended_at.as_deref().unwrap()).unwrap();
+    let second_start = parse_stamp(&runs[1].started_at).unwrap();
+    assert!(first_end <= second_start, "one at a time: {runs:?}");
 }
