@@ -399,3 +399,44 @@ async fn occurrences_beyond_max_concurrent_wait_their_turn() {
     let second_start = parse_stamp(&runs[1].started_at).unwrap();
     assert!(first_end <= second_start, "one at a time: {runs:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_wakes_late_runs_only_the_latest_occurrence_within_its_window() {
+    // (catch_up, woken at, runs 00:05?, missed)
+    for (catch_up, woken, runs, missed) in [
+        ("0", "2026-01-01T00:05:00.500Z", true, 4),
+        ("0", "2026-01-01T00:05:30Z", false, 5),
+        ("1m", "2026-01-01T00:05:30Z", true, 4),
+    ] {
+        let mut h = Harness::new("2026-01-01T00:00:30Z");
+        h.goal(
+            "g",
+            &format!("schedule = \"* * * * *\"\ntimezone = \"UTC\"\ncatch_up = \"{catch_up}\""),
+            0,
+        );
+        h.start();
+        h.idle().await;
+        // The machine slept: the clock jumps past five occurrences at once.
+        h.advance_to(woken);
+        h.until("all five settled", |_| {
+            h.statuses("g")
+                .iter()
+                .filter(|(_, s)| s == "missed" || s == "done")
+                .count()
+                == 5
+        })
+        .await;
+        h.stop().await;
+        let s = h.statuses("g");
+        assert_eq!(
+            s.iter().filter(|(_, st)| st == "missed").count(),
+            missed,
+            "{catch_up} {woken}: {s:?}"
+        );
+        assert_eq!(
+            status_of(&h, "g", "2026-01-01T00:05:00Z").as_deref() == Some("done"),
+            runs,
+            "{catch_up} {woken}: {s:?}"
+        );
+    }
+}
