@@ -206,9 +206,14 @@ impl Gate {
             (Mode::Never, _) => {
                 let by = "approval mode never".to_string();
                 Self::decided(events, id, tool, "denied", by, None);
+                let missing = self.rules.unallowed(tool, &arg);
+                let what = if tool == "run_command" && missing.len() == 1 && missing[0] != arg {
+                    format!("`{}` (a part of the command line `{arg}`)", missing[0])
+                } else {
+                    format!("`{tool}({arg})`")
+                };
                 Answer::Deny(refusal(&format!(
-                    "approval mode `never` denies what no rule allows, and no rule allows \
-                     `{tool}({arg})`"
+                    "approval mode `never` denies what no rule allows, and no rule allows {what}"
                 )))
             }
             (Mode::Ask | Mode::Auto, _) if self.terminal.is_some() => {

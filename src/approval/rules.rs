@@ -119,6 +119,17 @@ impl Rules {
     }
 }
 
+impl Rules {
+    /// The parts of a call's argument that no allow rule covers, for telling the model
+    /// which part of a command line was the problem.
+    pub fn unallowed(&self, tool: &str, arg: &str) -> Vec<String> {
+        parts(tool, arg)
+            .into_iter()
+            .filter(|p| !self.allow.iter().any(|r| r.matches(tool, p)))
+            .collect()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Allow,
