@@ -191,11 +191,14 @@ impl HumanTrace {
                                     .collect()
                             })
                             .unwrap_or_default();
-                        let why = if *stop_reason == StopReason::NoProgress {
-                            "no progress: the same checks failed the same way three tries in a row"
-                                .to_string()
-                        } else {
-                            format!("checks still failing: {}", failing.join(", "))
+                        let why = match stop_reason {
+                            StopReason::NoProgress => "no progress: the same checks failed the \
+                                                       same way three tries in a row"
+                                .to_string(),
+                            StopReason::CheckChanged => error
+                                .clone()
+                                .unwrap_or_else(|| "a check was changed during the run".into()),
+                            _ => format!("checks still failing: {}", failing.join(", ")),
                         };
                         format!("◆ Goal not achieved · {} · {why}", n_tries(*tries))
                     }
