@@ -230,6 +230,29 @@ fn a_check_changed_behind_its_back_fails_the_goal() {
 }
 
 #[test]
+fn the_human_trace_says_when_a_check_was_changed() {
+    let env = Env::new();
+    env.write("check.sh", "exit 1\n");
+    let script = env.script(json!([
+        {"tool_calls": [{"name": "run_command", "input": {"command": "echo 'exit 0' > check.sh"}}]},
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .args(["goal", "x", "--check", "check.sh", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("Goal not achieved") && run.stderr.contains("check.sh was changed"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
 fn fresh_starts_each_try_from_the_prompt_and_the_latest_report() {
     let env = Env::new();
     let run = goal(
