@@ -70,7 +70,7 @@ async fn ten_thousand_goals() {
         max_concurrent: 4,
         grace: Duration::from_secs(5),
         clock: clock.clone(),
-        default_model: None,
+        defaults: Default::default(),
     };
     let shutdown = CancellationToken::new();
     let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -119,7 +119,7 @@ async fn thousand_due_at_once() {
         max_concurrent: 1000,
         grace: Duration::from_secs(60),
         clock: Arc::new(SystemClock),
-        default_model: None,
+        defaults: Default::default(),
     };
     let shutdown = CancellationToken::new();
     let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();

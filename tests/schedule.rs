@@ -68,7 +68,7 @@ impl Harness {
             max_concurrent: self.max_concurrent,
             grace: Duration::from_secs(5),
             clock: self.clock.clone(),
-            default_model: None,
+            defaults: Default::default(),
         };
         let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let shutdown = self.shutdown.clone();

@@ -555,3 +555,43 @@ fn every_example_goal_is_achieved_offline() {
     let haiku = std::fs::read_to_string(goals.join("work/haiku/haiku.txt")).unwrap();
     assert!(haiku.contains("循环"));
 }
+
+#[test]
+fn the_model_comes_from_the_flag_then_the_goal_file_then_sup_model() {
+    let env = Env::new();
+    let from_file = env.script(json!([say("from the file")]));
+    let from_env = env.script(json!([say("from SUP_MODEL")]));
+    let from_flag = env.script(json!([say("from the flag")]));
+    let with_model = goal_file(
+        &env,
+        &format!(
+            "prompt = \"p\"\nmodel = \"script:{}\"\n",
+            from_file.display()
+        ),
+    );
+    let answer = |file: &Path, flag: Option<&Path>| {
+        let mut cmd = env.sup();
+        cmd.env("SUP_MODEL", format!("script:{}", from_env.display()))
+            .arg("goal")
+            .arg("--file")
+            .arg(file);
+        if let Some(f) = flag {
+            cmd.arg("--model").arg(format!("script:{}", f.display()));
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+    };
+    assert_eq!(answer(&with_model, None), "from the file\n");
+    assert_eq!(answer(&with_model, Some(&from_flag)), "from the flag\n");
+    let without = env.home.path().join("plain.toml");
+    std::fs::write(&without, "prompt = \"p\"\n").unwrap();
+    assert_eq!(answer(&without, None), "from SUP_MODEL\n");
+    // A bad SUP_APPROVAL is named.
+    let out = env
+        .sup()
+        .env("SUP_APPROVAL", "sometimes")
+        .args(["run", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SUP_APPROVAL"));
+}

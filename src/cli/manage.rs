@@ -95,7 +95,14 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
         max_concurrent,
         grace,
         clock: Arc::new(SystemClock),
-        default_model: std::env::var("SUP_MODEL").ok().filter(|m| !m.is_empty()),
+        defaults: {
+            let (default_model, default_approval) = super::run::env_defaults()?;
+            Overrides {
+                default_model,
+                default_approval,
+                ..Overrides::default()
+            }
+        },
     };
     daemon::run(cfg, shutdown, reload_rx)
         .await
@@ -327,13 +334,10 @@ pub fn show(id: &str) -> Result<u8, Fail> {
 
 pub async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<u8, Fail> {
     let goal = find_goal(dir, name)?;
+    let (default_model, default_approval) = super::run::env_defaults()?;
     let overrides = Overrides {
-        model: goal
-            .file
-            .model
-            .is_none()
-            .then(|| std::env::var("SUP_MODEL").ok())
-            .flatten(),
+        default_model,
+        default_approval,
         ..Overrides::default()
     };
     let spec = RunSpec::build(&overrides, Some(&goal.file)).map_err(launch_fail)?;

@@ -135,8 +135,9 @@ fn duration(s: &str) -> Result<Duration, String> {
 /// Options every running command takes.
 #[derive(Args, Debug, Clone, Default)]
 pub struct Common {
-    /// PROVIDER:MODEL, e.g. `script:turns.json` (default: $SUP_MODEL).
-    #[arg(long, env = "SUP_MODEL", hide_env_values = true)]
+    /// PROVIDER:MODEL, e.g. `openai:gpt-4o-mini` or `script:turns.json`. Wins over a goal
+    /// file's `model`, which wins over $SUP_MODEL.
+    #[arg(long)]
     pub model: Option<String>,
     /// Model turns at most in one work loop (default 30).
     #[arg(long)]
@@ -181,9 +182,9 @@ pub struct Common {
     #[arg(long)]
     pub record: Option<PathBuf>,
     /// ask (prompt at the terminal), queue (wait for `sup approve`), auto (allow what no
-    /// rule denies) or never (deny what no rule allows). Default: ask at a terminal, never
-    /// without one.
-    #[arg(long, env = "SUP_APPROVAL", value_parser = approval_mode)]
+    /// rule denies) or never (deny what no rule allows). Wins over a goal file's `approval`,
+    /// which wins over $SUP_APPROVAL; without any: ask at a terminal, never without one.
+    #[arg(long, value_parser = approval_mode)]
     pub approval: Option<crate::approval::Mode>,
     /// Allow calls matching `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`.
     #[arg(long)]
@@ -220,7 +221,17 @@ fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
     })
 }
 
-fn approval_mode(s: &str) -> Result<crate::approval::Mode, String> {
+/// A default from the environment; an unusable value is a usage error that names it.
+pub fn env_default<T>(var: &str, parse: fn(&str) -> Result<T, String>) -> Result<Option<T>, Fail> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => parse(v.trim())
+            .map(Some)
+            .map_err(|e| Fail::usage(anyhow::anyhow!("{var}: {e}"))),
+        _ => Ok(None),
+    }
+}
+
+pub fn approval_mode(s: &str) -> Result<crate::approval::Mode, String> {
     crate::approval::Mode::parse(s)
         .ok_or_else(|| format!("`{s}` is not an approval mode: use ask, queue, auto or never"))
 }

@@ -13,7 +13,7 @@ use crate::verify::launch::{self, LaunchError, Overrides, RunSpec, Trigger};
 use crate::verify::{Check, check::DEFAULT_TIMEOUT};
 
 pub async fn run(args: RunArgs) -> Result<u8, Fail> {
-    let mut o = overrides(&args.common);
+    let mut o = overrides(&args.common)?;
     o.prompt = Some(args.prompt);
     let spec = RunSpec::build(&o, None).map_err(launch_fail)?;
     execute(spec, args.common.json, false, "cli").await
@@ -28,7 +28,7 @@ pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
         ),
         None => None,
     };
-    let mut o = overrides(&args.common);
+    let mut o = overrides(&args.common)?;
     o.name = args
         .name
         .clone()
@@ -51,9 +51,12 @@ pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
     execute(spec, args.common.json, true, "cli").await
 }
 
-/// The flags every running command shares, as overrides.
-pub fn overrides(c: &Common) -> Overrides {
-    Overrides {
+/// The flags every running command shares, as overrides, with the environment's defaults.
+pub fn overrides(c: &Common) -> Result<Overrides, Fail> {
+    let (default_model, default_approval) = env_defaults()?;
+    Ok(Overrides {
+        default_model,
+        default_approval,
         model: c.model.clone(),
         max_steps: c.max_steps,
         token_budget: c.token_budget,
@@ -70,7 +73,15 @@ pub fn overrides(c: &Common) -> Overrides {
         approval_timeout: c.approval_timeout,
         mcp: c.mcp.clone(),
         ..Overrides::default()
-    }
+    })
+}
+
+/// `SUP_MODEL` and `SUP_APPROVAL`: defaults below the flags and the goal file.
+pub fn env_defaults() -> Result<(Option<String>, Option<crate::approval::Mode>), Fail> {
+    Ok((
+        super::env_default("SUP_MODEL", |s| Ok(s.to_string()))?,
+        super::env_default("SUP_APPROVAL", super::approval_mode)?,
+    ))
 }
 
 pub fn launch_fail(e: LaunchError) -> Fail {

@@ -104,8 +104,8 @@ pub struct Config {
     /// How long running goals get to finish at shutdown before they are cancelled.
     pub grace: Duration,
     pub clock: Arc<dyn Clock>,
-    /// The model for goal files that name none (`SUP_MODEL`).
-    pub default_model: Option<String>,
+    /// Defaults for goal files that leave things out (`SUP_MODEL`, `SUP_APPROVAL`).
+    pub defaults: Overrides,
 }
 
 struct Running {
@@ -147,17 +147,8 @@ struct Daemon {
     all_running: Arc<Mutex<Vec<CancellationToken>>>,
 }
 
-fn spec_of(goal: &ScheduledGoal, default_model: Option<&String>) -> Result<RunSpec, String> {
-    let overrides = Overrides {
-        model: goal
-            .file
-            .model
-            .is_none()
-            .then(|| default_model.cloned())
-            .flatten(),
-        ..Overrides::default()
-    };
-    RunSpec::build(&overrides, Some(&goal.file))
+fn spec_of(goal: &ScheduledGoal, defaults: &Overrides) -> Result<RunSpec, String> {
+    RunSpec::build(defaults, Some(&goal.file))
         .map_err(|e| format!("{}: {e}", goal.file.path.display()))
 }
 
@@ -188,7 +179,7 @@ impl Daemon {
             let result = goals::load(&path);
             seen.insert(path.clone());
             let goal = match result.map_err(|e| e.to_string()).and_then(|g| {
-                let spec = spec_of(&g, self.cfg.default_model.as_ref())?;
+                let spec = spec_of(&g, &self.cfg.defaults)?;
                 Ok((g, spec))
             }) {
                 Ok(g) => g,

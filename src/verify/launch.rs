@@ -50,7 +50,10 @@ pub enum LaunchError {
 pub struct Overrides {
     pub name: Option<String>,
     pub prompt: Option<String>,
+    /// `--model`: wins over the goal file.
     pub model: Option<String>,
+    /// `SUP_MODEL`: used when neither the flag nor the goal file names a model.
+    pub default_model: Option<String>,
     pub max_steps: Option<u32>,
     pub token_budget: Option<u64>,
     pub workspace: Option<PathBuf>,
@@ -64,7 +67,10 @@ pub struct Overrides {
     /// Checks from flags; they replace the file's checks.
     pub checks: Vec<Check>,
     pub check_timeout: Option<Duration>,
+    /// `--approval`: wins over the goal file.
     pub approval: Option<Mode>,
+    /// `SUP_APPROVAL`: used when neither the flag nor the goal file names a mode.
+    pub default_approval: Option<Mode>,
     pub allow: Vec<String>,
     pub ask: Vec<String>,
     pub deny: Vec<String>,
@@ -107,16 +113,22 @@ impl RunSpec {
                     "no prompt: give one on the command line, or `prompt = \"…\"` in the goal file",
                 )
             })?;
-        let from_flag = o.model.clone().filter(|m| !m.is_empty());
-        let model_base = match (&from_flag, file) {
-            (None, Some(f)) => f
+        // The flag, then the goal file, then SUP_MODEL. A relative `script:` path starts at
+        // the goal file's folder when the model came from the file.
+        let flag = o.model.clone().filter(|m| !m.is_empty());
+        let from_file = file
+            .and_then(|f| f.model.clone())
+            .filter(|_| flag.is_none());
+        let model_base = match (&from_file, file) {
+            (Some(_), Some(f)) => f
                 .path
                 .parent()
                 .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
             _ => PathBuf::from("."),
         };
-        let model = from_flag
-            .or_else(|| file.and_then(|f| f.model.clone()))
+        let model = flag
+            .or(from_file)
+            .or_else(|| o.default_model.clone().filter(|m| !m.is_empty()))
             .ok_or_else(|| {
                 usage(
                     "no model configured: pass --model PROVIDER:MODEL or set SUP_MODEL \
@@ -192,12 +204,14 @@ impl RunSpec {
             &file_rules.deny,
         )?);
         rules.extend(Rules::parse(&o.allow, &o.ask, &o.deny)?);
-        let approval = match o.approval {
-            Some(m) => Some(m),
-            None => file
-                .and_then(|f| f.approval.as_ref())
-                .and_then(|a| Mode::parse(&a.value)),
-        };
+        // The flag, then the goal file, then SUP_APPROVAL.
+        let approval = o
+            .approval
+            .or_else(|| {
+                file.and_then(|f| f.approval.as_ref())
+                    .and_then(|a| Mode::parse(&a.value))
+            })
+            .or(o.default_approval);
         let name = o
             .name
             .clone()
