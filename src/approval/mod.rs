@@ -123,10 +123,6 @@ impl Gate {
         }
     }
 
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     fn decided(
         events: &Events,
         id: &str,

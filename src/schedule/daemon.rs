@@ -64,10 +64,6 @@ impl ManualClock {
     pub fn waiting(&self) -> usize {
         self.now.receiver_count()
     }
-    pub fn advance(&self, d: Duration) {
-        let t = *self.now.borrow() + chrono::Duration::from_std(d).unwrap_or_default();
-        self.set(t);
-    }
 }
 
 impl Clock for ManualClock {

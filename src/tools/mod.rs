@@ -119,10 +119,6 @@ impl Registry {
         &self.specs
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.by_name.get(name).map(|(i, _)| &self.tools[*i])
-    }
-
     /// The gate every call passes before it runs: a known tool, arguments that parse as
     /// JSON (empty means `{}`), and input that satisfies the tool's schema. The error is
     /// what the model is told.

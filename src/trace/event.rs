@@ -48,16 +48,6 @@ impl StopReason {
         }
     }
 
-    /// A limit stopped the work before it was done.
-    pub fn is_limit(self) -> bool {
-        matches!(
-            self,
-            StopReason::MaxSteps
-                | StopReason::Budget
-                | StopReason::RepeatedCalls
-                | StopReason::Length
-        )
-    }
 }
 
 /// How a whole run ended, as reported upward and in the `result` event.
