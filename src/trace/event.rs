@@ -47,7 +47,6 @@ impl StopReason {
             StopReason::CheckChanged => "check_changed",
         }
     }
-
 }
 
 /// How a whole run ended, as reported upward and in the `result` event.
