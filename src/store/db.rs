@@ -290,10 +290,12 @@ impl Db {
     }
 
     pub fn finish_run(&mut self, id: &str, end: &Ended) -> Result<(), DbError> {
-        let tx = self.conn.transaction().map_err(|e| DbError::Sqlite {
-            path: self.path.clone(),
-            source: e,
-        })?;
+        let path = self.path.clone();
+        let err = |source| DbError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
         tx.execute(
             "UPDATE runs SET status = ?2, stop_reason = ?3, tries = ?4, steps = ?5,
                  input_tokens = ?6, output_tokens = ?7, cache_read_tokens = ?8,
@@ -312,10 +314,7 @@ impl Db {
                 end.error
             ],
         )
-        .map_err(|e| DbError::Sqlite {
-            path: self.path.clone(),
-            source: e,
-        })?;
+        .map_err(err)?;
         for (t, reports) in end.checks.iter().enumerate() {
             for (i, r) in reports.iter().enumerate() {
                 tx.execute(
@@ -323,13 +322,10 @@ impl Db {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     params![id, t + 1, i, r.name, r.passed, r.exit_status, r.outcome, r.duration_ms, r.output_path],
                 )
-                .map_err(|e| DbError::Sqlite { path: self.path.clone(), source: e })?;
+                .map_err(err)?;
             }
         }
-        tx.commit().map_err(|e| DbError::Sqlite {
-            path: self.path.clone(),
-            source: e,
-        })
+        tx.commit().map_err(err)
     }
 
     /// Runs left `running` by a process that is gone become `interrupted`. Returns how many.

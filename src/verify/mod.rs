@@ -126,17 +126,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         gate: rt.gate,
     };
     let mut messages = Vec::new();
-    let first = vec![
-        Message::System {
-            content: goal.system.clone(),
-        },
-        Message::User {
-            content: goal.prompt.clone(),
-        },
-    ];
-    for m in first {
-        work::push(&mut messages, m, rt.events);
-    }
+    begin(&mut messages, goal, goal.prompt.clone(), rt.events);
     let mut out = Outcome {
         status: Status::Error,
         stop_reason: StopReason::Error,
@@ -235,17 +225,12 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         }
         if goal.fresh {
             messages.clear();
-            let restart = vec![
-                Message::System {
-                    content: goal.system.clone(),
-                },
-                Message::User {
-                    content: format!("{}\n\n{report}", goal.prompt),
-                },
-            ];
-            for m in restart {
-                work::push(&mut messages, m, rt.events);
-            }
+            begin(
+                &mut messages,
+                goal,
+                format!("{}\n\n{report}", goal.prompt),
+                rt.events,
+            );
         } else {
             work::push(&mut messages, Message::User { content: report }, rt.events);
         }
@@ -253,6 +238,15 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
     out.status = Status::Failed;
     out.stop_reason = StopReason::ChecksFailed;
     out
+}
+
+/// Open a conversation: the system prompt, then `first` as the user's message.
+fn begin(messages: &mut Vec<Message>, goal: &Goal, first: String, events: &Events) {
+    let system = Message::System {
+        content: goal.system.clone(),
+    };
+    work::push(messages, system, events);
+    work::push(messages, Message::User { content: first }, events);
 }
 
 fn tampered(mut out: Outcome, changed: String) -> Outcome {
