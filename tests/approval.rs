@@ -115,34 +115,18 @@ fn with_no_terminal_and_no_mode_it_denies_instead_of_waiting() {
 #[test]
 fn deny_beats_ask_beats_allow() {
     let env = Env::new();
-    let script = env.script(json!([
+    let run = env.json(
+        &["run", "work"],
+        json!([
         {"tool_calls": [
             {"id": "allowed", "name": "run_command", "input": {"command": "touch a.txt"}},
             {"id": "asked", "name": "run_command", "input": {"command": "touch git.txt && git --version"}},
             {"id": "denied", "name": "run_command", "input": {"command": "touch r.txt; rm -f r.txt"}}
         ]},
         {"text": "done"}
-    ]));
-    let out = env
-        .sup()
-        .args([
-            "run",
-            "work",
-            "--json",
-            "--approval",
-            "never",
-            "--allow",
-            "run_command",
-            "--ask",
-            "run_command(git *)",
-            "--deny",
-            "run_command(rm *)",
-            "--model",
-        ])
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let run = Run::new(out);
+    ]),
+        &["--approval", "never", "--allow", "run_command", "--ask", "run_command(git *)", "--deny", "run_command(rm *)"],
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     let by = |id: &str| {
         run.of_type("approval")
@@ -172,33 +156,21 @@ fn deny_beats_ask_beats_allow() {
 #[test]
 fn an_allow_rule_never_lets_a_compound_command_through() {
     let env = Env::new();
-    let script = env.script(json!([
-        {"tool_calls": [
-            {"id": "plain", "name": "run_command", "input": {"command": "echo ok > ok.txt"}},
-            {"id": "and", "name": "run_command", "input": {"command": "echo ok && touch p1"}},
-            {"id": "subst", "name": "run_command", "input": {"command": "echo $(touch p2)"}},
-            {"id": "tick", "name": "run_command", "input": {"command": "echo `touch p3`"}},
-            {"id": "pipe", "name": "run_command", "input": {"command": "echo ok | tee p4"}},
-            {"id": "newline", "name": "run_command", "input": {"command": "echo ok\ntouch p5"}}
-        ]},
-        {"text": "done"}
-    ]));
-    let out = env
-        .sup()
-        .args([
-            "run",
-            "work",
-            "--json",
-            "--approval",
-            "never",
-            "--allow",
-            "run_command(echo *)",
-            "--model",
-        ])
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let run = Run::new(out);
+    let run = env.json(
+        &["run", "work"],
+        json!([
+            {"tool_calls": [
+                {"id": "plain", "name": "run_command", "input": {"command": "echo ok > ok.txt"}},
+                {"id": "and", "name": "run_command", "input": {"command": "echo ok && touch p1"}},
+                {"id": "subst", "name": "run_command", "input": {"command": "echo $(touch p2)"}},
+                {"id": "tick", "name": "run_command", "input": {"command": "echo `touch p3`"}},
+                {"id": "pipe", "name": "run_command", "input": {"command": "echo ok | tee p4"}},
+                {"id": "newline", "name": "run_command", "input": {"command": "echo ok\ntouch p5"}}
+            ]},
+            {"text": "done"}
+        ]),
+        &["--approval", "never", "--allow", "run_command(echo *)"],
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(exists(&env, "ok.txt"));
     for (id, f) in [

@@ -53,19 +53,16 @@ fn passing_on_the_first_try() {
 fn the_human_trace_says_goal_achieved_and_the_tries() {
     let env = Env::new();
     two_lines_check(&env);
-    let script = env.script(json!([
-        write_turn("out.txt", "one\n"),
-        say("done"),
-        write_turn("out.txt", "one\ntwo\n"),
-        say("fixed")
-    ]));
-    let out = env
-        .sup()
-        .args(["goal", "two lines", "--check", "check.sh", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let run = Run::new(out);
+    let run = env.human(
+        &["goal", "two lines"],
+        json!([
+            write_turn("out.txt", "one\n"),
+            say("done"),
+            write_turn("out.txt", "one\ntwo\n"),
+            say("fixed")
+        ]),
+        &["--check", "check.sh"],
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
         run.stderr.contains("◆ Goal achieved · 2 tries"),
@@ -125,24 +122,18 @@ fn never_passing_is_exit_1_after_all_tries() {
 #[test]
 fn the_human_trace_names_the_failing_checks() {
     let env = Env::new();
-    let script = env.script(json!([say("one")]));
-    let out = env
-        .sup()
-        .args([
-            "goal",
-            "x",
+    let run = env.human(
+        &["goal", "x"],
+        json!([say("one")]),
+        &[
             "--check-cmd",
             "false",
             "--check-cmd",
             "true",
             "--tries",
             "1",
-            "--model",
-        ])
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let run = Run::new(out);
+        ],
+    );
     assert_eq!(run.code, 1);
     assert!(
         run.stderr
@@ -233,17 +224,14 @@ fn a_check_changed_behind_its_back_fails_the_goal() {
 fn the_human_trace_says_when_a_check_was_changed() {
     let env = Env::new();
     env.write("check.sh", "exit 1\n");
-    let script = env.script(json!([
+    let run = env.human(
+        &["goal", "x"],
+        json!([
         {"tool_calls": [{"name": "run_command", "input": {"command": "echo 'exit 0' > check.sh"}}]},
         say("done")
-    ]));
-    let out = env
-        .sup()
-        .args(["goal", "x", "--check", "check.sh", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let run = Run::new(out);
+    ]),
+        &["--check", "check.sh"],
+    );
     assert_eq!(run.code, 1);
     assert!(
         run.stderr.contains("Goal not achieved") && run.stderr.contains("check.sh was changed"),

@@ -10,14 +10,11 @@ use serde_json::json;
 #[test]
 fn no_tool_calls_is_a_final_answer_at_step_one() {
     let env = Env::new();
-    let script = env.script(json!([{"text": "The answer is 42."}]));
-    let out = env
-        .sup()
-        .args(["run", "what is it?", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let run = Run::new(out);
+    let run = env.human(
+        &["run", "what is it?"],
+        json!([{"text": "The answer is 42."}]),
+        &[],
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.stdout, "The answer is 42.\n");
     assert!(run.stderr.contains("◆ Done · 1 step"), "{}", run.stderr);

@@ -200,6 +200,13 @@ impl Turn {
         self
     }
 
+    /// The scripted finish reason, else `stop` for a plain answer or `tools` for calls.
+    fn finish_or(&self, stop: &str, tools: &str) -> String {
+        self.finish
+            .clone()
+            .unwrap_or_else(|| if self.calls.is_empty() { stop } else { tools }.to_string())
+    }
+
     pub fn finish(mut self, reason: &str) -> Self {
         self.finish = Some(reason.into());
         self
@@ -259,14 +266,7 @@ pub fn openai_stream(turn: &Turn, indexing: Indexing) -> Reply {
             ));
         }
     }
-    let finish = turn.finish.clone().unwrap_or_else(|| {
-        if turn.calls.is_empty() {
-            "stop"
-        } else {
-            "tool_calls"
-        }
-        .into()
-    });
+    let finish = turn.finish_or("stop", "tool_calls");
     events.push(chunk(json!({}), json!(finish)));
     events.push(format!(
         "data: {}\n\n",
@@ -286,14 +286,7 @@ pub fn openai_json(turn: &Turn) -> Reply {
             .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
             .collect();
     }
-    let finish = turn.finish.clone().unwrap_or_else(|| {
-        if turn.calls.is_empty() {
-            "stop"
-        } else {
-            "tool_calls"
-        }
-        .into()
-    });
+    let finish = turn.finish_or("stop", "tool_calls");
     Reply::json(
         200,
         json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "fake",
@@ -346,14 +339,7 @@ pub fn anthropic_events(turn: &Turn) -> Vec<String> {
         ));
         index += 1;
     }
-    let stop = turn.finish.clone().unwrap_or_else(|| {
-        if turn.calls.is_empty() {
-            "end_turn"
-        } else {
-            "tool_use"
-        }
-        .into()
-    });
+    let stop = turn.finish_or("end_turn", "tool_use");
     events.push(event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 10}})));
     events.push(event("message_stop", json!({"type": "message_stop"})));
     events
@@ -373,14 +359,7 @@ pub fn anthropic_json(turn: &Turn) -> Reply {
         let input: Value = serde_json::from_str(args).unwrap_or(json!({}));
         content.push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
     }
-    let stop = turn.finish.clone().unwrap_or_else(|| {
-        if turn.calls.is_empty() {
-            "end_turn"
-        } else {
-            "tool_use"
-        }
-        .into()
-    });
+    let stop = turn.finish_or("end_turn", "tool_use");
     Reply::json(
         200,
         json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "fake", "content": content,

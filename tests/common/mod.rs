@@ -63,13 +63,19 @@ impl Env {
 
     /// `sup COMMAND… --model script:… --json ARGS…`, the turns scripted.
     pub fn json(&self, command: &[&str], turns: Value, args: &[&str]) -> Run {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        self.human(command, turns, &all)
+    }
+
+    /// `sup COMMAND… --model script:… ARGS…`: the human trace on stderr.
+    pub fn human(&self, command: &[&str], turns: Value, args: &[&str]) -> Run {
         let script = self.script(turns);
         let out = self
             .sup()
             .args(command)
             .arg("--model")
             .arg(format!("script:{}", script.display()))
-            .arg("--json")
             .args(args)
             .output()
             .unwrap();
