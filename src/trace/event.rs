@@ -229,43 +229,153 @@ impl Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ToolCall;
+
+    /// Each kind's number: exhaustive, so a new kind must be numbered here, and the test
+    /// below then fails until it has an example.
+    fn kind(e: &Event) -> usize {
+        match e {
+            Event::RunStarted { .. } => 0,
+            Event::Notice { .. } => 1,
+            Event::TryStarted { .. } => 2,
+            Event::StepStarted { .. } => 3,
+            Event::TextDelta { .. } => 4,
+            Event::ModelText { .. } => 5,
+            Event::ToolCall { .. } => 6,
+            Event::ToolResult { .. } => 7,
+            Event::StepFinished { .. } => 8,
+            Event::ApprovalRequested { .. } => 9,
+            Event::Approval { .. } => 10,
+            Event::WorkFinished { .. } => 11,
+            Event::Check { .. } => 12,
+            Event::TryFinished { .. } => 13,
+            Event::Message { .. } => 14,
+            Event::Result { .. } => 15,
+        }
+    }
+    const KINDS: usize = 16;
+
+    fn report() -> CheckReport {
+        CheckReport {
+            name: "c".into(),
+            passed: false,
+            exit_status: Some(1),
+            outcome: "exit 1".into(),
+            duration_ms: 3,
+            output_tail: "x".into(),
+            output_path: Some("/runs/r/try-1/c.log".into()),
+        }
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            cache_read_tokens: 2,
+            cache_write_tokens: 1,
+        }
+    }
 
     #[test]
     fn every_event_reads_back_from_its_json() {
         let events = vec![
+            Event::RunStarted {
+                run_id: "r".into(),
+                model: "script:x".into(),
+                workspace: "/w".into(),
+                prompt: "p".into(),
+            },
+            Event::Notice { text: "n".into() },
+            Event::TryStarted { r#try: 1, tries: 3 },
+            Event::StepStarted { step: 2 },
+            Event::TextDelta { text: "par".into() },
+            Event::ModelText {
+                step: 2,
+                text: "partial".into(),
+            },
+            Event::ToolCall {
+                step: 2,
+                id: "c1".into(),
+                name: "read_file".into(),
+                input: serde_json::json!({"path": "a.txt"}),
+            },
+            Event::ToolResult {
+                step: 2,
+                id: "c1".into(),
+                name: "read_file".into(),
+                content: "alpha".into(),
+                is_error: true,
+                started_ms: 1.5,
+                finished_ms: 2.25,
+            },
+            Event::StepFinished {
+                step: 2,
+                usage: usage(),
+                total_usage: usage(),
+            },
+            Event::ApprovalRequested {
+                id: "c1".into(),
+                request: "a-1".into(),
+                tool: "run_command".into(),
+                input: "{}".into(),
+                deadline: "2026-01-01T00:00:00Z".into(),
+            },
+            Event::Approval {
+                id: "c1".into(),
+                tool: "run_command".into(),
+                decision: "denied".into(),
+                by: "rule deny `x`".into(),
+                reason: Some("no".into()),
+            },
+            Event::WorkFinished {
+                stop_reason: StopReason::Error,
+                steps: 1,
+                error: Some("boom".into()),
+            },
+            Event::Check {
+                r#try: 1,
+                report: report(),
+            },
+            Event::TryFinished {
+                r#try: 1,
+                passed: false,
+                stop_reason: StopReason::Final,
+            },
+            Event::Message {
+                message: Message::Assistant {
+                    text: "t".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "c1".into(),
+                        name: "read_file".into(),
+                        arguments: "{}".into(),
+                    }],
+                    reasoning: Some("because".into()),
+                },
+            },
             Event::Result {
                 status: Status::Unfinished,
                 stop_reason: StopReason::MaxSteps,
                 tries: 1,
                 steps: 3,
-                usage: Usage::default(),
+                usage: usage(),
                 run_id: "r".into(),
-                answer: None,
-                error: None,
-                checks: Vec::new(),
-            },
-            Event::Check {
-                r#try: 1,
-                report: CheckReport {
-                    name: "c".into(),
-                    passed: false,
-                    exit_status: Some(1),
-                    outcome: "exit 1".into(),
-                    duration_ms: 3,
-                    output_tail: "x".into(),
-                    output_path: None,
-                },
-            },
-            Event::WorkFinished {
-                stop_reason: StopReason::Final,
-                steps: 1,
-                error: None,
+                answer: Some("a".into()),
+                error: Some("e".into()),
+                checks: vec![vec![report()]],
             },
         ];
-        for e in events {
-            let json = serde_json::to_string(&e).unwrap();
+        let mut covered = [false; KINDS];
+        for e in &events {
+            covered[kind(e)] = true;
+            let json = serde_json::to_string(e).unwrap();
             let back: Event = serde_json::from_str(&json).unwrap();
+            assert_eq!(kind(&back), kind(e), "{json}");
             assert_eq!(serde_json::to_string(&back).unwrap(), json);
         }
+        let missing: Vec<usize> = (0..KINDS).filter(|k| !covered[*k]).collect();
+        assert!(
+            missing.is_empty(),
+            "event kinds without an example: {missing:?}"
+        );
     }
 }
