@@ -5,8 +5,10 @@
 pub mod approval;
 pub mod cli;
 pub mod model;
+pub mod notify;
 pub mod schedule;
 pub mod store;
+pub mod template;
 pub mod tools;
 pub mod trace;
 pub mod verify;

@@ -3,6 +3,8 @@
 
 mod manage;
 mod run;
+mod service;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -126,6 +128,19 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Health for monitors: per goal the last and next occurrence, the last verdict, and
+    /// whether it is overdue; exit 0 when every goal is healthy, 1 otherwise.
+    Status {
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the daemon as a service: a systemd unit (a launchd agent on macOS).
+    Service {
+        #[command(subcommand)]
+        action: service::Action,
+    },
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -201,6 +216,29 @@ pub struct Common {
     /// An MCP server over stdio: NAME=COMMAND (split at spaces); its tools are NAME__TOOL.
     #[arg(long, value_parser = mcp_server)]
     pub mcp: Vec<crate::tools::mcp::ServerSpec>,
+    /// A template parameter, `{{ params.NAME }}` in the prompt; wins over `[params]`.
+    #[arg(long = "param", value_name = "NAME=VALUE", value_parser = param)]
+    pub params: Vec<(String, String)>,
+    /// US dollars this run may spend at most, all tries (wins over the goal's `max_cost`).
+    #[arg(long, value_name = "USD", value_parser = cost)]
+    pub max_cost: Option<f64>,
+    /// Print the effective settings and where each came from, then exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+fn param(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("`{s}`: write NAME=VALUE")),
+    }
+}
+
+fn cost(s: &str) -> Result<f64, String> {
+    match s.trim().trim_start_matches('$').parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}` is not a cost: write US dollars, 0 or more, e.g. 0.50")),
+    }
 }
 
 fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
@@ -352,6 +390,8 @@ pub fn main() -> ExitCode {
             Command::Approvals { json } => manage::approvals(json),
             Command::Approve { id, always } => manage::answer(&id, true, always, None),
             Command::Deny { id, reason } => manage::answer(&id, false, false, reason),
+            Command::Status { goals, json } => status::status(&goals, json),
+            Command::Service { action } => service::service(action),
         }
     });
     // Tool processes are killed by their own guards; do not wait on stragglers.

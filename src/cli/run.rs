@@ -72,6 +72,8 @@ pub fn overrides(c: &Common) -> Result<Overrides, Fail> {
         deny: c.deny.clone(),
         approval_timeout: c.approval_timeout,
         mcp: c.mcp.clone(),
+        params: c.params.clone(),
+        max_cost: c.max_cost,
         ..Overrides::default()
     })
 }

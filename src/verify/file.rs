@@ -23,8 +23,8 @@ pub struct GoalFileError {
 #[serde(deny_unknown_fields)]
 struct Raw {
     name: Option<String>,
-    prompt: Option<String>,
-    system: Option<String>,
+    prompt: Option<Spanned<String>>,
+    system: Option<Spanned<String>>,
     model: Option<String>,
     workspace: Option<String>,
     tries: Option<u32>,
@@ -47,6 +47,13 @@ struct Raw {
     #[serde(default)]
     mcp: Vec<Spanned<RawMcp>>,
     approval_rules: Option<RawRules>,
+    #[serde(default)]
+    notify: Vec<Spanned<crate::notify::RawNotify>>,
+    max_cost: Option<Spanned<f64>>,
+    max_cost_per_day: Option<Spanned<f64>>,
+    unknown_price: Option<Spanned<String>>,
+    #[serde(default)]
+    params: std::collections::BTreeMap<String, Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -137,6 +144,37 @@ pub struct GoalFile {
     pub tools: Vec<ToolDef>,
     pub mcp: Vec<RawMcp>,
     pub approval_rules: RawRules,
+    /// The file lines where the prompt's and the system prompt's texts begin (templates).
+    pub prompt_line: usize,
+    pub system_line: usize,
+    pub notify: Vec<crate::notify::Notify>,
+    /// US dollars per run (all tries).
+    pub max_cost: Option<f64>,
+    /// US dollars per calendar day in the goal's time zone.
+    pub max_cost_per_day: Option<f64>,
+    /// `unknown_price = "allow"`: a cost cap with an unpriced model runs without the cap.
+    pub unknown_price_allow: Option<bool>,
+    /// `[params]`, for `{{ params.NAME }}`.
+    pub params: std::collections::BTreeMap<String, String>,
+}
+
+/// The line where a string value's text begins: a multi-line string's first newline is
+/// not part of it.
+fn text_line(text: &str, start: usize) -> usize {
+    let rest = &text[start.min(text.len())..];
+    let multi = ["\"\"\"\n", "'''\n", "\"\"\"\r\n", "'''\r\n"]
+        .iter()
+        .any(|q| rest.starts_with(q));
+    line_at(text, start) + usize::from(multi)
+}
+
+/// `unknown_price = "allow" | "refuse"`.
+pub fn unknown_price(s: &str) -> Option<bool> {
+    match s {
+        "allow" => Some(true),
+        "refuse" => Some(false),
+        _ => None,
+    }
 }
 
 fn line_at(text: &str, offset: usize) -> usize {
@@ -294,6 +332,68 @@ impl GoalFile {
                 ),
             ));
         }
+        let mut notify = Vec::new();
+        for n in raw.notify {
+            let line = line_at(text, n.span().start);
+            notify.push(
+                crate::notify::Notify::parse(n.into_inner())
+                    .map_err(|e| err(line, e.to_string()))?,
+            );
+        }
+        let cost = |key: &str, v: Option<Spanned<f64>>| -> Result<Option<f64>, GoalFileError> {
+            v.map(|v| {
+                let line = line_at(text, v.span().start);
+                let v = v.into_inner();
+                if v >= 0.0 && v.is_finite() {
+                    Ok(v)
+                } else {
+                    Err(err(
+                        line,
+                        format!("key `{key}`: {v} is not a cost; write US dollars, 0 or more"),
+                    ))
+                }
+            })
+            .transpose()
+        };
+        let max_cost = cost("max_cost", raw.max_cost)?;
+        let max_cost_per_day = cost("max_cost_per_day", raw.max_cost_per_day)?;
+        let unknown_price_allow = match raw.unknown_price {
+            Some(u) => Some(unknown_price(u.get_ref()).ok_or_else(|| {
+                err(
+                    line_at(text, u.span().start),
+                    format!(
+                        "key `unknown_price`: `{}` is not a choice; use allow or refuse",
+                        u.get_ref()
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        let mut params = std::collections::BTreeMap::new();
+        for (k, v) in raw.params {
+            let line = line_at(text, v.span().start);
+            let v = match v.into_inner() {
+                toml::Value::String(s) => s,
+                v @ (toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)) => {
+                    v.to_string()
+                }
+                _ => {
+                    return Err(err(
+                        line,
+                        format!("key `params.{k}`: a parameter is a string, number or boolean"),
+                    ));
+                }
+            };
+            params.insert(k, v);
+        }
+        let prompt_line = raw
+            .prompt
+            .as_ref()
+            .map_or(0, |p| text_line(text, p.span().start));
+        let system_line = raw
+            .system
+            .as_ref()
+            .map_or(0, |p| text_line(text, p.span().start));
         if let Some(a) = &raw.approval
             && !["ask", "queue", "auto", "never"].contains(&a.get_ref().as_str())
         {
@@ -308,8 +408,8 @@ impl GoalFile {
         Ok(GoalFile {
             path: path.to_path_buf(),
             name,
-            prompt: raw.prompt,
-            system: raw.system,
+            prompt: raw.prompt.map(Spanned::into_inner),
+            system: raw.system.map(Spanned::into_inner),
             model: raw.model,
             workspace: raw.workspace.map(|w| dir.join(w)),
             tries: raw.tries,
@@ -329,6 +429,13 @@ impl GoalFile {
             tools,
             mcp,
             approval_rules: raw.approval_rules.unwrap_or_default(),
+            prompt_line,
+            system_line,
+            notify,
+            max_cost,
+            max_cost_per_day,
+            unknown_price_allow,
+            params,
         })
     }
 }

@@ -22,7 +22,11 @@ use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
+use crate::model::prices::{Price, Prices};
+use crate::notify::{Notice, Notifier, Notify, RawNotify};
+use crate::template::{self, Source};
 use crate::work::Limits;
+use std::collections::BTreeMap;
 
 /// Runs kept per goal unless the goal file says `keep_runs`.
 pub const DEFAULT_KEEP_RUNS: u32 = 100;
@@ -77,6 +81,10 @@ pub struct Overrides {
     pub approval_timeout: Option<Duration>,
     /// MCP servers from `--mcp`, added to the goal file's.
     pub mcp: Vec<ServerSpec>,
+    /// `--param NAME=VALUE`, over the goal file's `[params]`.
+    pub params: Vec<(String, String)>,
+    /// `--max-cost USD`: wins over the goal file's `max_cost`.
+    pub max_cost: Option<f64>,
 }
 
 /// Everything a run is made of, before it starts.
@@ -95,6 +103,19 @@ pub struct RunSpec {
     pub rules: Rules,
     pub approval_timeout: Duration,
     pub mcp: Vec<ServerSpec>,
+    /// The prompt and system prompt as written; `goal.prompt` and `goal.system` are
+    /// rendered from them at the start of each run.
+    pub prompt_src: Source,
+    pub system_src: Source,
+    pub params: BTreeMap<String, String>,
+    /// The goal's time zone (`timezone`, else the machine's).
+    pub timezone: chrono_tz::Tz,
+    /// Goal file's and user config's `[[notify]]` tables.
+    pub notify: Vec<Notify>,
+    /// The model's price, when known.
+    pub price: Option<Price>,
+    pub max_cost: Option<f64>,
+    pub max_cost_per_day: Option<f64>,
 }
 
 fn usage(msg: impl Into<String>) -> LaunchError {
@@ -164,6 +185,8 @@ impl RunSpec {
                 .unwrap_or(defaults.tool_timeout),
             output_cap: o.output_cap.unwrap_or(defaults.output_cap),
             repeat_limit: defaults.repeat_limit,
+            price: None,
+            max_cost: None,
         };
         if limits.max_steps == 0 {
             return Err(usage("--max-steps must be at least 1"));
@@ -176,6 +199,35 @@ impl RunSpec {
             .clone()
             .or_else(|| file.and_then(|f| f.system.clone()))
             .unwrap_or_else(|| default_system(&workspace));
+        let source = |text: &str, flag: bool, line: usize, what: &str| Source {
+            text: text.to_string(),
+            file: match file {
+                Some(f) if !flag => f.path.display().to_string(),
+                _ => format!("(the {what} on the command line)"),
+            },
+            line: if flag { 1 } else { line.max(1) },
+        };
+        let prompt_src = source(
+            &prompt,
+            o.prompt.is_some(),
+            file.map_or(1, |f| f.prompt_line),
+            "prompt",
+        );
+        let system_src = source(
+            &system,
+            o.system.is_some() || file.is_none_or(|f| f.system.is_none()),
+            file.map_or(1, |f| f.system_line),
+            "system prompt",
+        );
+        let mut params = file.map(|f| f.params.clone()).unwrap_or_default();
+        params.extend(o.params.iter().cloned());
+        prompt_src.check(&params).map_err(|e| usage(e.to_string()))?;
+        system_src.check(&params).map_err(|e| usage(e.to_string()))?;
+        let timezone = match file.and_then(|f| f.timezone.as_ref()) {
+            Some(z) => crate::schedule::cron::parse_zone(&z.value)
+                .map_err(|m| usage(format!("{}:{}: key `timezone`: {m}", f_path(file), z.line)))?,
+            None => crate::schedule::cron::local_zone(),
+        };
         let mut checks = if o.checks.is_empty() {
             file.map(|f| f.checks.clone()).unwrap_or_default()
         } else {
@@ -197,7 +249,8 @@ impl RunSpec {
             return Err(usage("--tries must be at least 1"));
         }
         let file_rules = file.map(|f| f.approval_rules.clone()).unwrap_or_default();
-        let mut rules = user_rules()?;
+        let user = user_config()?;
+        let mut rules = user.rules;
         rules.extend(Rules::parse(
             &file_rules.allow,
             &file_rules.ask,
@@ -217,6 +270,31 @@ impl RunSpec {
             .clone()
             .or_else(|| file.map(|f| f.name.clone()))
             .unwrap_or_else(|| "run".into());
+        if o.max_cost.is_some_and(|c| !(c >= 0.0 && c.is_finite())) {
+            return Err(usage("--max-cost is US dollars, 0 or more"));
+        }
+        let max_cost = o.max_cost.or_else(|| file.and_then(|f| f.max_cost));
+        let max_cost_per_day = file.and_then(|f| f.max_cost_per_day);
+        let price = user.prices.get(&model);
+        let allow_unknown = file
+            .and_then(|f| f.unknown_price_allow)
+            .or(user.unknown_price_allow)
+            .unwrap_or(false);
+        if price.is_none() && (max_cost.is_some() || max_cost_per_day.is_some()) && !allow_unknown
+        {
+            return Err(usage(format!(
+                "the price of `{model}` is unknown, so its cost cap cannot be kept: add it to \
+                 the user config ({}):\n  [prices.\"{model}\"]\n  input = 1.0    # US dollars \
+                 per million input tokens\n  output = 4.0\n  cache_read = 0.1\n  \
+                 cache_write = 1.25\nor set `unknown_price = \"allow\"` to run without the cap",
+                user_config_path().map_or_else(
+                    || "~/.config/sup/config.toml".to_string(),
+                    |p| p.display().to_string()
+                )
+            )));
+        }
+        let mut notify = file.map(|f| f.notify.clone()).unwrap_or_default();
+        notify.extend(user.notify);
         Ok(RunSpec {
             goal: Goal {
                 name,
@@ -257,6 +335,14 @@ impl RunSpec {
                 .approval_timeout
                 .or_else(|| file.and_then(|f| f.approval_timeout))
                 .unwrap_or(approval::DEFAULT_TIMEOUT),
+            prompt_src,
+            system_src,
+            params,
+            timezone,
+            notify,
+            price,
+            max_cost,
+            max_cost_per_day,
         })
     }
 }
@@ -274,17 +360,36 @@ pub fn user_config_path() -> Option<PathBuf> {
     Some(base.join("sup/config.toml"))
 }
 
+fn f_path(file: Option<&GoalFile>) -> String {
+    file.map(|f| f.path.display().to_string())
+        .unwrap_or_default()
+}
+
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct UserConfig {
     #[serde(default)]
     approval_rules: crate::verify::file::RawRules,
+    #[serde(default)]
+    notify: Vec<toml::Spanned<RawNotify>>,
+    #[serde(default)]
+    prices: BTreeMap<String, Price>,
+    unknown_price: Option<String>,
 }
 
-/// Approval rules from the user's config file (none when it does not exist).
-fn user_rules() -> Result<Rules, LaunchError> {
+/// What the user's config file says for every goal.
+#[derive(Default)]
+struct User {
+    rules: Rules,
+    notify: Vec<Notify>,
+    prices: Prices,
+    unknown_price_allow: Option<bool>,
+}
+
+/// The user's config file (nothing when it does not exist).
+fn user_config() -> Result<User, LaunchError> {
     let Some(path) = user_config_path().filter(|p| p.exists()) else {
-        return Ok(Rules::default());
+        return Ok(User::default());
     };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
@@ -294,8 +399,30 @@ fn user_rules() -> Result<Rules, LaunchError> {
             .map_or(0, |s| text[..s.start].matches('\n').count() + 1);
         usage(format!("{}:{line}: {}", path.display(), e.message().trim()))
     })?;
+    let line = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+    let at = |offset: usize, e: String| usage(format!("{}:{}: {e}", path.display(), line(offset)));
+    let mut notify = Vec::new();
+    for n in config.notify {
+        let start = n.span().start;
+        notify.push(Notify::parse(n.into_inner()).map_err(|e| at(start, e.to_string()))?);
+    }
+    let unknown_price_allow = match config.unknown_price.as_deref() {
+        Some(u) => Some(crate::verify::file::unknown_price(u).ok_or_else(|| {
+            usage(format!(
+                "{}: key `unknown_price`: `{u}` is not a choice; use allow or refuse",
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
     let r = config.approval_rules;
-    Ok(Rules::parse(&r.allow, &r.ask, &r.deny)?)
+    Ok(User {
+        rules: Rules::parse(&r.allow, &r.ask, &r.deny)?,
+        notify,
+        prices: Prices::new(config.prices)
+            .map_err(|e| usage(format!("{}: {e}", path.display())))?,
+        unknown_price_allow,
+    })
 }
 
 /// A check from `--check FILE`; `human` is a person.
@@ -398,6 +525,79 @@ fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Ev
     )
 }
 
+/// The goal as this run sees it: templates rendered, the price and the cost cap set (the
+/// smaller of `max_cost` and what is left of `max_cost_per_day` today).
+fn this_run(
+    spec: &RunSpec,
+    db: &Db,
+    trigger: Trigger,
+    previous: Option<&crate::store::db::RunRow>,
+) -> Result<Goal, LaunchError> {
+    let now = Utc::now();
+    let mut goal = spec.goal.clone();
+    let ctx = template::Context::new(
+        spec.timezone,
+        now,
+        &goal.name,
+        trigger.kind,
+        trigger.scheduled_for,
+        previous.map(|p| previous_of(db, p)).unwrap_or_default(),
+        spec.params.clone(),
+    );
+    goal.prompt = spec
+        .prompt_src
+        .render(&ctx)
+        .map_err(|e| usage(e.to_string()))?;
+    goal.system = spec
+        .system_src
+        .render(&ctx)
+        .map_err(|e| usage(e.to_string()))?;
+    goal.limits.price = spec.price;
+    if spec.price.is_some() {
+        let left_today = match spec.max_cost_per_day {
+            Some(cap) => {
+                let day = now.with_timezone(&spec.timezone).date_naive();
+                let midnight = day
+                    .and_hms_opt(0, 0, 0)
+                    .and_then(|t| {
+                        chrono::TimeZone::from_local_datetime(&spec.timezone, &t).earliest()
+                    })
+                    .map_or(now, |t| t.with_timezone(&Utc));
+                Some(cap - db.cost_since(&goal.name, midnight)?)
+            }
+            None => None,
+        };
+        goal.limits.max_cost = match (spec.max_cost, left_today) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(goal)
+}
+
+/// The previous run as templates see it.
+fn previous_of(db: &Db, p: &crate::store::db::RunRow) -> template::Previous {
+    let checks = db.checks(&p.id).unwrap_or_default();
+    let last_try = checks.iter().map(|(t, _)| *t).max().unwrap_or(0);
+    let mut failed = String::new();
+    for (_, c) in checks.iter().filter(|(t, c)| *t == last_try && !c.passed) {
+        failed.push_str(&format!("{} ({})\n", c.name, c.outcome));
+        for path in c.output_path.iter().flat_map(|p| p.split(' ')) {
+            if let Ok((tail, _)) = crate::tools::process::read_tail(Path::new(path), 2000) {
+                failed.push_str(&tail);
+                if !tail.ends_with('\n') {
+                    failed.push('\n');
+                }
+            }
+        }
+    }
+    template::Previous {
+        status: p.status.clone(),
+        answer: p.answer.clone().unwrap_or_default(),
+        failed_checks: failed,
+    }
+}
+
 /// Set up and run `spec` to its end, recording it in the store under `home`.
 pub async fn launch(
     spec: &RunSpec,
@@ -412,6 +612,8 @@ pub async fn launch(
     }
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
+    let previous = db.previous_run(&spec.goal.name, "")?;
+    let goal = this_run(spec, &db, trigger, previous.as_ref())?;
     let run = RunDir::create(home)?;
     // MCP servers start before the first model call; one that cannot start ends the run
     // here, before anything was recorded.
@@ -434,6 +636,10 @@ pub async fn launch(
     for sink in sinks {
         events = events.with(sink);
     }
+    let notifier = Notifier::new(home, spec.notify.clone());
+    if !spec.notify.is_empty() {
+        events = events.with(notifier.approvals(&goal.name, &run.id, trigger.kind));
+    }
     db.start_run(&NewRun {
         id: &run.id,
         goal: &spec.goal.name,
@@ -447,9 +653,18 @@ pub async fn launch(
         run_id: run.id.clone(),
         model: model.name().to_string(),
         workspace: spec.goal.workspace.display().to_string(),
-        prompt: spec.goal.prompt.clone(),
+        prompt: goal.prompt.clone(),
     });
     let gate = gate(spec, trigger, &run.id, home, &events);
+    if spec.price.is_none() && (spec.max_cost.is_some() || spec.max_cost_per_day.is_some()) {
+        events.emit(Event::Notice {
+            text: format!(
+                "cost: the price of {} is unknown (unknown_price = \"allow\"), so no cost cap \
+                 is kept",
+                spec.model
+            ),
+        });
+    }
     let rt = Runtime {
         model: model.as_ref(),
         tools: &tools,
@@ -458,7 +673,7 @@ pub async fn launch(
         run: &run,
         gate: Some(&gate),
     };
-    let outcome = super::run(&spec.goal, &rt).await;
+    let outcome = super::run(&goal, &rt).await;
     servers.shutdown().await;
     events.emit(outcome.event(&run.id));
     db.finish_run(
@@ -469,10 +684,25 @@ pub async fn launch(
             tries: outcome.tries,
             steps: outcome.steps,
             usage: outcome.usage,
+            cost: outcome.cost,
+            answer: outcome.answer.as_deref(),
             error: outcome.error.as_deref(),
             checks: &outcome.checks,
         },
     )?;
+    // Built from what was recorded; the outcome is final before anyone is told.
+    if !spec.notify.is_empty() {
+        match db.run(&run.id) {
+            Ok(row) => {
+                if let Some((kinds, notice)) =
+                    Notice::of_run(&row, &outcome.checks, previous.as_ref())
+                {
+                    notifier.send(&kinds, &notice).await;
+                }
+            }
+            Err(e) => tracing::warn!("no notice for run {}: {e}", run.id),
+        }
+    }
     for dir in db.prune(&spec.goal.name, spec.keep_runs)? {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             tracing::warn!("cannot remove the pruned run folder {dir}: {e}");
