@@ -1,6 +1,6 @@
 //! Prompt templates (minijinja): a prompt or system prompt with `{{ … }}` is rendered at
 //! the start of each run with the date, the trigger, the goal's previous run and the
-//! `[params]`; one without template syntax is used exactly as written. Unknown variables
+//! `[params]`; one without `{{` is used exactly as written. Unknown variables
 //! and syntax errors are found when the goal is loaded, and name the file and line.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,9 +31,9 @@ const VARIABLES: &str = "date, time, now, goal, trigger, scheduled_for, previous
 
 const PREVIOUS: &[&str] = &["status", "answer", "failed_checks"];
 
-/// Whether `text` uses template syntax at all.
+/// Whether `text` is a template: it has `{{`. Anything else is used exactly as written.
 pub fn is_template(text: &str) -> bool {
-    text.contains("{{") || text.contains("{%") || text.contains("{#")
+    text.contains("{{")
 }
 
 /// The goal's run before this one, as templates see it (empty strings when there was none).

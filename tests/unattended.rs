@@ -359,8 +359,10 @@ fn a_command_channel_gets_the_notice_on_stdin() {
 /// A Chat Completions answer that reports `prompt_tokens` of input and no output.
 fn priced_turn(call: Option<&str>, prompt_tokens: u64) -> Reply {
     let message = match call {
+        // Each call reads another (missing) file, so no two calls repeat.
         Some(id) => json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": id, "type": "function", "function": {"name": "list_files", "arguments": "{\"path\": \".\"}"}}]}),
+            {"id": id, "type": "function", "function": {"name": "read_file",
+             "arguments": json!({"path": format!("{id}.txt")}).to_string()}}]}),
         None => json!({"role": "assistant", "content": "finished"}),
     };
     Reply::json(
@@ -537,7 +539,7 @@ fn the_previous_answer_carries_over_between_two_daemon_runs() {
 #[test]
 fn a_prompt_without_template_syntax_is_used_as_written() {
     let env = Env::new();
-    let prompt = "Keep {braces} and {% as they are";
+    let prompt = "Keep {braces}, {% and %} as they are";
     let run = env.json(&["run", prompt], json!([{"text": "ok"}]), &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let started = run.of_type("run_started");
@@ -695,7 +697,7 @@ fn print_config_shows_each_setting_and_where_it_came_from() {
     let file = goal_file(
         &env,
         "cfg",
-        "prompt = \"p\"\nmax_steps = 7\nmax_cost_per_day = 2\n",
+        "prompt = \"p\"\nmax_steps = 7\nmax_cost_per_day = 2\nunknown_price = \"allow\"\n",
         json!([{"text": "done"}]),
     );
     let o = env
