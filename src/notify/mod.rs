@@ -157,7 +157,7 @@ impl Notify {
                 .collect::<Result<_, _>>()?,
         };
         let timeout = match raw.timeout {
-            Some(t) => crate::verify::file::parse_duration(&t).map_err(NotifyError::Timeout)?,
+            Some(t) => crate::config::parse_duration(&t).map_err(NotifyError::Timeout)?,
             None => DEFAULT_TIMEOUT,
         };
         if timeout.is_zero() {
