@@ -157,9 +157,7 @@ impl Source {
             };
             if !known {
                 let hint = if head == "params" {
-                    format!(
-                        "; set it under [params] in the goal file or with --param {rest}=VALUE"
-                    )
+                    format!("; set it under [params] in the goal file or with --param {rest}=VALUE")
                 } else {
                     format!("; the variables are {VARIABLES}")
                 };
@@ -179,7 +177,8 @@ impl Source {
             Previous::default(),
             params.clone(),
         );
-        tmpl.render(minijinja::value::Serde(&sample)).map_err(|e| self.minijinja(&e))?;
+        tmpl.render(minijinja::value::Serde(&sample))
+            .map_err(|e| self.minijinja(&e))?;
         Ok(())
     }
 
@@ -244,7 +243,9 @@ mod tests {
     #[test]
     fn unknown_variables_and_syntax_errors_name_the_line() {
         let params = BTreeMap::new();
-        let e = src("line one\n{{ previous.anwser }}").check(&params).unwrap_err();
+        let e = src("line one\n{{ previous.anwser }}")
+            .check(&params)
+            .unwrap_err();
         assert_eq!(e.line, 4, "{e}");
         assert!(e.to_string().contains("previous.anwser"), "{e}");
         let e = src("a\nb\n{{ params.city }}").check(&params).unwrap_err();

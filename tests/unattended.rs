@@ -240,7 +240,14 @@ fn a_queued_approval_sends_a_notice_with_its_request_id() {
     let mut child = env
         .sup()
         .env("SUP_CONFIG", env.home.path().join("config.toml"))
-        .args(["run", "make a file", "--approval", "queue", "--json", "--model"])
+        .args([
+            "run",
+            "make a file",
+            "--approval",
+            "queue",
+            "--json",
+            "--model",
+        ])
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -259,7 +266,12 @@ fn a_queued_approval_sends_a_notice_with_its_request_id() {
     let (code, _, err) = out(&env, &["deny", &id, "--reason", "not now"]);
     assert_eq!(code, 0, "{err}");
     let mut stdout = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
     assert!(!env.ws().join("made-by-agent").exists());
     assert_eq!(hook.got().len(), 1, "only approval_needed was asked for");
@@ -327,12 +339,19 @@ fn a_receiver_that_never_answers_or_is_down_changes_nothing_but_a_bounded_wait()
     let run = common::Run::new(o);
     assert_eq!(run.code, 1, "the outcome is the checks': {}", run.stderr);
     assert_eq!(run.result()["status"], "failed");
-    assert_eq!(hook.got().len(), 1, "no second attempt after the time is up");
+    assert_eq!(
+        hook.got().len(),
+        1,
+        "no second attempt after the time is up"
+    );
     // The run itself takes well under a second; the notices add at most their timeout.
     assert!(took < Duration::from_secs(2 + 6), "took {took:?}");
     let run_id = run.result()["run_id"].as_str().unwrap();
     let (_, shown, _) = out(&env, &["show", run_id]);
-    assert!(shown.contains("no answer within the notify timeout of 2s"), "{shown}");
+    assert!(
+        shown.contains("no answer within the notify timeout of 2s"),
+        "{shown}"
+    );
     assert!(shown.contains("cannot reach it"), "{shown}");
 }
 
@@ -400,7 +419,13 @@ fn a_cost_cap_stops_before_the_call_that_would_pass_it() {
         .env("SUP_CONFIG", &config)
         .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
         .args([
-            "run", "list files", "--model", "openai:fake", "--no-stream", "--max-cost", "7",
+            "run",
+            "list files",
+            "--model",
+            "openai:fake",
+            "--no-stream",
+            "--max-cost",
+            "7",
             "--json",
         ])
         .output()
@@ -412,7 +437,10 @@ fn a_cost_cap_stops_before_the_call_that_would_pass_it() {
     assert_eq!(result["status"], "unfinished");
     // Before call 4: $6 spent + ~2000 tokens coming at $1000/M = $8 > $7: not made.
     assert_eq!(server.requests().len(), 3);
-    assert!((result["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9, "{result}");
+    assert!(
+        (result["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9,
+        "{result}"
+    );
     let steps = run.of_type("step_finished");
     assert!((steps[0]["cost"].as_f64().unwrap() - 2.0).abs() < 1e-9);
     assert!((steps[2]["total_cost"].as_f64().unwrap() - 6.0).abs() < 1e-9);
@@ -562,13 +590,37 @@ fn a_param_flag_fills_the_prompt() {
 fn bad_input_is_exit_2_with_file_and_line() {
     let env = Env::new();
     let cases = [
-        ("prompt = \"p\"\n[[notify]]\nwebhook = \"http://127.0.0.1:9/\"\non = [\"faild\"]\n", 2, "faild"),
-        ("prompt = \"p\"\n\n[[notify]]\non = [\"failed\"]\n", 3, "exactly one channel"),
-        ("prompt = \"p\"\n[[notify]]\nwebhook = \"http://127.0.0.1:9/\"\ncommand = [\"cat\"]\n", 2, "exactly one channel"),
-        ("prompt = \"p\"\n[[notify]]\nwebhook = \"localhost:80/x\"\n", 2, "not an http(s) URL"),
+        (
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"http://127.0.0.1:9/\"\non = [\"faild\"]\n",
+            2,
+            "faild",
+        ),
+        (
+            "prompt = \"p\"\n\n[[notify]]\non = [\"failed\"]\n",
+            3,
+            "exactly one channel",
+        ),
+        (
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"http://127.0.0.1:9/\"\ncommand = [\"cat\"]\n",
+            2,
+            "exactly one channel",
+        ),
+        (
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"localhost:80/x\"\n",
+            2,
+            "not an http(s) URL",
+        ),
         ("prompt = \"p\"\nmax_cost = -1\n", 2, "max_cost"),
-        ("prompt = \"p\"\n\nmax_cost_per_day = -0.5\n", 3, "max_cost_per_day"),
-        ("tries = 1\nprompt = \"\"\"\nfirst line\n{{ previous.anwser }}\"\"\"\n", 4, "previous.anwser"),
+        (
+            "prompt = \"p\"\n\nmax_cost_per_day = -0.5\n",
+            3,
+            "max_cost_per_day",
+        ),
+        (
+            "tries = 1\nprompt = \"\"\"\nfirst line\n{{ previous.anwser }}\"\"\"\n",
+            4,
+            "previous.anwser",
+        ),
         ("prompt = \"{{ params.city }}\"\n", 1, "params.city"),
         ("prompt = \"{{ date \"\n", 1, "template"),
     ];
@@ -646,19 +698,38 @@ fn service_install_writes_a_unit_that_systemd_accepts_and_uninstall_removes_it()
     let o = env
         .sup()
         .env("XDG_CONFIG_HOME", &config)
-        .args(["service", "install", "--user", "--no-enable", "--grace", "45s", "--goals"])
+        .args([
+            "service",
+            "install",
+            "--user",
+            "--no-enable",
+            "--grace",
+            "45s",
+            "--goals",
+        ])
         .arg(&goals)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let unit_path = config.join("systemd/user/sup.service");
     let unit = std::fs::read_to_string(&unit_path).unwrap();
     let goals = std::fs::canonicalize(&goals).unwrap();
     let home = std::fs::canonicalize(env.home.path()).unwrap();
     assert!(unit.contains("Restart=on-failure"), "{unit}");
     assert!(unit.contains("KillMode=mixed"), "{unit}");
-    assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"), "{unit}");
-    assert!(unit.contains("TimeoutStopSec=75"), "longer than --grace: {unit}");
+    assert!(
+        unit.contains("ExecReload=/bin/kill -HUP $MAINPID"),
+        "{unit}"
+    );
+    assert!(
+        unit.contains("TimeoutStopSec=75"),
+        "longer than --grace: {unit}"
+    );
     assert!(
         unit.contains(&format!("--goals \"{}\"", goals.display())),
         "{unit}"
@@ -708,7 +779,12 @@ fn print_config_shows_each_setting_and_where_it_came_from() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let line = |key: &str| {
         text.lines()
             .find(|l| l.split_whitespace().next() == Some(key))

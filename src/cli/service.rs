@@ -74,7 +74,9 @@ pub struct Spec {
 /// One word of an `ExecStart=` line, quoted when needed; `%` and `$` taken literally.
 fn unit_word(s: &str) -> String {
     let s = s.replace('%', "%%").replace('$', "$$");
-    if s.chars().any(|c| c.is_whitespace() || c == '"' || c == '\'' || c == '\\') {
+    if s.chars()
+        .any(|c| c.is_whitespace() || c == '"' || c == '\'' || c == '\\')
+    {
         format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
     } else {
         s
@@ -177,7 +179,12 @@ pub fn plist(spec: &Spec) -> String {
          \x20 <key>ExitTimeOut</key><integer>{stop}</integer>\n\
          \x20 <key>StandardErrorPath</key><string>{log}</string>\n\
          </dict>\n</plist>\n",
-        workdir = xml(&spec.goals.parent().unwrap_or(&spec.goals).display().to_string()),
+        workdir = xml(&spec
+            .goals
+            .parent()
+            .unwrap_or(&spec.goals)
+            .display()
+            .to_string()),
         stop = (spec.grace + STOP_MARGIN).as_secs(),
         log = xml(&spec.home.join("daemon.log").display().to_string()),
     )
@@ -198,7 +205,8 @@ fn config_home() -> Result<PathBuf, Fail> {
 /// Where the service file goes.
 fn service_path(system: bool) -> Result<PathBuf, Fail> {
     if cfg!(target_os = "macos") {
-        let home = std::env::var_os("HOME").ok_or_else(|| Fail::usage(anyhow!("HOME is not set")))?;
+        let home =
+            std::env::var_os("HOME").ok_or_else(|| Fail::usage(anyhow!("HOME is not set")))?;
         return Ok(PathBuf::from(home).join(format!("Library/LaunchAgents/{LABEL}.plist")));
     }
     Ok(if system {
@@ -209,9 +217,8 @@ fn service_path(system: bool) -> Result<PathBuf, Fail> {
 }
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| d.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
 /// Run a service manager command; its failure says what to run by hand.
@@ -227,7 +234,9 @@ fn manage(program: &str, args: &[&str]) -> Result<(), Fail> {
     } else {
         Err(Fail {
             code: exit::CHECKS_FAILED,
-            error: anyhow!("`{shown}` failed ({status}); the service file is written, run it by hand"),
+            error: anyhow!(
+                "`{shown}` failed ({status}); the service file is written, run it by hand"
+            ),
         })
     }
 }
@@ -277,7 +286,11 @@ pub fn service(action: Action) -> Result<u8, Fail> {
                     .collect(),
                 env_file,
                 run_as: system
-                    .then(|| std::env::var("SUDO_USER").or_else(|_| std::env::var("USER")).ok())
+                    .then(|| {
+                        std::env::var("SUDO_USER")
+                            .or_else(|_| std::env::var("USER"))
+                            .ok()
+                    })
                     .flatten()
                     .filter(|u| u != "root"),
             };

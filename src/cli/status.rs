@@ -18,9 +18,7 @@ use crate::store::db::stamp;
 const SLACK: Duration = Duration::from_secs(120);
 
 /// Occurrence states that are a verdict or on the way to one: not overdue.
-const ACCOUNTED: &[&str] = &[
-    "claimed", "running", "queued", "done", "skipped", "paused",
-];
+const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
 
 pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
     let db = db()?;
@@ -30,7 +28,9 @@ pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
         let g = match g {
             Ok(g) => g,
             Err(e) => {
-                rows.push(json!({"file": path.display().to_string(), "healthy": false, "error": e}));
+                rows.push(
+                    json!({"file": path.display().to_string(), "healthy": false, "error": e}),
+                );
                 continue;
             }
         };
@@ -60,10 +60,10 @@ pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
             }
         }
         let verdict_ok = last.as_ref().is_none_or(|r| r.status == "achieved");
-        let next = g
-            .schedule
-            .as_ref()
-            .and_then(|s| s.next_after(now).map(|t| t.with_timezone(&s.tz).to_rfc3339()));
+        let next = g.schedule.as_ref().and_then(|s| {
+            s.next_after(now)
+                .map(|t| t.with_timezone(&s.tz).to_rfc3339())
+        });
         rows.push(json!({
             "name": name,
             "file": path.display().to_string(),

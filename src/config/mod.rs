@@ -317,13 +317,19 @@ impl<T: Show> Show for Option<T> {
 
 impl<T: Show> Show for Vec<T> {
     fn show(&self) -> String {
-        format!("[{}]", self.iter().map(Show::show).collect::<Vec<_>>().join(", "))
+        format!(
+            "[{}]",
+            self.iter().map(Show::show).collect::<Vec<_>>().join(", ")
+        )
     }
 }
 
 impl<T: Show> Show for BTreeMap<String, T> {
     fn show(&self) -> String {
-        let items: Vec<String> = self.iter().map(|(k, v)| format!("{k} = {}", v.show())).collect();
+        let items: Vec<String> = self
+            .iter()
+            .map(|(k, v)| format!("{k} = {}", v.show()))
+            .collect();
         format!("{{{}}}", items.join(", "))
     }
 }
@@ -357,15 +363,31 @@ macro_rules! show_debug {
 }
 
 show_debug!(
-    String, u32, u64, usize, bool, f64, PathBuf, Mode, Overlap, UnknownPrice, RuleLists,
-    McpServer, RawCheck, RawTool, crate::notify::RawNotify, crate::model::prices::Price
+    String,
+    u32,
+    u64,
+    usize,
+    bool,
+    f64,
+    PathBuf,
+    Mode,
+    Overlap,
+    UnknownPrice,
+    RuleLists,
+    McpServer,
+    RawCheck,
+    RawTool,
+    crate::notify::RawNotify,
+    crate::model::prices::Price
 );
 
 /// `--max-cost`: US dollars, 0 or more.
 fn parse_cost(s: &str) -> Result<f64, String> {
     match s.trim().trim_start_matches('$').parse::<f64>() {
         Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}` is not a cost: write US dollars, 0 or more, e.g. 0.50")),
+        _ => Err(format!(
+            "`{s}` is not a cost: write US dollars, 0 or more, e.g. 0.50"
+        )),
     }
 }
 

@@ -98,7 +98,7 @@ impl Price {
             ("cache_write", self.cache_write),
         ];
         for (key, value) in fields {
-            if let Some(value) = value.filter(|v| !(*v >= 0.0)) {
+            if let Some(value) = value.filter(|v| v.is_nan() || *v < 0.0) {
                 return Err(PriceError::Negative {
                     model: model.to_string(),
                     key,

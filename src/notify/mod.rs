@@ -29,7 +29,9 @@ const TAIL: usize = 2000;
 pub enum NotifyError {
     #[error("key `notify.on`: `{0}` is not an event; use {EVENTS}")]
     UnknownEvent(String),
-    #[error("a [[notify]] table takes exactly one channel: `webhook = \"URL\"` or `command = [\"argv\", …]`")]
+    #[error(
+        "a [[notify]] table takes exactly one channel: `webhook = \"URL\"` or `command = [\"argv\", …]`"
+    )]
     Channel,
     #[error("key `notify.webhook`: `{url}` is not an http(s) URL ({why})")]
     Url { url: String, why: String },
@@ -368,7 +370,10 @@ impl Notice {
                     line.push_str(&format!(" ({r})"));
                 }
                 if let Some(t) = self.tries {
-                    line.push_str(&format!(" after {t} {}", if t == 1 { "try" } else { "tries" }));
+                    line.push_str(&format!(
+                        " after {t} {}",
+                        if t == 1 { "try" } else { "tries" }
+                    ));
                 }
                 line
             }
@@ -384,7 +389,15 @@ impl Notice {
         }
         for c in &self.failed_checks {
             s.push_str(&format!("\n✗ {} · {}", c.name, c.outcome));
-            for l in c.output_tail.lines().rev().take(10).collect::<Vec<_>>().into_iter().rev() {
+            for l in c
+                .output_tail
+                .lines()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+            {
                 s.push_str(&format!("\n    {l}"));
             }
         }
@@ -401,10 +414,9 @@ fn approval_summary(tool: &str, input: &str) -> String {
     let s = |k: &str| v.get(k).and_then(|x| x.as_str());
     match (tool, s("command"), s("path")) {
         (_, Some(cmd), _) => cmd.to_string(),
-        ("write_file", _, Some(path)) => format!(
-            "write {path} ({} bytes)",
-            s("content").map_or(0, str::len)
-        ),
+        ("write_file", _, Some(path)) => {
+            format!("write {path} ({} bytes)", s("content").map_or(0, str::len))
+        }
         ("edit_file", _, Some(path)) => format!(
             "edit {path}: -{} +{} lines",
             s("old_string").map_or(0, |t| t.lines().count()),

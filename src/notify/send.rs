@@ -57,12 +57,14 @@ fn signature(key: &[u8], body: &[u8]) -> Result<String, String> {
 /// The channel as recorded: a webhook's URL without credentials or query, or the program.
 fn shown(channel: &Channel) -> String {
     match channel {
-        Channel::Webhook { url, .. } => format!(
-            "{}://{}{}",
-            url.scheme(),
-            url.host_str().unwrap_or(""),
-            url.port().map(|p| format!(":{p}")).unwrap_or_default()
-        ) + url.path(),
+        Channel::Webhook { url, .. } => {
+            format!(
+                "{}://{}{}",
+                url.scheme(),
+                url.host_str().unwrap_or(""),
+                url.port().map(|p| format!(":{p}")).unwrap_or_default()
+            ) + url.path()
+        }
         Channel::Command(argv) => argv.first().cloned().unwrap_or_default(),
     }
 }
@@ -173,7 +175,9 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
                 }
             }
             match req.body(body).send().await {
-                Ok(r) if r.status().is_success() => Attempt::Ok(format!("HTTP {}", r.status().as_u16())),
+                Ok(r) if r.status().is_success() => {
+                    Attempt::Ok(format!("HTTP {}", r.status().as_u16()))
+                }
                 Ok(r) => {
                     let s = r.status();
                     let detail = format!("HTTP {}", s.as_u16());

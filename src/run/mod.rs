@@ -14,18 +14,18 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Gate, Mode, QueueTarget, Rules, Terminal};
 use crate::config::{self, CheckDef, ConfigError, Effective, GoalFile, Settings, Source, ToolDef};
+use crate::model::prices::{Price, Prices};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
+use crate::notify::{Notice, Notifier, Notify};
 use crate::store::db::{Db, DbError, Ended, NewRun};
 use crate::store::{RunDir, StoreError, Transcript};
+use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
 use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
-use crate::model::prices::{Price, Prices};
-use crate::notify::{Notice, Notifier, Notify};
-use crate::template::{self, Source as Template};
 use crate::work::Limits;
 use std::collections::BTreeMap;
 
@@ -273,7 +273,9 @@ impl Unattended {
         let prompt_src = source("prompt", s.prompt.clone().unwrap_or_default());
         let system_src = source(
             "system",
-            s.system.clone().unwrap_or_else(|| default_system(workspace)),
+            s.system
+                .clone()
+                .unwrap_or_else(|| default_system(workspace)),
         );
         // Later entries come from higher sources: `--param` wins over `[params]`.
         let params: BTreeMap<String, String> = s.params.iter().cloned().collect();
@@ -286,7 +288,13 @@ impl Unattended {
         let timezone = match &s.timezone {
             Some(z) => crate::schedule::cron::parse_zone(z.get_ref()).map_err(|m| {
                 let at = file
-                    .map(|f| format!("{}:{}: ", f.path.display(), f.lines.get("timezone").copied().unwrap_or(0)))
+                    .map(|f| {
+                        format!(
+                            "{}:{}: ",
+                            f.path.display(),
+                            f.lines.get("timezone").copied().unwrap_or(0)
+                        )
+                    })
                     .unwrap_or_default();
                 setup(format!("{at}key `timezone`: {m}"))
             })?,

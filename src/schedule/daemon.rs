@@ -322,9 +322,7 @@ impl Daemon {
         let notifier = crate::notify::Notifier::new(&self.cfg.home, slot.spec.notify.clone());
         let notice = crate::notify::Notice::missed(name, at, status);
         self.tasks.spawn(async move {
-            notifier
-                .send(&[crate::notify::Kind::Missed], &notice)
-                .await;
+            notifier.send(&[crate::notify::Kind::Missed], &notice).await;
         });
     }
 
