@@ -20,7 +20,7 @@ use crate::schedule::goals::{self, ScheduledGoal};
 use crate::store::{self, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace};
 
-fn db() -> Result<Db, Fail> {
+pub(super) fn db() -> Result<Db, Fail> {
     let db = Db::open(&store::home()).map_err(Fail::usage)?;
     // A run whose process is gone is no longer running, whoever asks.
     db.mark_orphans().map_err(Fail::usage)?;
@@ -28,9 +28,9 @@ fn db() -> Result<Db, Fail> {
 }
 
 /// A goal file of the folder, loaded or with its error.
-type Loaded = (PathBuf, Result<ScheduledGoal, String>);
+pub(super) type Loaded = (PathBuf, Result<ScheduledGoal, String>);
 
-fn goal_files(dir: &Path) -> Result<Vec<Loaded>, Fail> {
+pub(super) fn goal_files(dir: &Path) -> Result<Vec<Loaded>, Fail> {
     let loaded = goals::load_dir(dir)
         .with_context(|| format!("cannot read the goals folder {}", dir.display()))
         .map_err(Fail::usage)?;
@@ -229,13 +229,13 @@ pub fn runs(
     }
     let _ = writeln!(
         out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "STARTED"
+        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  SCHEDULED FOR",
+        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {}",
+            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}",
             r.id,
             r.goal,
             r.trigger,
@@ -243,6 +243,7 @@ pub fn runs(
             r.stop_reason.unwrap_or_default(),
             r.tries,
             r.steps,
+            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
             short(&r.started_at),
             r.scheduled_for.as_deref().map(short).unwrap_or_default()
         );
@@ -295,7 +296,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
     }
     let _ = writeln!(
         out,
-        "\noutcome: {}{} · {} tries · {} steps · {} in / {} out tokens",
+        "\noutcome: {}{} · {} tries · {} steps · {} in / {} out tokens{}",
         run.status,
         run.stop_reason
             .as_deref()
@@ -304,7 +305,10 @@ pub fn show(id: &str) -> Result<u8, Fail> {
         run.tries,
         run.steps,
         run.usage.input_tokens,
-        run.usage.output_tokens
+        run.usage.output_tokens,
+        run.cost
+            .map(|c| format!(" · {}", crate::trace::usd(c)))
+            .unwrap_or_default()
     );
     let _ = writeln!(
         out,
@@ -319,6 +323,22 @@ pub fn show(id: &str) -> Result<u8, Fail> {
     );
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error: {e}");
+    }
+    let notices = db.notices(id).map_err(Fail::usage)?;
+    if !notices.is_empty() {
+        let _ = writeln!(out, "\nnotifications:");
+        for n in notices {
+            let _ = writeln!(
+                out,
+                "  {} {} → {} · attempt {} · {} · {}",
+                if n.ok { '✓' } else { '✗' },
+                n.event,
+                n.channel,
+                n.attempt,
+                n.detail,
+                short(&n.at)
+            );
+        }
     }
     if !had_result && run.status == "running" {
         let _ = writeln!(out, "(the run is still going)");

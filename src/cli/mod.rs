@@ -3,6 +3,8 @@
 
 mod manage;
 mod run;
+mod service;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -126,6 +128,19 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Health for monitors: per goal the last and next occurrence, the last verdict, and
+    /// whether it is overdue; exit 0 when every goal is healthy, 1 otherwise.
+    Status {
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the daemon as a service: a systemd unit (a launchd agent on macOS).
+    Service {
+        #[command(subcommand)]
+        action: service::Action,
+    },
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -139,6 +154,9 @@ pub struct RunArgs {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
     pub json: bool,
+    /// Print the effective settings and where each came from, then exit.
+    #[arg(long)]
+    pub print_config: bool,
     #[command(flatten)]
     pub settings: crate::config::Settings,
 }
@@ -171,6 +189,9 @@ pub struct GoalArgs {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
     pub json: bool,
+    /// Print the effective settings and where each came from, then exit.
+    #[arg(long)]
+    pub print_config: bool,
     #[command(flatten)]
     pub settings: crate::config::Settings,
 }
@@ -230,6 +251,8 @@ pub fn main() -> ExitCode {
             Command::Approvals { json } => manage::approvals(json),
             Command::Approve { id, always } => manage::answer(&id, true, always, None),
             Command::Deny { id, reason } => manage::answer(&id, false, false, reason),
+            Command::Status { goals, json } => status::status(&goals, json),
+            Command::Service { action } => service::service(action),
         }
     });
     // Tool processes are killed by their own guards; do not wait on stragglers.

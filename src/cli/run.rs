@@ -16,6 +16,9 @@ pub async fn run(args: RunArgs) -> Result<u8, Fail> {
     let mut inv = invocation(args.settings)?;
     inv.flags.prompt = Some(args.prompt);
     let spec = RunSpec::build(&inv, None).map_err(run_fail)?;
+    if args.print_config {
+        return Ok(print_config(&spec));
+    }
     execute(spec, args.json, false, "cli").await
 }
 
@@ -45,7 +48,41 @@ pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
         inv.checks.push(run::command_check(line));
     }
     let spec = RunSpec::build(&inv, file.as_ref()).map_err(run_fail)?;
+    if args.print_config {
+        return Ok(print_config(&spec));
+    }
     execute(spec, args.json, true, "cli").await
+}
+
+/// `--print-config`: every setting, its effective value and where it came from.
+fn print_config(spec: &RunSpec) -> u8 {
+    use std::io::Write;
+    let e = &spec.effective;
+    let mut out = std::io::stdout().lock();
+    let sources: std::collections::BTreeMap<&str, Vec<String>> = e
+        .provenance
+        .iter()
+        .map(|(k, s)| (k, s.iter().map(ToString::to_string).collect()))
+        .collect();
+    for (key, value) in e.settings.shown() {
+        let from = sources
+            .get(key)
+            .map_or_else(|| "default (unset)".to_string(), |s| s.join(" + "));
+        let _ = writeln!(
+            out,
+            "{key:<18} {:<40} {from}",
+            crate::trace::one_line(&value, 200)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<18} {:<40} resolved",
+        "price",
+        spec.price
+            .map(|p| format!("{p:?}"))
+            .unwrap_or_else(|| "unknown".into())
+    );
+    exit::ACHIEVED
 }
 
 /// The flags' layer with the environment's.

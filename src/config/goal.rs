@@ -148,6 +148,43 @@ pub(super) fn from_toml<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Check `[[notify]]` tables; an error names the file and the table's line.
+pub(super) fn check_notify(
+    path: &Path,
+    text: &str,
+    tables: &[toml::Spanned<crate::notify::RawNotify>],
+) -> Result<(), GoalFileError> {
+    for t in tables {
+        crate::notify::Notify::parse(t.get_ref().clone()).map_err(|e| GoalFileError {
+            file: path.display().to_string(),
+            line: line_at(text, t.span().start),
+            message: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// The line where a top-level string key's text begins (a multi-line string's first
+/// newline is not part of it): where a template's line 1 is.
+fn text_line(text: &str, key: &str) -> Option<usize> {
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim_start();
+        if l.starts_with('[') {
+            return None;
+        }
+        let Some(rest) = l.strip_prefix(key) else {
+            continue;
+        };
+        let Some(value) = rest.trim_start().strip_prefix('=') else {
+            continue;
+        };
+        let v = value.trim();
+        let multi = (v == "\"\"\"" || v == "'''") as usize;
+        return Some(i + 1 + multi);
+    }
+    None
+}
+
 impl GoalFile {
     pub fn load(path: &Path) -> Result<GoalFile, GoalFileError> {
         let text = std::fs::read_to_string(path).map_err(|e| GoalFileError {
@@ -166,6 +203,7 @@ impl GoalFile {
             message,
         };
         let mut settings: Settings = from_toml(path, text)?;
+        check_notify(path, text, &settings.notify)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         settings.workspace = settings.workspace.map(|w| dir.join(w));
         let name = settings.name.clone().unwrap_or_else(|| {
@@ -254,6 +292,11 @@ impl GoalFile {
             });
         }
         let mut lines = BTreeMap::new();
+        for key in ["prompt", "system"] {
+            if let Some(line) = text_line(text, key) {
+                lines.insert(key, line);
+            }
+        }
         for (key, value) in [
             ("schedule", &settings.schedule),
             ("timezone", &settings.timezone),

@@ -111,6 +111,16 @@ impl<T: Clone> Merge for Option<T> {
     }
 }
 
+/// A table: a higher source's entries win, a lower one fills in the rest.
+impl<V: Clone> Merge for BTreeMap<String, V> {
+    fn merge_from(&mut self, lower: &Self) -> bool {
+        for (k, v) in lower {
+            self.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        !lower.is_empty()
+    }
+}
+
 /// A list: every source adds to it, the lowest first.
 impl<T: Clone> Merge for Vec<T> {
     fn merge_from(&mut self, lower: &Self) -> bool {
@@ -138,6 +148,11 @@ macro_rules! settings {
                         provenance.note(stringify!($field), source);
                     }
                 )*
+            }
+
+            /// Every key with its value as `--print-config` shows it.
+            pub fn shown(&self) -> Vec<(&'static str, String)> {
+                vec![$( (stringify!($field), Show::show(&self.$field)) ),*]
             }
         }
     };
@@ -253,7 +268,166 @@ settings! {
         #[arg(skip)]
         #[serde(default)]
         pub tool: Vec<Spanned<RawTool>>,
+        /// US dollars this run may spend at most, all tries (wins over the goal's `max_cost`).
+        #[arg(long, value_name = "USD", value_parser = parse_cost)]
+        #[serde(default, deserialize_with = "cost")]
+        pub max_cost: Option<f64>,
+        /// US dollars a goal may spend per calendar day in its time zone.
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "cost")]
+        pub max_cost_per_day: Option<f64>,
+        /// `allow`: a cost cap on a model with no known price runs without the cap.
+        #[arg(skip)]
+        pub unknown_price: Option<UnknownPrice>,
+        /// A template parameter, `{{ params.NAME }}` in the prompt; wins over `[params]`.
+        #[arg(long = "param", value_name = "NAME=VALUE", value_parser = param)]
+        #[serde(default, deserialize_with = "params")]
+        pub params: Vec<(String, String)>,
+        /// `[[notify]]` tables, from the goal file and the user config both.
+        #[arg(skip)]
+        #[serde(default)]
+        pub notify: Vec<Spanned<crate::notify::RawNotify>>,
+        /// `[prices."provider:model"]`, US dollars per million tokens, over the built-in table.
+        #[arg(skip)]
+        #[serde(default)]
+        pub prices: BTreeMap<String, crate::model::prices::Price>,
     }
+}
+
+/// What a cost cap does with a model whose price is unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownPrice {
+    /// Run without the cap, and say so.
+    Allow,
+    /// Refuse to start (the default).
+    Refuse,
+}
+
+/// A value as `--print-config` shows it.
+trait Show {
+    fn show(&self) -> String;
+}
+
+impl<T: Show> Show for Option<T> {
+    fn show(&self) -> String {
+        self.as_ref().map_or_else(|| "—".into(), Show::show)
+    }
+}
+
+impl<T: Show> Show for Vec<T> {
+    fn show(&self) -> String {
+        format!(
+            "[{}]",
+            self.iter().map(Show::show).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+impl<T: Show> Show for BTreeMap<String, T> {
+    fn show(&self) -> String {
+        let items: Vec<String> = self
+            .iter()
+            .map(|(k, v)| format!("{k} = {}", v.show()))
+            .collect();
+        format!("{{{}}}", items.join(", "))
+    }
+}
+
+impl<T: Show> Show for Spanned<T> {
+    fn show(&self) -> String {
+        self.get_ref().show()
+    }
+}
+
+impl Show for Duration {
+    fn show(&self) -> String {
+        humantime::format_duration(*self).to_string()
+    }
+}
+
+impl Show for (String, String) {
+    fn show(&self) -> String {
+        format!("{}={}", self.0, self.1)
+    }
+}
+
+macro_rules! show_debug {
+    ($($t:ty),*) => {$(
+        impl Show for $t {
+            fn show(&self) -> String {
+                format!("{self:?}")
+            }
+        }
+    )*};
+}
+
+show_debug!(
+    String,
+    u32,
+    u64,
+    usize,
+    bool,
+    f64,
+    PathBuf,
+    Mode,
+    Overlap,
+    UnknownPrice,
+    RuleLists,
+    McpServer,
+    RawCheck,
+    RawTool,
+    crate::notify::RawNotify,
+    crate::model::prices::Price
+);
+
+/// `--max-cost`: US dollars, 0 or more.
+fn parse_cost(s: &str) -> Result<f64, String> {
+    match s.trim().trim_start_matches('$').parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a cost: write US dollars, 0 or more, e.g. 0.50"
+        )),
+    }
+}
+
+/// A cost in a file: US dollars, 0 or more.
+fn cost<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    Option::<f64>::deserialize(d)?
+        .map(|v| {
+            if v >= 0.0 && v.is_finite() {
+                Ok(v)
+            } else {
+                Err(serde::de::Error::custom(format!(
+                    "{v} is not a cost; write US dollars, 0 or more"
+                )))
+            }
+        })
+        .transpose()
+}
+
+/// `--param NAME=VALUE`.
+fn param(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("`{s}`: write NAME=VALUE")),
+    }
+}
+
+/// `[params]`: strings, numbers and booleans, as text.
+fn params<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
+    BTreeMap::<String, toml::Value>::deserialize(d)?
+        .into_iter()
+        .map(|(k, v)| match v {
+            toml::Value::String(s) => Ok((k, s)),
+            v @ (toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)) => {
+                Ok((k, v.to_string()))
+            }
+            _ => Err(serde::de::Error::custom(format!(
+                "`params.{k}`: a parameter is a string, a number or a boolean"
+            ))),
+        })
+        .collect()
 }
 
 /// Approval rules: allow, ask and deny, gathered from every source.
@@ -387,6 +561,7 @@ impl UserConfig {
 
     pub fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
         let settings: Settings = goal::from_toml(path, text)?;
+        goal::check_notify(path, text, &settings.notify)?;
         if let Some(key) = settings.goal_only_keys().first() {
             return Err(ConfigError::Invalid(format!(
                 "{}: key `{key}` belongs in a goal file, not the user config",

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod http;
 pub mod openai;
+pub mod prices;
 pub mod record;
 pub mod script;
 pub mod sse;

@@ -14,16 +14,20 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Gate, Mode, QueueTarget, Rules, Terminal};
 use crate::config::{self, CheckDef, ConfigError, Effective, GoalFile, Settings, Source, ToolDef};
+use crate::model::prices::{Price, Prices};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
+use crate::notify::{Notice, Notifier, Notify};
 use crate::store::db::{Db, DbError, Ended, NewRun};
 use crate::store::{RunDir, StoreError, Transcript};
+use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
 use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
 use crate::work::Limits;
+use std::collections::BTreeMap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -72,6 +76,19 @@ pub struct RunSpec {
     pub mcp: Vec<ServerSpec>,
     /// The effective settings and where each came from.
     pub effective: Effective,
+    /// The prompt and system prompt as written; `goal.prompt` and `goal.system` are
+    /// rendered from them at the start of each run.
+    pub prompt_src: Template,
+    pub system_src: Template,
+    pub params: BTreeMap<String, String>,
+    /// The goal's time zone (`timezone`, else the machine's).
+    pub timezone: chrono_tz::Tz,
+    /// The goal file's and the user config's `[[notify]]` tables.
+    pub notify: Vec<Notify>,
+    /// The model's price, when known.
+    pub price: Option<Price>,
+    pub max_cost: Option<f64>,
+    pub max_cost_per_day: Option<f64>,
 }
 
 fn setup(msg: impl Into<String>) -> RunError {
@@ -127,6 +144,8 @@ impl RunSpec {
             tool_timeout: s.tool_timeout.unwrap_or_default(),
             output_cap: s.output_cap.unwrap_or_default(),
             repeat_limit: Limits::default().repeat_limit,
+            price: None,
+            max_cost: None,
         };
         let check_timeout = s.check_timeout.unwrap_or_default();
         let forced = matches!(from("check_timeout"), Some(Source::Flag));
@@ -157,6 +176,7 @@ impl RunSpec {
             .clone()
             .or_else(|| file.map(|f| f.name.clone()))
             .unwrap_or_else(|| "run".into());
+        let unattended = Unattended::resolve(&effective, file, &workspace)?;
         let http = crate::model::http::HttpOptions {
             stream: !s.no_stream.unwrap_or_default(),
             request_timeout: s.request_timeout.unwrap_or_default(),
@@ -203,6 +223,114 @@ impl RunSpec {
                 })
                 .collect(),
             effective,
+            prompt_src: unattended.prompt_src,
+            system_src: unattended.system_src,
+            params: unattended.params,
+            timezone: unattended.timezone,
+            notify: unattended.notify,
+            price: unattended.price,
+            max_cost: unattended.max_cost,
+            max_cost_per_day: unattended.max_cost_per_day,
+        })
+    }
+}
+
+/// The settings of unattended operation, resolved: templates checked, notify tables,
+/// the price and the cost caps (a cap on an unpriced model refuses unless allowed).
+struct Unattended {
+    prompt_src: Template,
+    system_src: Template,
+    params: BTreeMap<String, String>,
+    timezone: chrono_tz::Tz,
+    notify: Vec<Notify>,
+    price: Option<Price>,
+    max_cost: Option<f64>,
+    max_cost_per_day: Option<f64>,
+}
+
+impl Unattended {
+    fn resolve(
+        effective: &Effective,
+        file: Option<&GoalFile>,
+        workspace: &Path,
+    ) -> Result<Unattended, RunError> {
+        let s = &effective.settings;
+        let from = |key: &str| effective.provenance.source(key);
+        let source = |key: &'static str, text: String| {
+            let in_file = matches!(from(key), Some(Source::GoalFile(_)));
+            Template {
+                text,
+                file: match file {
+                    Some(f) if in_file => f.path.display().to_string(),
+                    _ => format!("(the {key} on the command line)"),
+                },
+                line: match file {
+                    Some(f) if in_file => f.lines.get(key).copied().unwrap_or(1),
+                    _ => 1,
+                },
+            }
+        };
+        let prompt_src = source("prompt", s.prompt.clone().unwrap_or_default());
+        let system_src = source(
+            "system",
+            s.system
+                .clone()
+                .unwrap_or_else(|| default_system(workspace)),
+        );
+        // Later entries come from higher sources: `--param` wins over `[params]`.
+        let params: BTreeMap<String, String> = s.params.iter().cloned().collect();
+        prompt_src
+            .check(&params)
+            .map_err(|e| setup(e.to_string()))?;
+        system_src
+            .check(&params)
+            .map_err(|e| setup(e.to_string()))?;
+        let timezone = match &s.timezone {
+            Some(z) => crate::schedule::cron::parse_zone(z.get_ref()).map_err(|m| {
+                let at = file
+                    .map(|f| {
+                        format!(
+                            "{}:{}: ",
+                            f.path.display(),
+                            f.lines.get("timezone").copied().unwrap_or(0)
+                        )
+                    })
+                    .unwrap_or_default();
+                setup(format!("{at}key `timezone`: {m}"))
+            })?,
+            None => crate::schedule::cron::local_zone(),
+        };
+        let notify = s
+            .notify
+            .iter()
+            .map(|n| Notify::parse(n.get_ref().clone()).map_err(|e| setup(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let prices = Prices::new(s.prices.clone()).map_err(|e| setup(e.to_string()))?;
+        let model = s.model.clone().unwrap_or_default();
+        let price = prices.get(&model);
+        let capped = s.max_cost.is_some() || s.max_cost_per_day.is_some();
+        let allow = s.unknown_price == Some(config::UnknownPrice::Allow);
+        if price.is_none() && capped && !allow {
+            return Err(setup(format!(
+                "the price of `{model}` is unknown, so its cost cap cannot be kept: add it to \
+                 the user config ({}):\n  [prices.\"{model}\"]\n  input = 1.0    # US dollars \
+                 per million input tokens\n  output = 4.0\n  cache_read = 0.1\n  \
+                 cache_write = 1.25\nor set `unknown_price = \"allow\"` to run without the cap",
+                config::UserConfig::path().map_or_else(
+                    || "~/.config/sup/config.toml".to_string(),
+                    |p| p.display().to_string()
+                )
+            )));
+        }
+        Ok(Unattended {
+            prompt_src,
+            system_src,
+            params,
+            timezone,
+            notify,
+            price,
+            max_cost: s.max_cost,
+            max_cost_per_day: s.max_cost_per_day,
         })
     }
 }
@@ -311,6 +439,79 @@ fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Ev
     )
 }
 
+/// The goal as this run sees it: templates rendered, the price and the cost cap set (the
+/// smaller of `max_cost` and what is left of `max_cost_per_day` today).
+fn this_run(
+    spec: &RunSpec,
+    db: &Db,
+    trigger: Trigger,
+    previous: Option<&crate::store::db::RunRow>,
+) -> Result<Goal, RunError> {
+    let now = Utc::now();
+    let mut goal = spec.goal.clone();
+    let ctx = template::Context::new(
+        spec.timezone,
+        now,
+        &goal.name,
+        trigger.kind,
+        trigger.scheduled_for,
+        previous.map(|p| previous_of(db, p)).unwrap_or_default(),
+        spec.params.clone(),
+    );
+    goal.prompt = spec
+        .prompt_src
+        .render(&ctx)
+        .map_err(|e| setup(e.to_string()))?;
+    goal.system = spec
+        .system_src
+        .render(&ctx)
+        .map_err(|e| setup(e.to_string()))?;
+    goal.limits.price = spec.price;
+    if spec.price.is_some() {
+        let left_today = match spec.max_cost_per_day {
+            Some(cap) => {
+                let day = now.with_timezone(&spec.timezone).date_naive();
+                let midnight = day
+                    .and_hms_opt(0, 0, 0)
+                    .and_then(|t| {
+                        chrono::TimeZone::from_local_datetime(&spec.timezone, &t).earliest()
+                    })
+                    .map_or(now, |t| t.with_timezone(&Utc));
+                Some(cap - db.cost_since(&goal.name, midnight)?)
+            }
+            None => None,
+        };
+        goal.limits.max_cost = match (spec.max_cost, left_today) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(goal)
+}
+
+/// The previous run as templates see it.
+fn previous_of(db: &Db, p: &crate::store::db::RunRow) -> template::Previous {
+    let checks = db.checks(&p.id).unwrap_or_default();
+    let last_try = checks.iter().map(|(t, _)| *t).max().unwrap_or(0);
+    let mut failed = String::new();
+    for (_, c) in checks.iter().filter(|(t, c)| *t == last_try && !c.passed) {
+        failed.push_str(&format!("{} ({})\n", c.name, c.outcome));
+        for path in c.output_path.iter().flat_map(|p| p.split(' ')) {
+            if let Ok((tail, _)) = crate::tools::process::read_tail(Path::new(path), 2000) {
+                failed.push_str(&tail);
+                if !tail.ends_with('\n') {
+                    failed.push('\n');
+                }
+            }
+        }
+    }
+    template::Previous {
+        status: p.status.clone(),
+        answer: p.answer.clone().unwrap_or_default(),
+        failed_checks: failed,
+    }
+}
+
 /// Set up and run `spec` to its end, recording it in the store under `home`.
 pub async fn launch(
     spec: &RunSpec,
@@ -325,6 +526,8 @@ pub async fn launch(
     }
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
+    let previous = db.previous_run(&spec.goal.name, "")?;
+    let goal = this_run(spec, &db, trigger, previous.as_ref())?;
     let run = RunDir::create(home)?;
     // MCP servers start before the first model call; one that cannot start ends the run
     // here, before anything was recorded.
@@ -347,6 +550,10 @@ pub async fn launch(
     for sink in sinks {
         events = events.with(sink);
     }
+    let notifier = Notifier::new(home, spec.notify.clone());
+    if !spec.notify.is_empty() {
+        events = events.with(notifier.approvals(&goal.name, &run.id, trigger.kind));
+    }
     db.start_run(&NewRun {
         id: &run.id,
         goal: &spec.goal.name,
@@ -360,9 +567,18 @@ pub async fn launch(
         run_id: run.id.clone(),
         model: model.name().to_string(),
         workspace: spec.goal.workspace.display().to_string(),
-        prompt: spec.goal.prompt.clone(),
+        prompt: goal.prompt.clone(),
     });
     let gate = gate(spec, trigger, &run.id, home, &events);
+    if spec.price.is_none() && (spec.max_cost.is_some() || spec.max_cost_per_day.is_some()) {
+        events.emit(Event::Notice {
+            text: format!(
+                "cost: the price of {} is unknown (unknown_price = \"allow\"), so no cost cap \
+                 is kept",
+                spec.model
+            ),
+        });
+    }
     let rt = Runtime {
         model: model.as_ref(),
         tools: &tools,
@@ -371,7 +587,7 @@ pub async fn launch(
         run: &run,
         gate: Some(&gate),
     };
-    let outcome = crate::verify::run(&spec.goal, &rt).await;
+    let outcome = crate::verify::run(&goal, &rt).await;
     servers.shutdown().await;
     events.emit(outcome.event(&run.id));
     db.finish_run(
@@ -382,10 +598,25 @@ pub async fn launch(
             tries: outcome.tries,
             steps: outcome.steps,
             usage: outcome.usage,
+            cost: outcome.cost,
+            answer: outcome.answer.as_deref(),
             error: outcome.error.as_deref(),
             checks: &outcome.checks,
         },
     )?;
+    // Built from what was recorded; the outcome is final before anyone is told.
+    if !spec.notify.is_empty() {
+        match db.run(&run.id) {
+            Ok(row) => {
+                if let Some((kinds, notice)) =
+                    Notice::of_run(&row, &outcome.checks, previous.as_ref())
+                {
+                    notifier.send(&kinds, &notice).await;
+                }
+            }
+            Err(e) => tracing::warn!("no notice for run {}: {e}", run.id),
+        }
+    }
     for dir in db.prune(&spec.goal.name, spec.keep_runs)? {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             tracing::warn!("cannot remove the pruned run folder {dir}: {e}");

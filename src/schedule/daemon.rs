@@ -302,6 +302,9 @@ impl Daemon {
                 }
             );
         }
+        if let Some(&last) = missed.last() {
+            self.tell_missed(name, last, "missed");
+        }
         for at in missed {
             let r = self.db.claim(name, at, "missed", &self.id);
             self.log_db(r);
@@ -309,6 +312,18 @@ impl Daemon {
         if on_time {
             self.fire(name, latest);
         }
+    }
+
+    /// A `missed` notice for an occurrence that did not run (sent in the background).
+    fn tell_missed(&mut self, name: &str, at: DateTime<Utc>, status: &str) {
+        let Some(slot) = self.slots.get(name).filter(|s| !s.spec.notify.is_empty()) else {
+            return;
+        };
+        let notifier = crate::notify::Notifier::new(&self.cfg.home, slot.spec.notify.clone());
+        let notice = crate::notify::Notice::missed(name, at, status);
+        self.tasks.spawn(async move {
+            notifier.send(&[crate::notify::Kind::Missed], &notice).await;
+        });
     }
 
     /// Occurrences that came due by `now`, claimed in one transaction.
@@ -385,6 +400,7 @@ impl Daemon {
                     );
                     let r = self.db.occurrence(name, at, "skipped", None);
                     self.log_db(r);
+                    self.tell_missed(name, at, "skipped");
                     return;
                 }
                 Overlap::Queue => {

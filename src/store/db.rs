@@ -93,6 +93,22 @@ const MIGRATIONS: &[&str] = &[
         paused INTEGER NOT NULL DEFAULT 0,
         last_occurrence TEXT
     );",
+    // 2: unattended operation: the answer (for `{{ previous.answer }}`), the cost in US
+    // dollars, and every notification attempt.
+    "ALTER TABLE runs ADD COLUMN answer TEXT;
+    ALTER TABLE runs ADD COLUMN cost REAL;
+    CREATE TABLE notifications (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT,
+        goal TEXT NOT NULL,
+        event TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        at TEXT NOT NULL,
+        ok INTEGER NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX notifications_run ON notifications (run_id);",
 ];
 
 /// A time as the store keeps it: RFC 3339, UTC, whole seconds unless sub-second.
@@ -118,6 +134,11 @@ pub struct RunRow {
     pub tries: u32,
     pub steps: u32,
     pub usage: Usage,
+    /// US dollars, when the model's price was known.
+    pub cost: Option<f64>,
+    /// The final answer of the last try (`{{ previous.answer }}`; never put in a notice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
     pub started_at: String,
     pub ended_at: Option<String>,
     pub error: Option<String>,
@@ -145,8 +166,25 @@ pub struct Ended<'a> {
     pub tries: u32,
     pub steps: u32,
     pub usage: Usage,
+    pub cost: Option<f64>,
+    pub answer: Option<&'a str>,
     pub error: Option<&'a str>,
     pub checks: &'a [Vec<CheckReport>],
+}
+
+/// One attempt to deliver a notification.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NoticeRow {
+    pub run_id: Option<String>,
+    pub goal: String,
+    pub event: String,
+    /// The webhook's URL without its query, or the command's program.
+    pub channel: String,
+    pub attempt: u32,
+    pub at: String,
+    pub ok: bool,
+    /// `HTTP 200`, `HTTP 500`, `timed out after 5s`, `exit 0`, …
+    pub detail: String,
 }
 
 /// One approval request.
@@ -299,7 +337,8 @@ impl Db {
         tx.execute(
             "UPDATE runs SET status = ?2, stop_reason = ?3, tries = ?4, steps = ?5,
                  input_tokens = ?6, output_tokens = ?7, cache_read_tokens = ?8,
-                 cache_write_tokens = ?9, ended_at = ?10, error = ?11 WHERE id = ?1",
+                 cache_write_tokens = ?9, ended_at = ?10, error = ?11, cost = ?12, answer = ?13
+             WHERE id = ?1",
             params![
                 id,
                 end.status.as_str(),
@@ -311,7 +350,9 @@ impl Db {
                 end.usage.cache_read_tokens,
                 end.usage.cache_write_tokens,
                 stamp(Utc::now()),
-                end.error
+                end.error,
+                end.cost,
+                end.answer
             ],
         )
         .map_err(err)?;
@@ -371,6 +412,8 @@ impl Db {
                 cache_read_tokens: r.get("cache_read_tokens")?,
                 cache_write_tokens: r.get("cache_write_tokens")?,
             },
+            cost: r.get("cost")?,
+            answer: r.get("answer")?,
             started_at: r.get("started_at")?,
             ended_at: r.get("ended_at")?,
             error: r.get("error")?,
@@ -638,6 +681,69 @@ impl Db {
         Ok(n == 1)
     }
 
+    /// The latest finished run of `goal` other than `except`.
+    pub fn previous_run(&self, goal: &str, except: &str) -> Result<Option<RunRow>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT * FROM runs WHERE goal = ?1 AND id != ?2 AND status != 'running'
+                 ORDER BY started_at DESC, id DESC LIMIT 1",
+                params![goal, except],
+                Self::run_of,
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    /// US dollars spent by the runs of `goal` started at or after `since`.
+    pub fn cost_since(&self, goal: &str, since: DateTime<Utc>) -> Result<f64, DbError> {
+        self.conn
+            .query_row(
+                "SELECT coalesce(sum(cost), 0) FROM runs WHERE goal = ?1 AND started_at >= ?2",
+                params![goal, stamp(since)],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))
+    }
+
+    /// Record one notification attempt.
+    pub fn record_notice(&self, n: &NoticeRow) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "INSERT INTO notifications (run_id, goal, event, channel, attempt, at, ok, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    n.run_id, n.goal, n.event, n.channel, n.attempt, n.at, n.ok, n.detail
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The notification attempts of a run, in order.
+    pub fn notices(&self, run_id: &str) -> Result<Vec<NoticeRow>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT run_id, goal, event, channel, attempt, at, ok, detail FROM notifications
+                 WHERE run_id = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.query_map([run_id], |r| {
+            Ok(NoticeRow {
+                run_id: r.get(0)?,
+                goal: r.get(1)?,
+                event: r.get(2)?,
+                channel: r.get(3)?,
+                attempt: r.get(4)?,
+                at: r.get(5)?,
+                ok: r.get(6)?,
+                detail: r.get(7)?,
+            })
+        })
+        .and_then(Iterator::collect)
+        .map_err(|e| self.err(e))
+    }
+
     /// The connection, for the approval queue's own statements.
     pub fn conn(&self) -> &Connection {
         &self.conn
@@ -683,6 +789,8 @@ mod tests {
                     tries: 1,
                     steps: 2,
                     usage: Usage::default(),
+                    cost: None,
+                    answer: None,
                     error: None,
                     checks: &[],
                 },

@@ -18,6 +18,8 @@ pub enum StopReason {
     MaxSteps,
     /// The token budget is spent.
     Budget,
+    /// The next model call would pass the cost cap (`--max-cost`, `max_cost_per_day`).
+    Cost,
     /// The same call with the same result again and again.
     RepeatedCalls,
     /// The model ran out of output tokens.
@@ -38,6 +40,7 @@ impl StopReason {
             StopReason::Final => "final",
             StopReason::MaxSteps => "max_steps",
             StopReason::Budget => "budget",
+            StopReason::Cost => "cost",
             StopReason::RepeatedCalls => "repeated_calls",
             StopReason::Length => "length",
             StopReason::Cancelled => "cancelled",
@@ -143,6 +146,11 @@ pub enum Event {
         step: u32,
         usage: Usage,
         total_usage: Usage,
+        /// US dollars, when the model's price is known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total_cost: Option<f64>,
     },
     /// A call waits for a person: `sup approve REQUEST` / `sup deny REQUEST --reason …`.
     ApprovalRequested {
@@ -188,6 +196,9 @@ pub enum Event {
         tries: u32,
         steps: u32,
         usage: Usage,
+        /// US dollars, when the model's price is known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost: Option<f64>,
         run_id: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         answer: Option<String>,
@@ -358,6 +369,7 @@ mod tests {
                 tries: 1,
                 steps: 3,
                 usage: usage(),
+                cost: Some(0.5),
                 run_id: "r".into(),
                 answer: Some("a".into()),
                 error: Some("e".into()),

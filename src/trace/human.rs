@@ -93,7 +93,12 @@ impl HumanTrace {
                 let ms = (finished_ms - started_ms).max(0.0);
                 format!("{icon} {name} · {} · {ms:.0}ms", one_line(content, 120))
             }
-            Event::StepFinished { usage, .. } => {
+            Event::StepFinished {
+                usage,
+                cost,
+                total_cost,
+                ..
+            } => {
                 let mut s = format!(
                     "  tokens: {} in · {} out",
                     usage.input_tokens, usage.output_tokens
@@ -103,6 +108,9 @@ impl HumanTrace {
                         " · cache {} read · {} written",
                         usage.cache_read_tokens, usage.cache_write_tokens
                     ));
+                }
+                if let (Some(c), Some(t)) = (cost, total_cost) {
+                    s.push_str(&format!(" · {} (run {})", usd(*c), usd(*t)));
                 }
                 s
             }
@@ -174,6 +182,7 @@ impl HumanTrace {
                 error,
                 run_id,
                 checks,
+                cost,
                 ..
             } => {
                 let what = match status {
@@ -214,10 +223,16 @@ impl HumanTrace {
                         "◆ Interrupted · what happened so far is kept".to_string()
                     }
                 };
-                format!("{what}\n  run {run_id}")
+                let cost = cost.map(|c| format!(" · {}", usd(c))).unwrap_or_default();
+                format!("{what}\n  run {run_id}{cost}")
             }
         })
     }
+}
+
+/// US dollars as the trace shows them: `$0.0123`.
+pub fn usd(c: f64) -> String {
+    format!("${c:.4}")
 }
 
 impl EventSink for HumanTrace {

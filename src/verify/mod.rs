@@ -63,6 +63,8 @@ pub struct Outcome {
     pub tries: u32,
     pub steps: u32,
     pub usage: Usage,
+    /// US dollars, when the model's price is known.
+    pub cost: Option<f64>,
     pub answer: Option<String>,
     pub error: Option<String>,
     pub config_error: bool,
@@ -79,6 +81,7 @@ impl Outcome {
             tries: self.tries,
             steps: self.steps,
             usage: self.usage,
+            cost: self.cost,
             run_id: run_id.to_string(),
             answer: self.answer.clone(),
             error: self.error.clone(),
@@ -131,6 +134,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         tries: 0,
         steps: 0,
         usage: Usage::default(),
+        cost: None,
         answer: None,
         error: None,
         config_error: false,
@@ -156,6 +160,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         out.answer = w.answer.clone();
         out.error = w.error.clone();
         out.config_error = w.config_error;
+        out.cost = goal.limits.price.map(|p| p.cost(&out.usage));
         if goal.checks.is_empty()
             || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)
         {
@@ -206,7 +211,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
             out.status = Status::Achieved;
             return out;
         }
-        if w.stop_reason == StopReason::Budget {
+        if matches!(w.stop_reason, StopReason::Budget | StopReason::Cost) {
             out.status = Status::Unfinished;
             return out;
         }

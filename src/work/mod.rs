@@ -11,6 +11,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Answer, Gate};
+use crate::model::prices::{InputEstimate, Price, request_bytes};
 use crate::model::{FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage};
 use crate::tools::process::safe_name;
 use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
@@ -29,6 +30,10 @@ pub struct Limits {
     pub output_cap: usize,
     /// The same call with the same result this many times in a row stops the run.
     pub repeat_limit: u32,
+    /// The model's price, when known: each step's cost goes into the trace.
+    pub price: Option<Price>,
+    /// US dollars this run may spend at most (all tries); checked before every model call.
+    pub max_cost: Option<f64>,
 }
 
 impl Default for Limits {
@@ -39,6 +44,8 @@ impl Default for Limits {
             tool_timeout: Duration::from_secs(120),
             output_cap: 16 * 1024,
             repeat_limit: 3,
+            price: None,
+            max_cost: None,
         }
     }
 }
@@ -110,6 +117,7 @@ impl Work<'_> {
     pub async fn run(&self, messages: &mut Vec<Message>, spent: Usage) -> Outcome {
         let mut usage = Usage::default();
         let mut repeats = Repeats::default();
+        let mut estimate = InputEstimate::default();
         let events = self.events;
         for step in 1..=self.limits.max_steps {
             if self.cancel.is_cancelled() {
@@ -123,6 +131,12 @@ impl Work<'_> {
                 .is_some_and(|b| spent_now.total() >= b)
             {
                 return self.finish(StopReason::Budget, step - 1, usage);
+            }
+            let bytes = request_bytes(messages, self.tools.specs());
+            if let (Some(price), Some(cap)) = (self.limits.price, self.limits.max_cost)
+                && price.cost(&spent_now) + price.input_cost(estimate.tokens(bytes)) >= cap
+            {
+                return self.finish(StopReason::Cost, step - 1, usage);
             }
             events.emit(Event::StepStarted { step });
             let on_text = |t: &str| {
@@ -161,6 +175,7 @@ impl Work<'_> {
                 }
             };
             usage += response.usage;
+            estimate.reported(&response.usage, bytes);
             let mut total = spent;
             total += usage;
             if !response.text.is_empty() {
@@ -183,6 +198,8 @@ impl Work<'_> {
                 step,
                 usage: response.usage,
                 total_usage: total,
+                cost: self.limits.price.map(|p| p.cost(&response.usage)),
+                total_cost: self.limits.price.map(|p| p.cost(&total)),
             });
             for call in &calls {
                 events.emit(Event::ToolCall {

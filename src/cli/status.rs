@@ -1,0 +1,133 @@
+//! `sup status`: health for monitors. Per goal the last occurrence, the last verdict (of any
+//! run, however triggered), the next occurrence, and whether it is overdue: an occurrence
+//! that should have run by now (since the goal file was last written) has no verdict, for
+//! example because no daemon ran. Exit 0 when every goal is healthy, 1 otherwise.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use super::manage::{db, goal_files};
+use super::{Fail, exit};
+use crate::store::db::stamp;
+
+/// How late an occurrence may still be starting before it counts as overdue.
+const SLACK: Duration = Duration::from_secs(120);
+
+/// Occurrence states that are a verdict or on the way to one: not overdue.
+const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
+
+pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
+    let db = db()?;
+    let now = Utc::now();
+    let mut rows = Vec::new();
+    for (path, g) in goal_files(dir)? {
+        let g = match g {
+            Ok(g) => g,
+            Err(e) => {
+                rows.push(
+                    json!({"file": path.display().to_string(), "healthy": false, "error": e}),
+                );
+                continue;
+            }
+        };
+        let name = &g.file.name;
+        let paused = db.paused(name).map_err(Fail::usage)?;
+        let last = db.previous_run(name, "").map_err(Fail::usage)?;
+        let last_occurrence = db.last_occurrence(name).map_err(Fail::usage)?;
+        let since: DateTime<Utc> = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .map(DateTime::<Utc>::from)
+            .unwrap_or(now);
+        let mut overdue = None;
+        if let Some(s) = g.schedule.as_ref().filter(|_| !paused) {
+            let until = now - chrono::Duration::from_std(SLACK + g.jitter).unwrap_or_default();
+            let (due, _) = s.between(since, until, 1);
+            if let Some(expected) = due.last().copied() {
+                let key = stamp(expected);
+                let seen = db
+                    .occurrences(name, 100)
+                    .map_err(Fail::usage)?
+                    .into_iter()
+                    .find(|(at, _, _)| *at == key);
+                let accounted = seen.is_some_and(|(_, st, _)| ACCOUNTED.contains(&st.as_str()));
+                if !accounted {
+                    overdue = Some(expected.with_timezone(&s.tz).to_rfc3339());
+                }
+            }
+        }
+        let verdict_ok = last.as_ref().is_none_or(|r| r.status == "achieved");
+        let next = g.schedule.as_ref().and_then(|s| {
+            s.next_after(now)
+                .map(|t| t.with_timezone(&s.tz).to_rfc3339())
+        });
+        rows.push(json!({
+            "name": name,
+            "file": path.display().to_string(),
+            "healthy": overdue.is_none() && verdict_ok,
+            "paused": paused,
+            "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
+            "last_occurrence": last_occurrence.map(stamp),
+            "last": last.map(|r| json!({
+                "run_id": r.id, "status": r.status, "stop_reason": r.stop_reason,
+                "trigger": r.trigger, "ended_at": r.ended_at,
+            })),
+            "next": next,
+            "overdue": overdue.is_some(),
+            "overdue_since": overdue,
+        }));
+    }
+    let healthy = rows.iter().all(|r| r["healthy"] == true);
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        let _ = writeln!(out, "{}", json!({"healthy": healthy, "goals": rows}));
+    } else {
+        if rows.is_empty() {
+            let _ = writeln!(out, "no goal files in {}", dir.display());
+        }
+        for r in &rows {
+            let _ = writeln!(out, "{}", line(r));
+        }
+    }
+    Ok(if healthy {
+        exit::ACHIEVED
+    } else {
+        exit::CHECKS_FAILED
+    })
+}
+
+fn line(r: &Value) -> String {
+    let s = |v: &Value| v.as_str().unwrap_or("—").to_string();
+    if let Some(e) = r["error"].as_str() {
+        return format!("✗ {}: {e}", s(&r["file"]));
+    }
+    let icon = if r["healthy"] == true { '✓' } else { '✗' };
+    let mut l = format!("{icon} {}", s(&r["name"]));
+    if r["paused"] == true {
+        l.push_str(" · paused");
+    }
+    let last = &r["last"];
+    if last.is_object() {
+        l.push_str(&format!(
+            " · last {} ({}, run {})",
+            s(&last["status"]),
+            s(&last["trigger"]),
+            s(&last["run_id"])
+        ));
+    } else {
+        l.push_str(" · never run");
+    }
+    if r["overdue"] == true {
+        l.push_str(&format!(
+            " · OVERDUE: the occurrence of {} has no verdict (is the daemon running?)",
+            s(&r["overdue_since"])
+        ));
+    }
+    if !r["next"].is_null() {
+        l.push_str(&format!(" · next {}", s(&r["next"])));
+    }
+    l
+}

@@ -1,0 +1,800 @@
+//! Unattended operation through the binary: notifications to a webhook receiver on
+//! loopback (failures, queued approvals, retries, a receiver that never answers), cost caps
+//! against a fake provider that reports usage, prompt templates across daemon runs,
+//! `sup status`, `sup service`, `--print-config`, and the bad input each of them refuses.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Env;
+use common::fake_server::{FakeServer, Reply};
+use serde_json::{Value, json};
+
+/// How the receiver answers one request.
+#[derive(Clone, Copy)]
+enum Answer {
+    Status(u16),
+    /// Read the request, then say nothing until the test ends.
+    Never,
+}
+
+#[derive(Clone, Debug)]
+struct Got {
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Got {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A webhook receiver on 127.0.0.1 that answers in the order given (then 200) and records
+/// every request.
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Got>>>,
+}
+
+impl Receiver {
+    fn start(answers: Vec<Answer>) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let answers = Arc::new(Mutex::new(std::collections::VecDeque::from(answers)));
+        let recorded = got.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let recorded = recorded.clone();
+                let answer = answers
+                    .lock()
+                    .unwrap()
+                    .pop_front()
+                    .unwrap_or(Answer::Status(200));
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    let mut headers = Vec::new();
+                    loop {
+                        line.clear();
+                        reader.read_line(&mut line).unwrap();
+                        let l = line.trim_end();
+                        if l.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = l.split_once(':') {
+                            headers.push((k.trim().to_string(), v.trim().to_string()));
+                        }
+                    }
+                    let len: usize = headers
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0; len];
+                    reader.read_exact(&mut body).unwrap();
+                    recorded.lock().unwrap().push(Got {
+                        headers,
+                        body: String::from_utf8_lossy(&body).into_owned(),
+                    });
+                    match answer {
+                        Answer::Status(s) => {
+                            let _ = write!(
+                                stream,
+                                "HTTP/1.1 {s} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                            );
+                        }
+                        Answer::Never => std::thread::sleep(Duration::from_secs(600)),
+                    }
+                });
+            }
+        });
+        Receiver { url, got }
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A goal file `NAME.toml` in `home/goals` with a scripted model of `turns`.
+fn goal_file(env: &Env, name: &str, body: &str, turns: Value) -> PathBuf {
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_string(&turns).unwrap(),
+    )
+    .unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "model = \"script:{name}.json\"\nworkspace = \"work-{name}\"\ntimezone = \"UTC\"\n{body}"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn out(env: &Env, args: &[&str]) -> (i32, String, String) {
+    let o = env.sup().args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_failed_goal_sends_one_signed_notice_with_the_failing_check_and_its_output_tail() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let file = goal_file(
+        &env,
+        "lines",
+        &format!(
+            "prompt = \"write three lines\"\ntries = 1\n\
+             [[check]]\nrun = \"echo 'want 3 lines, found 2' >&2; exit 1\"\n\
+             [[notify]]\nwebhook = \"{}\"\nsecret_env = \"HOOK_SECRET\"\n\
+             headers = {{ Authorization = \"Bearer $HOOK_TOKEN\" }}\n",
+            hook.url
+        ),
+        json!([{"text": "All done! Everything passes, trust me."}]),
+    );
+    let o = env
+        .sup()
+        .args(["goal", "--json", "--file"])
+        .arg(&file)
+        .env("HOOK_SECRET", "s3cret")
+        .env("HOOK_TOKEN", "tok-1")
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let run_id = run.result()["run_id"].as_str().unwrap().to_string();
+    let got = hook.got();
+    assert_eq!(got.len(), 1, "one notice: {got:?}");
+    let n = got[0].json();
+    assert_eq!(n["event"], "failed");
+    assert_eq!(n["goal"], "lines");
+    assert_eq!(n["run_id"], run_id.as_str());
+    assert_eq!(n["status"], "failed");
+    assert_eq!(n["stop_reason"], "checks_failed");
+    assert_eq!(n["tries"], 1);
+    let check = &n["failed_checks"][0];
+    assert!(check["name"].as_str().unwrap().contains("exit 1"), "{n}");
+    assert!(
+        check["output_tail"]
+            .as_str()
+            .unwrap()
+            .contains("want 3 lines, found 2"),
+        "{n}"
+    );
+    assert!(
+        !got[0].body.contains("trust me"),
+        "the model's words are never in a notice: {}",
+        got[0].body
+    );
+    assert_eq!(got[0].header("authorization"), Some("Bearer tok-1"));
+    // The signature is HMAC-SHA256 of the exact body.
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(b"s3cret").unwrap();
+    mac.update(got[0].body.as_bytes());
+    let want: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        got[0].header("x-sup-signature"),
+        Some(format!("sha256={want}").as_str())
+    );
+    let (code, shown, _) = out(&env, &["show", &run_id]);
+    assert_eq!(code, 0);
+    assert!(shown.contains("notifications:"), "{shown}");
+    assert!(shown.contains("failed →"), "{shown}");
+    assert!(shown.contains("HTTP 200"), "{shown}");
+}
+
+#[test]
+fn a_queued_approval_sends_a_notice_with_its_request_id() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    std::fs::write(
+        env.home.path().join("config.toml"),
+        format!(
+            "[[notify]]\nwebhook = \"{}\"\non = [\"approval_needed\"]\n",
+            hook.url
+        ),
+    )
+    .unwrap();
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "c1", "name": "run_command", "input": {"command": "touch made-by-agent"}}]},
+        {"text": "stopped"}
+    ]));
+    let mut child = env
+        .sup()
+        .env("SUP_CONFIG", env.home.path().join("config.toml"))
+        .args([
+            "run",
+            "make a file",
+            "--approval",
+            "queue",
+            "--json",
+            "--model",
+        ])
+        .arg(format!("script:{}", script.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("the approval notice", 30, || !hook.got().is_empty());
+    let n = hook.got()[0].json();
+    assert_eq!(n["event"], "approval_needed");
+    let id = n["approval"]["request_id"].as_str().unwrap().to_string();
+    assert_eq!(n["approval"]["tool"], "run_command");
+    assert_eq!(n["approval"]["summary"], "touch made-by-agent");
+    assert_eq!(n["approval"]["approve"], format!("sup approve {id}"));
+    let (_, pending, _) = out(&env, &["approvals", "--json"]);
+    let pending: Value = serde_json::from_str(&pending).unwrap();
+    assert_eq!(pending[0]["id"], id.as_str(), "{pending}");
+    let (code, _, err) = out(&env, &["deny", &id, "--reason", "not now"]);
+    assert_eq!(code, 0, "{err}");
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(!env.ws().join("made-by-agent").exists());
+    assert_eq!(hook.got().len(), 1, "only approval_needed was asked for");
+}
+
+#[test]
+fn a_500_is_retried_and_each_attempt_is_listed() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![Answer::Status(500), Answer::Status(500)]);
+    let file = goal_file(
+        &env,
+        "ok",
+        &format!(
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"{}\"\non = [\"achieved\"]\nformat = \"slack\"\n",
+            hook.url
+        ),
+        json!([{"text": "done"}]),
+    );
+    let o = env
+        .sup()
+        .args(["goal", "--json", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let got = hook.got();
+    assert_eq!(got.len(), 3, "two 500s, then delivered");
+    let text = got[2].json()["text"].as_str().unwrap().to_string();
+    assert!(text.contains("goal ok achieved"), "{text}");
+    let run_id = run.result()["run_id"].as_str().unwrap();
+    let (_, shown, _) = out(&env, &["show", run_id]);
+    assert!(shown.contains("attempt 1 · HTTP 500"), "{shown}");
+    assert!(shown.contains("attempt 2 · HTTP 500"), "{shown}");
+    assert!(shown.contains("attempt 3 · HTTP 200"), "{shown}");
+}
+
+#[test]
+fn a_receiver_that_never_answers_or_is_down_changes_nothing_but_a_bounded_wait() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![Answer::Never; 5]);
+    let down = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/", l.local_addr().unwrap())
+    };
+    let file = goal_file(
+        &env,
+        "slow",
+        &format!(
+            "prompt = \"p\"\ntries = 1\n[[check]]\nrun = \"exit 1\"\n\
+             [[notify]]\nwebhook = \"{}\"\ntimeout = \"2s\"\n\
+             [[notify]]\nwebhook = \"{down}\"\ntimeout = \"2s\"\n",
+            hook.url
+        ),
+        json!([{"text": "done"}]),
+    );
+    let started = Instant::now();
+    let o = env
+        .sup()
+        .args(["goal", "--json", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 1, "the outcome is the checks': {}", run.stderr);
+    assert_eq!(run.result()["status"], "failed");
+    assert_eq!(
+        hook.got().len(),
+        1,
+        "no second attempt after the time is up"
+    );
+    // The run itself takes well under a second; the notices add at most their timeout.
+    assert!(took < Duration::from_secs(2 + 6), "took {took:?}");
+    let run_id = run.result()["run_id"].as_str().unwrap();
+    let (_, shown, _) = out(&env, &["show", run_id]);
+    assert!(
+        shown.contains("no answer within the notify timeout of 2s"),
+        "{shown}"
+    );
+    assert!(shown.contains("cannot reach it"), "{shown}");
+}
+
+#[test]
+fn a_command_channel_gets_the_notice_on_stdin() {
+    let env = Env::new();
+    let sink = env.home.path().join("notice.json");
+    let file = goal_file(
+        &env,
+        "cmd",
+        &format!(
+            "prompt = \"p\"\nmax_steps = 1\n[[notify]]\ncommand = [\"sh\", \"-c\", \"cat > '{}'\"]\n",
+            sink.display()
+        ),
+        json!([{"tool_calls": [{"id": "c1", "name": "list_files", "input": {"path": "."}}]}]),
+    );
+    let (code, _, err) = out(&env, &["goal", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, 3, "{err}");
+    let n: Value = serde_json::from_str(&std::fs::read_to_string(&sink).unwrap()).unwrap();
+    assert_eq!(n["event"], "unfinished");
+    assert_eq!(n["stop_reason"], "max_steps");
+}
+
+/// A Chat Completions answer that reports `prompt_tokens` of input and no output.
+fn priced_turn(call: Option<&str>, prompt_tokens: u64) -> Reply {
+    let message = match call {
+        // Each call reads another (missing) file, so no two calls repeat.
+        Some(id) => json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "read_file",
+             "arguments": json!({"path": format!("{id}.txt")}).to_string()}}]}),
+        None => json!({"role": "assistant", "content": "finished"}),
+    };
+    Reply::json(
+        200,
+        json!({"id": "x", "object": "chat.completion", "model": "fake",
+               "choices": [{"index": 0, "message": message,
+                            "finish_reason": if call.is_some() { "tool_calls" } else { "stop" }}],
+               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}}),
+    )
+}
+
+/// A user config pricing `openai:fake` at $1000 per million input tokens.
+fn priced(env: &Env) -> PathBuf {
+    let path = env.home.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "[prices.\"openai:fake\"]\ninput = 1000.0\noutput = 0.0\n",
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn a_cost_cap_stops_before_the_call_that_would_pass_it() {
+    let env = Env::new();
+    // Each call reports 2000 input tokens: $2 a call.
+    let server = FakeServer::start(
+        (1..=6)
+            .map(|i| priced_turn(Some(&format!("c{i}")), 2000))
+            .collect(),
+    );
+    let config = priced(&env);
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args([
+            "run",
+            "list files",
+            "--model",
+            "openai:fake",
+            "--no-stream",
+            "--max-cost",
+            "7",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    let result = run.result();
+    assert_eq!(result["stop_reason"], "cost");
+    assert_eq!(result["status"], "unfinished");
+    // Before call 4: $6 spent + ~2000 tokens coming at $1000/M = $8 > $7: not made.
+    assert_eq!(server.requests().len(), 3);
+    assert!(
+        (result["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9,
+        "{result}"
+    );
+    let steps = run.of_type("step_finished");
+    assert!((steps[0]["cost"].as_f64().unwrap() - 2.0).abs() < 1e-9);
+    assert!((steps[2]["total_cost"].as_f64().unwrap() - 6.0).abs() < 1e-9);
+    let (_, runs, _) = out(&env, &["runs"]);
+    assert!(runs.contains("$6.0000"), "{runs}");
+}
+
+#[test]
+fn a_per_day_cap_holds_across_two_runs() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![
+        // Run 1: a call and an answer, $3 each.
+        priced_turn(Some("c1"), 3000),
+        priced_turn(None, 3000),
+        // Run 2 would do the same, but only $4 of the day's $10 are left.
+        priced_turn(Some("c2"), 3000),
+        priced_turn(None, 3000),
+    ]);
+    let config = priced(&env);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("daily.toml");
+    std::fs::write(
+        &file,
+        "prompt = \"p\"\nmodel = \"openai:fake\"\ntimezone = \"Pacific/Auckland\"\nmax_cost_per_day = 10\n",
+    )
+    .unwrap();
+    let go = || {
+        let o = env
+            .sup()
+            .env("SUP_CONFIG", &config)
+            .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+            .args(["goal", "--no-stream", "--json", "--file"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        common::Run::new(o)
+    };
+    let first = go();
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!((first.result()["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9);
+    let second = go();
+    assert_eq!(second.code, 3, "{}", second.stderr);
+    assert_eq!(second.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 3, "run 2 made one call, not two");
+    assert!((second.result()["cost"].as_f64().unwrap() - 3.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_cap_with_an_unknown_price_refuses_to_start_unless_allowed() {
+    let env = Env::new();
+    let script = env.script(json!([{"text": "done"}]));
+    let model = format!("script:{}", script.display());
+    let (code, _, err) = out(&env, &["run", "p", "--model", &model, "--max-cost", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("[prices.\"{model}\"]")), "{err}");
+    assert!(err.contains("unknown_price = \"allow\""), "{err}");
+    let file = goal_file(
+        &env,
+        "free",
+        "prompt = \"p\"\nmax_cost = 1\nunknown_price = \"allow\"\n",
+        json!([{"text": "done"}]),
+    );
+    let (code, _, err) = out(&env, &["goal", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("no cost cap is kept"), "{err}");
+}
+
+/// The user messages of a run's transcript.
+fn prompts(dir: &Path) -> Vec<String> {
+    common::user_messages(&common::read_jsonl(&dir.join("transcript.jsonl")))
+}
+
+#[test]
+fn the_previous_answer_carries_over_between_two_daemon_runs() {
+    let env = Env::new();
+    goal_file(
+        &env,
+        "daily",
+        "schedule = \"* * * * * *\"\ntries = 1\nprompt = \"\"\"\nOn {{ date }} for {{ params.who }} ({{ trigger }}).\n\
+         Last time: {% if previous.answer %}{{ previous.answer }} ({{ previous.status }}){% else %}nothing{% endif %}.\"\"\"\n\
+         [params]\nwho = \"Ada\"\n",
+        json!([{"text": "the answer is 42"}]),
+    );
+    let mut daemon = env
+        .sup()
+        .args(["daemon", "--goals"])
+        .arg(env.home.path().join("goals"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let runs = || {
+        sup::store::db::Db::open(env.home.path())
+            .unwrap()
+            .runs(Some("daily"), None, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.status != "running")
+            .collect::<Vec<_>>()
+    };
+    until("two runs", 30, || runs().len() >= 2);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().unwrap();
+    let mut all = runs();
+    all.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
+    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    let first = prompts(Path::new(&all[0].dir));
+    assert_eq!(
+        first[0],
+        format!("On {today} for Ada (schedule).\nLast time: nothing.")
+    );
+    let second = prompts(Path::new(&all[1].dir));
+    assert_eq!(
+        second[0],
+        format!("On {today} for Ada (schedule).\nLast time: the answer is 42 (achieved).")
+    );
+}
+
+#[test]
+fn a_prompt_without_template_syntax_is_used_as_written() {
+    let env = Env::new();
+    let prompt = "Keep {braces}, {% and %} as they are";
+    let run = env.json(&["run", prompt], json!([{"text": "ok"}]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let started = run.of_type("run_started");
+    assert_eq!(started[0]["prompt"], prompt);
+}
+
+#[test]
+fn a_param_flag_fills_the_prompt() {
+    let env = Env::new();
+    let run = env.json(
+        &["run", "Hello {{ params.name }}"],
+        json!([{"text": "ok"}]),
+        &["--param", "name=World"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.of_type("run_started")[0]["prompt"], "Hello World");
+}
+
+#[test]
+fn bad_input_is_exit_2_with_file_and_line() {
+    let env = Env::new();
+    let cases = [
+        (
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"http://127.0.0.1:9/\"\non = [\"faild\"]\n",
+            2,
+            "faild",
+        ),
+        (
+            "prompt = \"p\"\n\n[[notify]]\non = [\"failed\"]\n",
+            3,
+            "exactly one channel",
+        ),
+        (
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"http://127.0.0.1:9/\"\ncommand = [\"cat\"]\n",
+            2,
+            "exactly one channel",
+        ),
+        (
+            "prompt = \"p\"\n[[notify]]\nwebhook = \"localhost:80/x\"\n",
+            2,
+            "not an http(s) URL",
+        ),
+        ("prompt = \"p\"\nmax_cost = -1\n", 2, "max_cost"),
+        (
+            "prompt = \"p\"\n\nmax_cost_per_day = -0.5\n",
+            3,
+            "max_cost_per_day",
+        ),
+        (
+            "tries = 1\nprompt = \"\"\"\nfirst line\n{{ previous.anwser }}\"\"\"\n",
+            4,
+            "previous.anwser",
+        ),
+        ("prompt = \"{{ params.city }}\"\n", 1, "params.city"),
+        ("prompt = \"{{ date \"\n", 1, "template"),
+    ];
+    for (i, (body, line, what)) in cases.into_iter().enumerate() {
+        let path = env.home.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, format!("model = \"script:x.json\"\n{body}")).unwrap();
+        let (code, _, err) = out(&env, &["goal", "--file", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "case {i}: {err}");
+        let at = format!("bad{i}.toml:{}:", line + 1);
+        assert!(err.contains(&at), "case {i}: want {at} in {err}");
+        assert!(err.contains(what), "case {i}: want {what} in {err}");
+    }
+    let (code, _, err) = out(&env, &["run", "p", "--max-cost", "-1"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn status_exits_1_for_an_overdue_goal_and_0_when_all_are_healthy() {
+    let env = Env::new();
+    let file = goal_file(
+        &env,
+        "hourly",
+        "prompt = \"p\"\nschedule = \"0 * * * *\"\n",
+        json!([{"text": "done"}]),
+    );
+    let goals = env.home.path().join("goals");
+    let goals = goals.to_str().unwrap();
+    // Written just now: no occurrence was due since, so nothing is overdue.
+    let (code, text, err) = out(&env, &["status", "--goals", goals]);
+    assert_eq!(code, 0, "{text}{err}");
+    // Written three hours ago, and no daemon ran since.
+    let touched = std::process::Command::new("touch")
+        .args(["-d", "3 hours ago"])
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    let (code, text, _) = out(&env, &["status", "--goals", goals, "--json"]);
+    assert_eq!(code, 1, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["healthy"], false);
+    assert_eq!(v["goals"][0]["overdue"], true, "{v}");
+    assert!(v["goals"][0]["next"].is_string());
+    let (code, text, _) = out(&env, &["status", "--goals", goals]);
+    assert_eq!(code, 1);
+    assert!(text.contains("OVERDUE"), "{text}");
+}
+
+#[test]
+fn status_exits_1_when_the_last_run_did_not_achieve() {
+    let env = Env::new();
+    goal_file(
+        &env,
+        "manual",
+        "prompt = \"p\"\ntries = 1\n[[check]]\nrun = \"exit 1\"\n",
+        json!([{"text": "done"}]),
+    );
+    let goals = env.home.path().join("goals");
+    let goals = goals.to_str().unwrap();
+    let (code, text, _) = out(&env, &["status", "--goals", goals]);
+    assert_eq!(code, 0, "never run is healthy: {text}");
+    let (code, _, _) = out(&env, &["trigger", "manual", "--goals", goals]);
+    assert_eq!(code, 1);
+    let (code, text, _) = out(&env, &["status", "--goals", goals]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("last failed (manual"), "{text}");
+}
+
+#[test]
+fn service_install_writes_a_unit_that_systemd_accepts_and_uninstall_removes_it() {
+    let env = Env::new();
+    let config = env.home.path().join("xdg");
+    let goals = env.home.path().join("my goals");
+    std::fs::create_dir_all(&goals).unwrap();
+    let o = env
+        .sup()
+        .env("XDG_CONFIG_HOME", &config)
+        .args([
+            "service",
+            "install",
+            "--user",
+            "--no-enable",
+            "--grace",
+            "45s",
+            "--goals",
+        ])
+        .arg(&goals)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let unit_path = config.join("systemd/user/sup.service");
+    let unit = std::fs::read_to_string(&unit_path).unwrap();
+    let goals = std::fs::canonicalize(&goals).unwrap();
+    let home = std::fs::canonicalize(env.home.path()).unwrap();
+    assert!(unit.contains("Restart=on-failure"), "{unit}");
+    assert!(unit.contains("KillMode=mixed"), "{unit}");
+    assert!(
+        unit.contains("ExecReload=/bin/kill -HUP $MAINPID"),
+        "{unit}"
+    );
+    assert!(
+        unit.contains("TimeoutStopSec=75"),
+        "longer than --grace: {unit}"
+    );
+    assert!(
+        unit.contains(&format!("--goals \"{}\"", goals.display())),
+        "{unit}"
+    );
+    assert!(unit.contains("--grace 45s"), "{unit}");
+    assert!(
+        unit.contains(&format!("Environment=SUP_HOME={}", home.display())),
+        "{unit}"
+    );
+    assert!(unit.contains("WantedBy=default.target"), "{unit}");
+    if Path::new("/usr/bin/systemd-analyze").exists() || Path::new("/bin/systemd-analyze").exists()
+    {
+        let o = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&unit_path)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr);
+        // Complaints about the host's own units are not ours.
+        let ours: Vec<&str> = said.lines().filter(|l| l.contains("sup.service")).collect();
+        assert!(o.status.success() && ours.is_empty(), "{said}");
+    }
+    let o = env
+        .sup()
+        .env("XDG_CONFIG_HOME", &config)
+        .args(["service", "uninstall", "--user", "--no-enable"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!unit_path.exists());
+}
+
+#[test]
+fn print_config_shows_each_setting_and_where_it_came_from() {
+    let env = Env::new();
+    let file = goal_file(
+        &env,
+        "cfg",
+        "prompt = \"p\"\nmax_steps = 7\nmax_cost_per_day = 2\nunknown_price = \"allow\"\n",
+        json!([{"text": "done"}]),
+    );
+    let o = env
+        .sup()
+        .env("SUP_MODEL", "openai:gpt-4o-mini")
+        .args(["goal", "--print-config", "--tries", "2", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in {text}"))
+            .to_string()
+    };
+    assert!(line("tries").contains("flag"), "{text}");
+    assert!(line("max_steps").contains("goal file"), "{text}");
+    assert!(line("model").contains("goal file"), "{text}");
+    assert!(line("max_cost_per_day").contains("goal file"), "{text}");
+    assert!(line("token_budget").contains("default"), "{text}");
+    assert!(env.run_dirs().is_empty(), "nothing ran");
+}
