@@ -5,6 +5,7 @@
 pub mod approval;
 pub mod cli;
 pub mod model;
+pub mod redact;
 pub mod schedule;
 pub mod store;
 pub mod tools;

@@ -169,7 +169,8 @@ pub struct Common {
     /// The model's output token limit per turn (Anthropic default 8192).
     #[arg(long)]
     pub max_tokens: Option<u32>,
-    /// How long to wait for a provider's response to start (default 600s).
+    /// How long one request to the provider may take, a streamed answer included; stream
+    /// keep-alives do not extend it (default 600s).
     #[arg(long, value_parser = duration)]
     pub request_timeout: Option<Duration>,
     /// How long a stream may stay silent before it counts as broken (default 120s).
@@ -316,7 +317,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::redact::Writer(std::io::stderr()))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -359,7 +360,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(fail) => {
-            eprintln!("sup: error: {:#}", fail.error);
+            let message = format!("{:#}", fail.error);
+            eprintln!("sup: error: {}", crate::redact::text(&message));
             ExitCode::from(fail.code)
         }
     }
