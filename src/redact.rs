@@ -133,7 +133,9 @@ pub fn tree(dir: &Path, skip: &[&str]) {
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        let Ok(kind) = entry.file_type() else { continue };
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
         if kind.is_dir() {
             tree(&path, skip);
         } else if kind.is_file()
@@ -195,14 +197,19 @@ mod tests {
             text("a sk-unit-test-secret-0001-longer b sk-unit-test-secret-0001"),
             "a [redacted] b [redacted]"
         );
-        let mut v = serde_json::json!({"k": ["x sk-unit-test-secret-0001"], "sk-unit-test-secret-0001": 1});
+        let mut v =
+            serde_json::json!({"k": ["x sk-unit-test-secret-0001"], "sk-unit-test-secret-0001": 1});
         value(&mut v);
         assert_eq!(
             v,
             serde_json::json!({"k": ["x [redacted]"], "[redacted]": 1})
         );
         assert_eq!(
-            replace_bytes(b"\xffsk-unit-test-secret-0001\xff", b"sk-unit-test-secret-0001", b"R"),
+            replace_bytes(
+                b"\xffsk-unit-test-secret-0001\xff",
+                b"sk-unit-test-secret-0001",
+                b"R"
+            ),
             b"\xffR\xff"
         );
     }

@@ -143,11 +143,7 @@ fn queued_approval_with_timeout(timeout: &str) {
     let deadline_year: i32 = request["deadline"].as_str().unwrap()[..4].parse().unwrap();
     assert!(deadline_year > 3000, "{request}");
     let id = request["id"].as_str().unwrap();
-    let out = env
-        .sup()
-        .args(["approve", id])
-        .output()
-        .unwrap();
+    let out = env.sup().args(["approve", id]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     let out = child.wait_with_output().unwrap();
     let run = Run::new(out);
@@ -263,7 +259,11 @@ fn an_outcome_the_store_refuses_is_kept_beside_the_transcript_and_recorded_next_
     .unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "the run's real exit code: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the run's real exit code: {stderr}"
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "the answer");
     assert!(stderr.contains("recording the outcome"), "{stderr}");
     let dir = env.run_dirs().pop().unwrap();
@@ -387,7 +387,11 @@ fn a_flood_of_output_keeps_at_most_64_mb_with_a_note() {
         .max_by_key(|f| f.metadata().unwrap().len())
         .unwrap();
     let size = biggest.metadata().unwrap().len();
-    assert!(size <= 64 * 1024 * 1024 + 200, "{} is {size} bytes", biggest.display());
+    assert!(
+        size <= 64 * 1024 * 1024 + 200,
+        "{} is {size} bytes",
+        biggest.display()
+    );
     assert!(size >= 64 * 1024 * 1024, "{size}");
     let (tail, _) = sup::tools::process::read_tail(biggest, 200).unwrap();
     assert!(tail.contains("output cut at 64 MB"), "{tail}");
@@ -425,7 +429,10 @@ fn a_model_turn_past_8_mb_fails_the_run_with_a_clear_error() {
     let transcript = std::fs::metadata(env.run_dirs().pop().unwrap().join("transcript.jsonl"))
         .unwrap()
         .len();
-    assert!(transcript < 20 * 1024 * 1024, "transcript {transcript} bytes");
+    assert!(
+        transcript < 20 * 1024 * 1024,
+        "transcript {transcript} bytes"
+    );
 }
 
 #[test]
@@ -483,7 +490,9 @@ fn sse_keep_alives_cannot_extend_the_request_deadline() {
 fn the_partial_answer_of_a_failed_stream_is_in_the_transcript() {
     let env = Env::new();
     let turn = Turn::text("the first part of a long answer that never ends");
-    let server = FakeServer::start(vec![openai_stream(&turn, Indexing::Standard).dropped_after(5)]);
+    let server = FakeServer::start(vec![
+        openai_stream(&turn, Indexing::Standard).dropped_after(5),
+    ]);
     let run = openai(&env, &server, &[]);
     assert_eq!(run.code, 4, "{}", run.stderr);
     let error = run.result()["error"].as_str().unwrap();
@@ -562,7 +571,14 @@ fn an_unknown_runs_status_is_exit_2_and_lists_the_valid_ones() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for s in ["achieved", "failed", "unfinished", "error", "interrupted", "running"] {
+    for s in [
+        "achieved",
+        "failed",
+        "unfinished",
+        "error",
+        "interrupted",
+        "running",
+    ] {
         assert!(stderr.contains(s), "{stderr}");
     }
 }
@@ -631,7 +647,10 @@ fn a_key_a_tool_prints_reaches_the_model_redacted() {
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     let second = requests[1].body.to_string();
-    assert!(!second.contains(KEY), "the model was sent the key: {second}");
+    assert!(
+        !second.contains(KEY),
+        "the model was sent the key: {second}"
+    );
     assert!(second.contains("key=[redacted]"), "{second}");
     assert!(!run.stdout.contains(KEY) && !run.stderr.contains(KEY));
     assert_no_key_under(env.home.path());
@@ -648,19 +667,27 @@ fn a_401_that_echoes_the_key_leaves_it_nowhere() {
     assert_eq!(run.code, 4, "{}", run.stderr);
     assert!(!run.stdout.contains(KEY), "{}", run.stdout);
     assert!(!run.stderr.contains(KEY), "{}", run.stderr);
-    assert!(run.result()["error"].as_str().unwrap().contains("[redacted]"));
+    assert!(
+        run.result()["error"]
+            .as_str()
+            .unwrap()
+            .contains("[redacted]")
+    );
     // The human trace too.
-    let out = env
-        .sup()
-        .env("OPENAI_BASE_URL", format!("{}/v1", FakeServer::start(vec![Reply::json(
+    let out =
+        env.sup()
+            .env(
+                "OPENAI_BASE_URL",
+                format!("{}/v1", FakeServer::start(vec![Reply::json(
             401,
             json!({"error": {"message": format!("Incorrect API key provided: {KEY}.")}}),
-        )]).url))
-        .env("OPENAI_API_KEY", KEY)
-        .env("RUST_LOG", "debug")
-        .args(["run", "x", "--model", "openai:gpt-test"])
-        .output()
-        .unwrap();
+        )]).url),
+            )
+            .env("OPENAI_API_KEY", KEY)
+            .env("RUST_LOG", "debug")
+            .args(["run", "x", "--model", "openai:gpt-test"])
+            .output()
+            .unwrap();
     assert_eq!(out.status.code(), Some(4));
     assert!(!String::from_utf8_lossy(&out.stderr).contains(KEY));
     let runs = env.sup().args(["runs", "--json"]).output().unwrap();
@@ -686,7 +713,15 @@ fn a_key_a_check_prints_reaches_neither_the_model_nor_the_disk() {
         .sup()
         .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
         .env("OPENAI_API_KEY", KEY)
-        .args(["goal", "work", "--model", "openai:gpt-test", "--json", "--tries", "2"])
+        .args([
+            "goal",
+            "work",
+            "--model",
+            "openai:gpt-test",
+            "--json",
+            "--tries",
+            "2",
+        ])
         .args(["--check-cmd", "cat leak.txt; exit 1"])
         .output()
         .unwrap();
@@ -778,7 +813,10 @@ fn soak_kill_9_of_the_daemon_twenty_times() {
     let db = Db::open(env.home.path()).unwrap();
     let rows = db.runs(Some("soak"), None, 10_000).unwrap();
     let running = rows.iter().filter(|r| r.status == "running").count();
-    let mut at: Vec<String> = rows.iter().filter_map(|r| r.scheduled_for.clone()).collect();
+    let mut at: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.scheduled_for.clone())
+        .collect();
     let n = at.len();
     at.sort();
     at.dedup();
@@ -946,4 +984,64 @@ mod props {
             let _ = sup::verify::file::GoalFile::parse(std::path::Path::new("/nonexistent/g.toml"), &text);
         }
     }
+}
+
+// ------------------------------------------------- MCP servers end on every way out
+
+#[test]
+fn mcp_servers_are_shut_down_when_the_store_refuses_the_run() {
+    let env = Env::new();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    if !dir.join("node_modules/.bin/mcp-server-everything").exists() {
+        let status = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm is needed to install the MCP test servers");
+        assert!(status.success());
+    }
+    let server = dir.join("node_modules/.bin/mcp-server-everything");
+    let marker = format!("SUP_MCP_TEST_{}", uuid::Uuid::new_v4().simple());
+    let goal = env.home.path().join("mcp.toml");
+    std::fs::write(
+        &goal,
+        format!(
+            "prompt = \"p\"\n[[mcp]]\nname = \"everything\"\ncommand = [{:?}]\nenv = {{ {marker} = \"1\" }}\n",
+            server.display().to_string()
+        ),
+    )
+    .unwrap();
+    // The store exists and refuses every new run, after the servers started.
+    let db = Db::open(env.home.path()).unwrap();
+    db.conn()
+        .execute_batch(
+            "CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN
+                 SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let script = env.script(json!([{"text": "done"}]));
+    let out = env
+        .sup()
+        .args(["goal", "--json", "--file"])
+        .arg(&goal)
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("refused by the test"), "{}", run.stderr);
+    let with_marker = || {
+        let mut n = 0;
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            if let Ok(environ) = std::fs::read(e.path().join("environ"))
+                && String::from_utf8_lossy(&environ).contains(&marker)
+            {
+                n += 1;
+            }
+        }
+        n
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(with_marker(), 0, "an MCP server outlived the run");
 }

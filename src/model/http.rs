@@ -391,7 +391,10 @@ async fn attempt_once(
     };
     if !opts.stream {
         // JSON framing of a whole answer is small next to its text: twice the limit holds it.
-        let max_body = opts.max_turn_bytes.saturating_mul(2).saturating_add(64 * 1024);
+        let max_body = opts
+            .max_turn_bytes
+            .saturating_mul(2)
+            .saturating_add(64 * 1024);
         let mut response = response;
         let mut bytes = Vec::new();
         loop {

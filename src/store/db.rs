@@ -484,10 +484,7 @@ impl Db {
         let Some(kept) = KeptOutcome::read(dir) else {
             return Ok(false);
         };
-        let tx = self
-            .conn
-            .unchecked_transaction()
-            .map_err(|e| self.err(e))?;
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
         Self::write_end(&tx, id, &kept.ended()).map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         if let Err(e) = std::fs::remove_file(dir.join(OUTCOME_FILE)) {

@@ -381,7 +381,10 @@ impl Work<'_> {
         };
         // Tools that run processes time out on their own and report what they printed;
         // this is the backstop for every other tool.
-        let backstop = self.limits.tool_timeout.saturating_add(Duration::from_secs(2));
+        let backstop = self
+            .limits
+            .tool_timeout
+            .saturating_add(Duration::from_secs(2));
         let outcome = tokio::select! {
             r = tokio::time::timeout(backstop, prepared.tool.call(&prepared.input, &ctx)) => {
                 r.unwrap_or(Err(ToolError::Timeout(self.limits.tool_timeout)))
