@@ -520,7 +520,7 @@ async fn error_body(mut response: reqwest::Response) -> String {
 }
 
 fn shown_bytes(n: usize) -> String {
-    if n >= 1024 * 1024 && n % (1024 * 1024) == 0 {
+    if n >= 1024 * 1024 && n.is_multiple_of(1024 * 1024) {
         format!("{} MB", n / (1024 * 1024))
     } else {
         format!("{n} bytes")

@@ -109,10 +109,8 @@ impl Transcript {
                 p.step = *step;
                 p.text.clear();
             }
-            Event::TextDelta { text } => {
-                if p.text.len().saturating_add(text.len()) <= MAX_PARTIAL {
-                    p.text.push_str(text);
-                }
+            Event::TextDelta { text } if p.text.len().saturating_add(text.len()) <= MAX_PARTIAL => {
+                p.text.push_str(text);
             }
             Event::ModelText { .. } | Event::StepFinished { .. } => p.text.clear(),
             Event::WorkFinished {
