@@ -4,8 +4,10 @@
 
 pub mod approval;
 pub mod cli;
+pub mod config;
 pub mod model;
 pub mod redact;
+pub mod run;
 pub mod schedule;
 pub mod store;
 pub mod tools;

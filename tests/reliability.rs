@@ -981,7 +981,7 @@ mod props {
                 r#"((prompt|tries|max_steps|schedule|timezone|keep_runs|tool_timeout|approval_timeout|catch_up|jitter|overlap|\[\[check\]\]|\[\[tool\]\]|timeout|run|name|command) = ("[^"\n]{0,20}"|[0-9]{1,25}|\[\]|true)\n){0,8}"#,
             ).unwrap(),
         ) {
-            let _ = sup::verify::file::GoalFile::parse(std::path::Path::new("/nonexistent/g.toml"), &text);
+            let _ = sup::config::GoalFile::parse(std::path::Path::new("/nonexistent/g.toml"), &text);
         }
     }
 }

@@ -1,7 +1,9 @@
-//! Launching a goal run, the same way from every entry point (`sup run`, `sup goal`, the
-//! daemon, `sup trigger`): flags and goal file merged into a `RunSpec`; then the model, the
-//! tools, the run folder, the transcript and the store record set up around the verify loop.
-//! A run that started is always recorded, whatever ends it.
+//! Assembling one run, the same way from every entry point (`sup run`, `sup goal`, the daemon,
+//! `sup trigger`): the layers of settings merged (`crate::config`) and resolved into a
+//! `RunSpec` (the workspace made and found, checks and rules settled); then the model, the
+//! tools, the MCP servers, the approval gate, the run folder, the transcript and the store
+//! record set up around the verify loop. A run that started is always recorded, whatever
+//! ends it.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -12,10 +14,8 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
-use super::check::DEFAULT_TIMEOUT;
-use super::file::{GoalFile, ToolDef};
-use super::{Check, Goal, Outcome, Runtime, default_system};
-use crate::approval::{self, Gate, Mode, QueueTarget, Rules, Terminal};
+use crate::approval::{Gate, Mode, QueueTarget, Rules, Terminal};
+use crate::config::{self, CheckDef, ConfigError, Effective, GoalFile, Settings, Source, ToolDef};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::store::db::{Db, DbError, Ended, KeptOutcome, NewRun, PATIENCE};
@@ -24,15 +24,15 @@ use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
+use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
 use crate::work::Limits;
 
-/// Runs kept per goal unless the goal file says `keep_runs`.
-pub const DEFAULT_KEEP_RUNS: u32 = 100;
-
 #[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("{0}")]
-    Usage(String),
+    Setup(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -42,43 +42,18 @@ pub enum LaunchError {
     #[error(transparent)]
     Db(#[from] DbError),
     #[error(transparent)]
-    Rule(#[from] approval::RuleError),
-    #[error(transparent)]
     Mcp(#[from] McpError),
 }
 
-/// What the command line may say over a goal file. `None` leaves the file's value.
+/// What the command line and the environment say, apart from a goal file.
 #[derive(Clone, Debug, Default)]
-pub struct Overrides {
-    pub name: Option<String>,
-    pub prompt: Option<String>,
-    /// `--model`: wins over the goal file.
-    pub model: Option<String>,
-    /// `SUP_MODEL`: used when neither the flag nor the goal file names a model.
-    pub default_model: Option<String>,
-    pub max_steps: Option<u32>,
-    pub token_budget: Option<u64>,
-    pub workspace: Option<PathBuf>,
-    pub system: Option<String>,
-    pub tool_timeout: Option<Duration>,
-    pub output_cap: Option<usize>,
-    pub providers: ProviderOptions,
-    pub record: Option<PathBuf>,
-    pub tries: Option<u32>,
-    pub fresh: bool,
-    /// Checks from flags; they replace the file's checks.
-    pub checks: Vec<Check>,
-    pub check_timeout: Option<Duration>,
-    /// `--approval`: wins over the goal file.
-    pub approval: Option<Mode>,
-    /// `SUP_APPROVAL`: used when neither the flag nor the goal file names a mode.
-    pub default_approval: Option<Mode>,
-    pub allow: Vec<String>,
-    pub ask: Vec<String>,
-    pub deny: Vec<String>,
-    pub approval_timeout: Option<Duration>,
-    /// MCP servers from `--mcp`, added to the goal file's.
-    pub mcp: Vec<ServerSpec>,
+pub struct Invocation {
+    /// The flags' layer.
+    pub flags: Settings,
+    /// Checks from `--check` / `--check-cmd`; when any, they replace the goal file's.
+    pub checks: Vec<CheckDef>,
+    /// The environment's layer (`Settings::from_env`).
+    pub env: Settings,
 }
 
 /// Everything a run is made of, before it starts.
@@ -97,232 +72,170 @@ pub struct RunSpec {
     pub rules: Rules,
     pub approval_timeout: Duration,
     pub mcp: Vec<ServerSpec>,
+    /// The effective settings and where each came from.
+    pub effective: Effective,
 }
 
-fn usage(msg: impl Into<String>) -> LaunchError {
-    LaunchError::Usage(msg.into())
+fn setup(msg: impl Into<String>) -> RunError {
+    RunError::Setup(msg.into())
 }
 
 impl RunSpec {
-    /// Merge flags over a goal file; check what can be checked before any model call.
-    pub fn build(o: &Overrides, file: Option<&GoalFile>) -> Result<RunSpec, LaunchError> {
-        let prompt = o
-            .prompt
-            .clone()
-            .or_else(|| file.and_then(|f| f.prompt.clone()))
-            .ok_or_else(|| {
-                usage(
-                    "no prompt: give one on the command line, or `prompt = \"…\"` in the goal file",
-                )
-            })?;
-        // The flag, then the goal file, then SUP_MODEL. A relative `script:` path starts at
-        // the goal file's folder when the model came from the file.
-        let flag = o.model.clone().filter(|m| !m.is_empty());
-        let from_file = file
-            .and_then(|f| f.model.clone())
-            .filter(|_| flag.is_none());
-        let model_base = match (&from_file, file) {
-            (Some(_), Some(f)) => f
-                .path
-                .parent()
-                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+    /// Read the user config, merge every layer, and resolve the result.
+    pub fn build(inv: &Invocation, file: Option<&GoalFile>) -> Result<RunSpec, RunError> {
+        let user = config::UserConfig::load()?;
+        let effective = config::merge(&config::Layers {
+            flags: &inv.flags,
+            goal: file,
+            env: &inv.env,
+            user: &user,
+        })?;
+        Self::resolve(effective, &inv.checks, file)
+    }
+
+    /// Settle what depends on the machine: the workspace (a goal file's is made on first
+    /// use), check timeouts, defaults that depend on other settings.
+    pub fn resolve(
+        effective: Effective,
+        flag_checks: &[CheckDef],
+        file: Option<&GoalFile>,
+    ) -> Result<RunSpec, RunError> {
+        let s = &effective.settings;
+        let from = |key: &str| effective.provenance.source(key);
+        // A relative `script:` path starts at the goal file's folder when the model came
+        // from the file.
+        let model_base = match (from("model"), file) {
+            (Some(Source::GoalFile(_)), Some(f)) => f.dir(),
             _ => PathBuf::from("."),
         };
-        let model = flag
-            .or(from_file)
-            .or_else(|| o.default_model.clone().filter(|m| !m.is_empty()))
-            .ok_or_else(|| {
-                usage(
-                    "no model configured: pass --model PROVIDER:MODEL or set SUP_MODEL \
-                     (e.g. `--model script:goals/scripts/haiku.json` to run offline, or \
-                     `--model openai:gpt-4o-mini`)",
-                )
-            })?;
-        let workspace = match (&o.workspace, file.and_then(|f| f.workspace.clone())) {
-            (Some(w), _) => w.clone(),
-            (None, Some(w)) => {
-                // A goal file's workspace is made on first use.
-                std::fs::create_dir_all(&w).map_err(|e| {
-                    usage(format!("cannot create the workspace {}: {e}", w.display()))
-                })?;
-                w
+        let workspace = match &s.workspace {
+            Some(w) => {
+                if matches!(from("workspace"), Some(Source::GoalFile(_))) {
+                    std::fs::create_dir_all(w).map_err(|e| {
+                        setup(format!("cannot create the workspace {}: {e}", w.display()))
+                    })?;
+                }
+                w.clone()
             }
-            (None, None) => PathBuf::from("."),
+            None => PathBuf::from("."),
         };
         let workspace = std::fs::canonicalize(&workspace)
             .ok()
             .filter(|w| w.is_dir())
-            .ok_or_else(|| usage(format!("workspace {} is not a folder", workspace.display())))?;
-        let defaults = Limits::default();
+            .ok_or_else(|| setup(format!("workspace {} is not a folder", workspace.display())))?;
         let limits = Limits {
-            max_steps: o
-                .max_steps
-                .or_else(|| file.and_then(|f| f.max_steps))
-                .unwrap_or(defaults.max_steps),
-            token_budget: o.token_budget.or_else(|| file.and_then(|f| f.token_budget)),
-            tool_timeout: o
-                .tool_timeout
-                .or_else(|| file.and_then(|f| f.tool_timeout))
-                .unwrap_or(defaults.tool_timeout),
-            output_cap: o.output_cap.unwrap_or(defaults.output_cap),
-            repeat_limit: defaults.repeat_limit,
+            max_steps: s.max_steps.unwrap_or_default(),
+            token_budget: s.token_budget,
+            tool_timeout: s.tool_timeout.unwrap_or_default(),
+            output_cap: s.output_cap.unwrap_or_default(),
+            repeat_limit: Limits::default().repeat_limit,
         };
-        if limits.max_steps == 0 {
-            return Err(usage("--max-steps must be at least 1"));
-        }
-        if limits.output_cap < 256 {
-            return Err(usage("--output-cap must be at least 256 bytes"));
-        }
-        let system = o
-            .system
-            .clone()
-            .or_else(|| file.and_then(|f| f.system.clone()))
-            .unwrap_or_else(|| default_system(&workspace));
-        let mut checks = if o.checks.is_empty() {
-            file.map(|f| f.checks.clone()).unwrap_or_default()
+        let check_timeout = s.check_timeout.unwrap_or_default();
+        let forced = matches!(from("check_timeout"), Some(Source::Flag));
+        let defs = if flag_checks.is_empty() {
+            file.map(|f| f.checks.as_slice()).unwrap_or_default()
         } else {
-            o.checks.clone()
+            flag_checks
         };
-        if let Some(t) = o.check_timeout {
-            for c in &mut checks {
-                c.timeout = t;
-            }
-        }
-        for c in &checks {
-            c.validate().map_err(usage)?;
-        }
-        let tries = o
-            .tries
-            .or_else(|| file.and_then(|f| f.tries))
-            .unwrap_or(if checks.is_empty() { 1 } else { 3 });
-        if tries == 0 {
-            return Err(usage("--tries must be at least 1"));
-        }
-        let file_rules = file.map(|f| f.approval_rules.clone()).unwrap_or_default();
-        let mut rules = user_rules()?;
-        rules.extend(Rules::parse(
-            &file_rules.allow,
-            &file_rules.ask,
-            &file_rules.deny,
-        )?);
-        rules.extend(Rules::parse(&o.allow, &o.ask, &o.deny)?);
-        // The flag, then the goal file, then SUP_APPROVAL.
-        let approval = o
-            .approval
-            .or_else(|| {
-                file.and_then(|f| f.approval.as_ref())
-                    .and_then(|a| Mode::parse(&a.value))
+        let checks: Vec<Check> = defs
+            .iter()
+            .map(|d| {
+                let mut c = d.check.clone();
+                c.timeout = match d.timeout {
+                    Some(own) if !forced => own,
+                    _ => check_timeout,
+                };
+                c
             })
-            .or(o.default_approval);
-        let name = o
+            .collect();
+        for c in &checks {
+            c.validate().map_err(setup)?;
+        }
+        let tries = s.tries.unwrap_or(if checks.is_empty() { 1 } else { 3 });
+        let r = &s.approval_rules;
+        let rules = Rules::parse(&r.allow, &r.ask, &r.deny).map_err(ConfigError::from)?;
+        let name = s
             .name
             .clone()
             .or_else(|| file.map(|f| f.name.clone()))
             .unwrap_or_else(|| "run".into());
+        let http = crate::model::http::HttpOptions {
+            stream: !s.no_stream.unwrap_or_default(),
+            request_timeout: s.request_timeout.unwrap_or_default(),
+            idle_timeout: s.idle_timeout.unwrap_or_default(),
+            max_attempts: s.retries.unwrap_or_default().max(1),
+            ..Default::default()
+        };
         Ok(RunSpec {
             goal: Goal {
                 name,
-                prompt,
-                system,
+                prompt: s.prompt.clone().unwrap_or_default(),
+                system: s
+                    .system
+                    .clone()
+                    .unwrap_or_else(|| default_system(&workspace)),
                 checks,
                 tries,
-                fresh: o.fresh || file.and_then(|f| f.fresh).unwrap_or(false),
+                fresh: s.fresh.unwrap_or_default(),
                 limits,
                 workspace,
                 feedback_cap: 8 * 1024,
             },
-            model,
+            model: s.model.clone().unwrap_or_default(),
             model_base,
             tools: file.map(|f| f.tools.clone()).unwrap_or_default(),
-            providers: o.providers.clone(),
-            record: o.record.clone(),
-            keep_runs: file.and_then(|f| f.keep_runs).unwrap_or(DEFAULT_KEEP_RUNS),
-            approval,
+            providers: ProviderOptions {
+                base_url: s.base_url.clone(),
+                http,
+                max_tokens: s.max_tokens,
+            },
+            record: s.record.clone(),
+            keep_runs: s.keep_runs.unwrap_or_default(),
+            approval: s.approval,
             rules,
-            mcp: file
-                .map(|f| {
-                    f.mcp
-                        .iter()
-                        .map(|m| ServerSpec {
-                            name: m.name.clone(),
-                            command: m.command.clone(),
-                            args: m.args.clone(),
-                            env: m.env.clone(),
-                        })
-                        .collect::<Vec<_>>()
+            approval_timeout: s.approval_timeout.unwrap_or_default(),
+            mcp: s
+                .mcp
+                .iter()
+                .map(|m| ServerSpec {
+                    name: m.name.clone(),
+                    command: m.command.clone(),
+                    args: m.args.clone(),
+                    env: m.env.clone(),
                 })
-                .unwrap_or_default()
-                .into_iter()
-                .chain(o.mcp.iter().cloned())
                 .collect(),
-            approval_timeout: o
-                .approval_timeout
-                .or_else(|| file.and_then(|f| f.approval_timeout))
-                .unwrap_or(approval::DEFAULT_TIMEOUT),
+            effective,
         })
     }
 }
 
-/// The user's config file: `$SUP_CONFIG`, or `$XDG_CONFIG_HOME/sup/config.toml`, or
-/// `~/.config/sup/config.toml`.
-pub fn user_config_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("SUP_CONFIG").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("sup/config.toml"))
-}
-
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct UserConfig {
-    #[serde(default)]
-    approval_rules: crate::verify::file::RawRules,
-}
-
-/// Approval rules from the user's config file (none when it does not exist).
-fn user_rules() -> Result<Rules, LaunchError> {
-    let Some(path) = user_config_path().filter(|p| p.exists()) else {
-        return Ok(Rules::default());
-    };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
-    let config: UserConfig = toml::from_str(&text).map_err(|e| {
-        let line = e
-            .span()
-            .map_or(0, |s| text[..s.start].matches('\n').count() + 1);
-        usage(format!("{}:{line}: {}", path.display(), e.message().trim()))
-    })?;
-    let r = config.approval_rules;
-    Ok(Rules::parse(&r.allow, &r.ask, &r.deny)?)
-}
-
 /// A check from `--check FILE`; `human` is a person.
-pub fn script_check(path: &Path, timeout: Option<Duration>) -> Result<Check, LaunchError> {
-    if path == Path::new("human") && !path.exists() {
-        return Ok(Check::human(
+pub fn script_check(path: &Path) -> Result<CheckDef, RunError> {
+    let check = if path == Path::new("human") && !path.exists() {
+        Check::human(
             "Is the work done? Accept it, or reject it and say what is wrong.".into(),
-            timeout.unwrap_or(DEFAULT_TIMEOUT),
-        ));
+            Duration::ZERO,
+        )
+    } else {
+        let full = std::fs::canonicalize(path)
+            .map_err(|_| setup(format!("check script {} does not exist", path.display())))?;
+        Check::script(path.display().to_string(), full, Duration::ZERO)
+    };
+    Ok(CheckDef {
+        check,
+        timeout: None,
+    })
+}
+
+/// A check from `--check-cmd LINE`.
+pub fn command_check(line: &str) -> CheckDef {
+    CheckDef {
+        check: Check::command(line.to_string(), Duration::ZERO),
+        timeout: None,
     }
-    script_check_file(path, timeout)
 }
 
-/// A check from `--check FILE`.
-fn script_check_file(path: &Path, timeout: Option<Duration>) -> Result<Check, LaunchError> {
-    let full = std::fs::canonicalize(path)
-        .map_err(|_| usage(format!("check script {} does not exist", path.display())))?;
-    Ok(Check::script(
-        path.display().to_string(),
-        full,
-        timeout.unwrap_or(DEFAULT_TIMEOUT),
-    ))
-}
-
-fn registry(defs: &[ToolDef]) -> Result<Registry, LaunchError> {
+fn registry(defs: &[ToolDef]) -> Result<Registry, RunError> {
     let mut registry = Registry::new();
     builtin::register_all(&mut registry)?;
     for d in defs {
@@ -336,7 +249,7 @@ fn registry(defs: &[ToolDef]) -> Result<Registry, LaunchError> {
             d.program.clone(),
             d.args.clone(),
         );
-        registry.add(Arc::new(tool))?;
+        registry.add_with_timeout(Arc::new(tool), d.timeout)?;
     }
     Ok(registry)
 }
@@ -407,7 +320,7 @@ pub async fn launch(
     trigger: Trigger,
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
-) -> Result<Launched, LaunchError> {
+) -> Result<Launched, RunError> {
     let mut model = model::from_spec(&spec.model, &spec.model_base, &spec.providers)?;
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);
@@ -445,7 +358,7 @@ pub async fn launch(
             workspace: &spec.goal.workspace.display().to_string(),
             dir: &run.dir.display().to_string(),
         })?;
-        Ok::<_, LaunchError>(transcript)
+        Ok::<_, RunError>(transcript)
     };
     let transcript = match started() {
         Ok(t) => t,
@@ -475,7 +388,7 @@ pub async fn launch(
         gate: Some(&gate),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
-    let outcome = match AssertUnwindSafe(super::run(&spec.goal, &rt))
+    let outcome = match AssertUnwindSafe(crate::verify::run(&spec.goal, &rt))
         .catch_unwind()
         .await
     {
