@@ -743,7 +743,7 @@ fn pids_of_sleep_300() -> Vec<i32> {
             continue;
         };
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if cmd == b"sleep\0300\0" || cmd == b"sleep\x00300" {
+        if cmd == b"sleep\x00300\x00" {
             pids.push(pid);
         }
     }
