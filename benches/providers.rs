@@ -37,7 +37,7 @@ fn sse_throughput() {
         let mut events = Vec::new();
         let mut count = 0;
         for chunk in text.as_bytes().chunks(4096) {
-            parser.feed(chunk, &mut events);
+            let _ = parser.feed(chunk, &mut events);
             count += events.len();
             events.clear();
         }
@@ -49,7 +49,7 @@ fn sse_throughput() {
         let mut parser = SseParser::new();
         let mut decoder = ChatDecoder::new();
         for chunk in text.as_bytes().chunks(4096) {
-            parser.feed(chunk, &mut events);
+            let _ = parser.feed(chunk, &mut events);
             for e in events.drain(..) {
                 decoder.event(&e, &|_| {}).unwrap();
             }

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod model;
 pub mod notify;
+pub mod redact;
 pub mod run;
 pub mod schedule;
 pub mod store;

@@ -267,7 +267,7 @@ impl Gate {
         cancel: &CancellationToken,
     ) -> Result<ApprovalRow, String> {
         let request = format!("a-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let deadline = Utc::now() + chrono::Duration::from_std(self.timeout).unwrap_or_default();
+        let deadline = crate::store::db::deadline_after(Utc::now(), self.timeout);
         let row = ApprovalRow {
             id: request.clone(),
             run_id: self.queue.run_id.clone(),

@@ -216,6 +216,20 @@ pub fn runs(
     limit: u32,
     json_out: bool,
 ) -> Result<u8, Fail> {
+    const STATUSES: [&str; 6] = [
+        "achieved",
+        "failed",
+        "unfinished",
+        "error",
+        "interrupted",
+        "running",
+    ];
+    if let Some(s) = status.filter(|s| !STATUSES.contains(s)) {
+        return Err(Fail::usage(anyhow!(
+            "--status `{s}` is not a run status; use one of: {}",
+            STATUSES.join(", ")
+        )));
+    }
     let db = db()?;
     let rows = db.runs(goal, status, limit).map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
@@ -281,7 +295,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
                 c.outcome,
                 c.duration_ms
             );
-            for path in c.output_path.iter().flat_map(|p| p.split(' ')) {
+            for path in c.output_path.iter().flat_map(|p| p.lines()) {
                 if let Ok((tail, cut)) = crate::tools::process::read_tail(Path::new(path), 4096) {
                     if tail.trim().is_empty() {
                         continue;

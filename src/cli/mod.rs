@@ -181,7 +181,7 @@ pub struct GoalArgs {
     #[arg(long)]
     pub fresh: bool,
     /// Timeout of each check (default 300s).
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = crate::config::parse_timeout)]
     pub check_timeout: Option<Duration>,
     /// The goal's name (default: the goal file's stem, or `goal`).
     #[arg(long)]
@@ -215,7 +215,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::redact::Writer(std::io::stderr()))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -260,7 +260,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(fail) => {
-            eprintln!("sup: error: {:#}", fail.error);
+            let message = format!("{:#}", fail.error);
+            eprintln!("sup: error: {}", crate::redact::text(&message));
             ExitCode::from(fail.code)
         }
     }

@@ -155,7 +155,7 @@ pub async fn execute(
         && outcome.status == Status::Achieved
         && let Some(answer) = outcome.answer.as_deref().filter(|a| !a.is_empty())
     {
-        println!("{answer}");
+        println!("{}", crate::redact::text(answer));
     }
     Ok(exit_code(&outcome))
 }

@@ -28,7 +28,7 @@ pub struct RawCheck {
     script: Option<String>,
     run: Option<String>,
     human: Option<String>,
-    #[serde(default, deserialize_with = "super::duration")]
+    #[serde(default, deserialize_with = "super::timeout")]
     timeout: Option<Duration>,
 }
 
@@ -42,7 +42,7 @@ pub struct RawTool {
     command: Option<Vec<String>>,
     input_schema: Option<toml::Value>,
     risk: Option<Risk>,
-    #[serde(default, deserialize_with = "super::duration")]
+    #[serde(default, deserialize_with = "super::timeout")]
     timeout: Option<Duration>,
 }
 

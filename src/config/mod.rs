@@ -187,8 +187,8 @@ settings! {
         #[arg(long)]
         pub system: Option<String>,
         /// Timeout of one tool call (default 120s).
-        #[arg(long, value_parser = parse_duration)]
-        #[serde(default, deserialize_with = "duration")]
+        #[arg(long, value_parser = parse_timeout)]
+        #[serde(default, deserialize_with = "timeout")]
         pub tool_timeout: Option<Duration>,
         /// Bytes of a tool result the model sees (default 16384); the rest is kept on disk.
         #[arg(long)]
@@ -202,13 +202,14 @@ settings! {
         /// The model's output token limit per turn (Anthropic default 8192).
         #[arg(long)]
         pub max_tokens: Option<u32>,
-        /// How long to wait for a provider's response to start (default 600s).
-        #[arg(long, value_parser = parse_duration)]
-        #[serde(default, deserialize_with = "duration")]
+        /// How long one request to the provider may take, a streamed answer included; stream
+        /// keep-alives do not extend it (default 600s).
+        #[arg(long, value_parser = parse_timeout)]
+        #[serde(default, deserialize_with = "timeout")]
         pub request_timeout: Option<Duration>,
         /// How long a stream may stay silent before it counts as broken (default 120s).
-        #[arg(long, value_parser = parse_duration)]
-        #[serde(default, deserialize_with = "duration")]
+        #[arg(long, value_parser = parse_timeout)]
+        #[serde(default, deserialize_with = "timeout")]
         pub idle_timeout: Option<Duration>,
         /// Attempts at most for one model request (default 5).
         #[arg(long)]
@@ -223,8 +224,8 @@ settings! {
         #[arg(long, value_parser = parse_enum::<Mode>)]
         pub approval: Option<Mode>,
         /// How long a queued approval waits before it counts as a denial (default 1h).
-        #[arg(long, value_parser = parse_duration)]
-        #[serde(default, deserialize_with = "duration")]
+        #[arg(long, value_parser = parse_timeout)]
+        #[serde(default, deserialize_with = "timeout")]
         pub approval_timeout: Option<Duration>,
         #[command(flatten)]
         #[serde(default)]
@@ -241,10 +242,11 @@ settings! {
         pub fresh: Option<bool>,
         /// Timeout of each check without its own (default 300s); `--check-timeout` sets all.
         #[arg(skip)]
-        #[serde(default, deserialize_with = "duration")]
+        #[serde(default, deserialize_with = "timeout")]
         pub check_timeout: Option<Duration>,
-        /// Runs kept per goal (default 100).
+        /// Runs kept per goal (default 100; at least 1).
         #[arg(skip)]
+        #[serde(default, deserialize_with = "at_least_one")]
         pub keep_runs: Option<u32>,
         /// A cron expression: only the daemon reads it.
         #[arg(skip)]
@@ -648,6 +650,36 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(s.trim())
         .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. `30s`, `5m`, `1h`"))
+}
+
+/// A timeout: a duration that is not zero (a zero timeout would end everything at once).
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "`{s}` is a zero timeout, which would stop everything at once; give a positive \
+             duration such as `30s`"
+        ));
+    }
+    Ok(d)
+}
+
+/// A timeout field of a file, through `parse_timeout`.
+pub fn timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| parse_timeout(&s).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// A count of at least 1 (`keep_runs = 0` would delete each run as it ends).
+pub fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let n = Option::<u32>::deserialize(d)?;
+    if n == Some(0) {
+        return Err(serde::de::Error::custom(
+            "must be at least 1 (0 would delete each run as soon as it ends)",
+        ));
+    }
+    Ok(n)
 }
 
 /// A duration field of a file, through `parse_duration`.

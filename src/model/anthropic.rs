@@ -344,6 +344,16 @@ impl Decoder for MessagesDecoder {
         self.output
     }
 
+    fn size(&self) -> usize {
+        self.blocks.iter().fold(0usize, |n, (_, b)| {
+            n.saturating_add(match b {
+                Block::Text(t) => t.len(),
+                Block::Tool { json, .. } => json.len(),
+                Block::Other(_) => 0,
+            })
+        })
+    }
+
     fn complete(&self) -> bool {
         self.done
     }

@@ -74,7 +74,12 @@ pub struct HttpOptions {
     pub max_attempts: u32,
     /// All attempts and waits together.
     pub deadline: Duration,
+    /// Bytes of text (answer, reasoning and tool-call arguments) one model turn may have.
+    pub max_turn_bytes: usize,
 }
+
+/// The default limit of one model turn: 8 MB of text.
+pub const MAX_TURN_BYTES: usize = 8 * 1024 * 1024;
 
 impl Default for HttpOptions {
     fn default() -> Self {
@@ -84,6 +89,7 @@ impl Default for HttpOptions {
             idle_timeout: Duration::from_secs(120),
             max_attempts: 5,
             deadline: Duration::from_secs(900),
+            max_turn_bytes: MAX_TURN_BYTES,
         }
     }
 }
@@ -120,6 +126,10 @@ pub trait Decoder: Send {
     fn had_output(&self) -> bool;
     /// Whether the answer is complete (a finish reason, `[DONE]`, `message_stop`).
     fn complete(&self) -> bool;
+    /// Bytes of text held so far (answer, reasoning, tool-call arguments).
+    fn size(&self) -> usize {
+        0
+    }
 }
 
 struct Failure {
@@ -140,20 +150,26 @@ impl Failure {
     }
 }
 
+/// Seconds as a duration; beyond what a `Duration` holds it is `Duration::MAX`.
+fn seconds(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+}
+
 /// The wait a response asks for: `retry-after-ms`, or `Retry-After` in seconds or as an
-/// HTTP date.
+/// HTTP date. Any number parses: a wait too long to hold is `Duration::MAX`, which is past
+/// every deadline.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     if let Some(ms) = headers
         .get("retry-after-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .filter(|ms| !ms.is_nan() && *ms >= 0.0)
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(seconds(ms / 1000.0));
     }
     let value = headers.get("retry-after")?.to_str().ok()?.trim();
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return (!secs.is_nan() && secs >= 0.0).then(|| seconds(secs));
     }
     let when = chrono::DateTime::parse_from_rfc2822(value).ok()?;
     let wait = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
@@ -162,7 +178,7 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 fn backoff(attempt: u32) -> Duration {
     let base = 0.5 * 2f64.powi(attempt.saturating_sub(1).min(10) as i32);
-    Duration::from_secs_f64(base.min(30.0) * (0.5 + fastrand::f64() * 0.5))
+    seconds(base.min(30.0) * (0.5 + fastrand::f64() * 0.5))
 }
 
 fn retryable_status(s: StatusCode) -> bool {
@@ -178,7 +194,7 @@ pub fn server_message(body: &str) -> String {
             .and_then(|m| m.as_str().map(str::to_string))
     });
     let text = from_json.unwrap_or_else(|| body.trim().to_string());
-    let text: String = text.chars().take(600).collect();
+    let text: String = crate::redact::text(&text).chars().take(600).collect();
     if text.is_empty() {
         "(no message)".into()
     } else {
@@ -222,6 +238,15 @@ fn advice(ep: &Endpoint, status: StatusCode, message: &str, attempts: u32) -> St
     }
 }
 
+/// A wait as a person reads it; an absurd one is just "longer than a year".
+fn shown_wait(wait: Duration) -> String {
+    if wait > Duration::from_secs(366 * 24 * 3600) {
+        "longer than a year".into()
+    } else {
+        humantime::format_duration(Duration::from_secs(wait.as_secs())).to_string()
+    }
+}
+
 /// POST `body` and decode the answer, retrying as the module doc says.
 pub async fn exchange(
     client: &reqwest::Client,
@@ -236,12 +261,50 @@ pub async fn exchange(
     loop {
         attempt += 1;
         decoder.reset();
-        let failure = match attempt_once(client, ep, opts, body, decoder, on_text).await {
-            Ok(()) => return Ok(()),
-            Err(f) => f,
+        // One deadline per attempt, streamed answer included: keep-alive comments reset the
+        // idle timeout but never this.
+        let limit = opts
+            .request_timeout
+            .min(opts.deadline.saturating_sub(started.elapsed()));
+        let once = attempt_once(client, ep, opts, body, decoder, on_text);
+        let failure = match tokio::time::timeout(limit, once).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(f)) => f,
+            Err(_) => Failure {
+                retryable: !decoder.had_output(),
+                wait: None,
+                message: format!(
+                    "the answer from {} did not finish within {}{}",
+                    ep.url,
+                    humantime::format_duration(limit),
+                    if decoder.had_output() {
+                        "; what arrived is kept in the transcript"
+                    } else {
+                        ""
+                    }
+                ),
+                status: None,
+            },
         };
         let wait = failure.wait.unwrap_or_else(|| backoff(attempt));
-        let in_time = started.elapsed() + wait <= opts.deadline;
+        let in_time = started.elapsed().saturating_add(wait) <= opts.deadline;
+        if failure.retryable && failure.wait.is_some() && !in_time {
+            // The server asks for a wait past this request's deadline: give up now.
+            let status = failure
+                .status
+                .map(|s| format!("HTTP {s} from {}: ", ep.url))
+                .unwrap_or_default();
+            return Err(ModelError::Provider {
+                provider: ep.provider.clone(),
+                message: format!(
+                    "{status}{} The server asks to wait {} before trying again, past the \
+                     deadline of this request ({}); gave up after {attempt} attempt(s).",
+                    failure.message,
+                    shown_wait(wait),
+                    humantime::format_duration(opts.deadline)
+                ),
+            });
+        }
         if failure.retryable && attempt < opts.max_attempts && in_time {
             tracing::warn!(
                 "{}: {}; attempt {attempt} of {} failed, retrying in {:.1}s",
@@ -308,11 +371,7 @@ async fn attempt_once(
     let status = response.status();
     if !status.is_success() {
         let wait = retry_after(response.headers());
-        let text = tokio::time::timeout(opts.request_timeout, response.text())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let text = error_body(response).await;
         return Err(Failure {
             retryable: retryable_status(status),
             wait,
@@ -320,23 +379,43 @@ async fn attempt_once(
             status: Some(status),
         });
     }
+    let too_big = || Failure {
+        retryable: false,
+        wait: None,
+        message: format!(
+            "the model's turn is larger than {} of text (the limit of one turn); the run \
+             stops here rather than hold a runaway answer",
+            shown_bytes(opts.max_turn_bytes)
+        ),
+        status: None,
+    };
     if !opts.stream {
-        let text = match tokio::time::timeout(opts.request_timeout, response.text()).await {
-            Err(_) => {
-                return Err(Failure::retry(format!(
-                    "the answer from {} did not finish in time",
-                    ep.url
-                )));
+        // JSON framing of a whole answer is small next to its text: twice the limit holds it.
+        let max_body = opts
+            .max_turn_bytes
+            .saturating_mul(2)
+            .saturating_add(64 * 1024);
+        let mut response = response;
+        let mut bytes = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if bytes.len().saturating_add(chunk.len()) > max_body {
+                        return Err(too_big());
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(Failure::retry(format!(
+                        "reading the answer from {} failed: {}",
+                        ep.url,
+                        plain(&e)
+                    )));
+                }
             }
-            Ok(Err(e)) => {
-                return Err(Failure::retry(format!(
-                    "reading the answer from {} failed: {}",
-                    ep.url,
-                    plain(&e)
-                )));
-            }
-            Ok(Ok(t)) => t,
-        };
+        }
+        let text = String::from_utf8_lossy(&bytes);
         let json: Value = serde_json::from_str(&text).map_err(|e| Failure {
             retryable: false,
             wait: None,
@@ -347,15 +426,19 @@ async fn attempt_once(
             ),
             status: None,
         })?;
-        return decoder.body(json).map_err(|e| Failure {
+        decoder.body(json).map_err(|e| Failure {
             retryable: e.retryable,
             wait: None,
             message: e.message,
             status: None,
-        });
+        })?;
+        if decoder.size() > opts.max_turn_bytes {
+            return Err(too_big());
+        }
+        return Ok(());
     }
     let mut stream = response.bytes_stream();
-    let mut parser = SseParser::new();
+    let mut parser = SseParser::with_max_line(opts.max_turn_bytes.saturating_add(64 * 1024));
     let mut events = Vec::new();
     let broken = |decoder: &dyn Decoder, what: String| Failure {
         retryable: !decoder.had_output(),
@@ -383,7 +466,11 @@ async fn attempt_once(
         };
         let ended = next.is_none();
         match next {
-            Some(Ok(bytes)) => parser.feed(&bytes, &mut events),
+            Some(Ok(bytes)) => {
+                if parser.feed(&bytes, &mut events).is_err() {
+                    return Err(too_big());
+                }
+            }
             Some(Err(e)) => {
                 return Err(broken(
                     decoder,
@@ -399,6 +486,9 @@ async fn attempt_once(
                 message: e.message,
                 status: None,
             })?;
+            if decoder.size() > opts.max_turn_bytes {
+                return Err(too_big());
+            }
         }
         if decoder.complete() {
             return Ok(());
@@ -412,6 +502,28 @@ async fn attempt_once(
                 ),
             ));
         }
+    }
+}
+
+/// The first 64 KB of an error response's body: enough for any message, bounded for any
+/// server.
+async fn error_body(mut response: reqwest::Response) -> String {
+    const MAX: usize = 64 * 1024;
+    let mut bytes = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        bytes.extend_from_slice(&chunk[..chunk.len().min(MAX - bytes.len())]);
+        if bytes.len() >= MAX {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn shown_bytes(n: usize) -> String {
+    if n >= 1024 * 1024 && n.is_multiple_of(1024 * 1024) {
+        format!("{} MB", n / (1024 * 1024))
+    } else {
+        format!("{n} bytes")
     }
 }
 

@@ -91,17 +91,22 @@ pub struct Usage {
 
 impl Usage {
     /// Input plus output: what the token budget counts.
+    /// Saturates at `u64::MAX`, so a budget still stops a run whatever a provider reports.
     pub fn total(&self) -> u64 {
-        self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+        self.input_tokens
+            .saturating_add(self.output_tokens)
+            .saturating_add(self.cache_read_tokens)
+            .saturating_add(self.cache_write_tokens)
     }
 }
 
+/// Adding saturates at `u64::MAX`: counts never wrap.
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, o: Usage) {
-        self.input_tokens += o.input_tokens;
-        self.output_tokens += o.output_tokens;
-        self.cache_read_tokens += o.cache_read_tokens;
-        self.cache_write_tokens += o.cache_write_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(o.cache_read_tokens);
+        self.cache_write_tokens = self.cache_write_tokens.saturating_add(o.cache_write_tokens);
     }
 }
 
@@ -170,6 +175,13 @@ fn env(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// A provider key from the environment, known to the redactor from here on.
+fn secret_env(var: &str) -> Option<String> {
+    let key = env(var)?;
+    crate::redact::add(&key);
+    Some(key)
+}
+
 /// Build a model from `PROVIDER:MODEL`. Relative `script:` paths resolve against `base_dir`.
 pub fn from_spec(
     spec: &str,
@@ -213,7 +225,7 @@ pub fn from_spec(
             key_var,
             base_var,
         );
-        if let Some(key) = key_var.and_then(env) {
+        if let Some(key) = key_var.and_then(secret_env) {
             endpoint.header("authorization", &format!("Bearer {key}"), true)?;
         }
         Ok(Box::new(openai::ChatModel {
@@ -301,7 +313,7 @@ pub fn from_spec(
                 Some("ANTHROPIC_API_KEY"),
                 "ANTHROPIC_BASE_URL",
             );
-            let key = env("ANTHROPIC_API_KEY").unwrap_or_default();
+            let key = secret_env("ANTHROPIC_API_KEY").unwrap_or_default();
             endpoint.header("x-api-key", &key, true)?;
             endpoint.header("anthropic-version", "2023-06-01", false)?;
             Ok(Box::new(anthropic::MessagesModel {

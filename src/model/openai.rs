@@ -327,6 +327,13 @@ impl Decoder for ChatDecoder {
         !self.text.is_empty() || !self.calls.is_empty()
     }
 
+    fn size(&self) -> usize {
+        self.calls.iter().fold(
+            self.text.len().saturating_add(self.reasoning.len()),
+            |n, c| n.saturating_add(c.arguments.len()),
+        )
+    }
+
     fn complete(&self) -> bool {
         self.done
     }
@@ -379,7 +386,7 @@ mod tests {
         let mut d = ChatDecoder::new();
         let mut parser = super::super::sse::SseParser::new();
         let mut events = Vec::new();
-        parser.feed(stream.as_bytes(), &mut events);
+        parser.feed(stream.as_bytes(), &mut events).unwrap();
         parser.finish(&mut events);
         for e in &events {
             d.event(e, &|_| {}).unwrap();

@@ -28,7 +28,8 @@ impl Recorder {
     }
 
     fn save(&self, turns: &[Turn]) -> Result<(), ModelError> {
-        let text = serde_json::to_string_pretty(turns)
+        let turns = crate::redact::serde(&turns.to_vec()).unwrap_or_else(|| turns.to_vec());
+        let text = serde_json::to_string_pretty(&turns)
             .map_err(|e| ModelError::Config(format!("cannot encode the recording: {e}")))?;
         std::fs::write(&self.path, text + "\n").map_err(|e| {
             ModelError::Config(format!(

@@ -9,8 +9,15 @@ pub struct SseEvent {
     pub data: String,
 }
 
-#[derive(Default)]
+/// A line longer than the parser's limit: the stream is not one to hold in memory.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooLong;
+
 pub struct SseParser {
+    /// The longest line (and event) held; `usize::MAX` when unbounded.
+    max_line: usize,
+    /// Bytes of `data` held for the event being read.
+    held: usize,
     buf: Vec<u8>,
     event: Option<String>,
     data: Vec<String>,
@@ -19,13 +26,33 @@ pub struct SseParser {
     after_cr: bool,
 }
 
+impl Default for SseParser {
+    fn default() -> Self {
+        Self::with_max_line(usize::MAX)
+    }
+}
+
 impl SseParser {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Feed a chunk; complete events are pushed onto `out`.
-    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) {
+    /// A parser that holds at most `max` bytes of one line or one event's data.
+    pub fn with_max_line(max: usize) -> Self {
+        SseParser {
+            max_line: max,
+            held: 0,
+            buf: Vec::new(),
+            event: None,
+            data: Vec::new(),
+            has_data: false,
+            after_cr: false,
+        }
+    }
+
+    /// Feed a chunk; complete events are pushed onto `out`. `Err` when a line or an event
+    /// outgrows the limit (what was parsed before is in `out`).
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) -> Result<(), TooLong> {
         let mut start = 0;
         for (i, &b) in chunk.iter().enumerate() {
             if self.after_cr {
@@ -44,6 +71,10 @@ impl SseParser {
             }
         }
         self.buf.extend_from_slice(&chunk[start..]);
+        if self.buf.len() > self.max_line || self.held > self.max_line {
+            return Err(TooLong);
+        }
+        Ok(())
     }
 
     /// The end of the stream: an event not yet ended by a blank line is dispatched.
@@ -73,6 +104,7 @@ impl SseParser {
         let value = String::from_utf8_lossy(value).into_owned();
         match field {
             b"data" => {
+                self.held = self.held.saturating_add(value.len());
                 self.data.push(value);
                 self.has_data = true;
             }
@@ -90,6 +122,7 @@ impl SseParser {
             });
         }
         self.data.clear();
+        self.held = 0;
         self.has_data = false;
     }
 }
@@ -102,7 +135,7 @@ mod tests {
         let mut p = SseParser::new();
         let mut out = Vec::new();
         for chunk in text.as_bytes().chunks(size) {
-            p.feed(chunk, &mut out);
+            p.feed(chunk, &mut out).unwrap();
         }
         p.finish(&mut out);
         out
@@ -148,6 +181,15 @@ mod tests {
     fn an_unterminated_last_event_is_kept_at_the_end() {
         let events = parse_in_pieces("data: tail", 3);
         assert_eq!(events[0].data, "tail");
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_an_error_not_a_heap() {
+        let mut p = SseParser::with_max_line(16);
+        let mut out = Vec::new();
+        assert_eq!(p.feed(b"data: ok\n\n", &mut out), Ok(()));
+        assert_eq!(p.feed(&[b'x'; 64], &mut out), Err(TooLong));
+        assert_eq!(out.len(), 1);
     }
 
     #[test]

@@ -5,11 +5,13 @@
 //! record set up around the verify loop. A run that started is always recorded, whatever
 //! ends it.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Gate, Mode, QueueTarget, Rules, Terminal};
@@ -18,7 +20,7 @@ use crate::model::prices::{Price, Prices};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::notify::{Notice, Notifier, Notify};
-use crate::store::db::{Db, DbError, Ended, NewRun};
+use crate::store::db::{Db, DbError, Ended, KeptOutcome, NewRun, PATIENCE};
 use crate::store::{RunDir, StoreError, Transcript};
 use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
@@ -526,6 +528,11 @@ pub async fn launch(
     }
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
+    // Runs whose process is gone are settled first: an outcome a busy store could not take
+    // is recorded now.
+    if let Err(e) = db.mark_orphans() {
+        tracing::warn!("{e}");
+    }
     let previous = db.previous_run(&spec.goal.name, "")?;
     let goal = this_run(spec, &db, trigger, previous.as_ref())?;
     let run = RunDir::create(home)?;
@@ -539,14 +546,32 @@ pub async fn launch(
                 return Err(e.into());
             }
         };
-    for t in mcp_tools {
-        if let Err(e) = tools.add(t) {
+    // From here on every way out shuts the servers down.
+    let started = || {
+        for t in mcp_tools {
+            tools.add(t)?;
+        }
+        let transcript = Transcript::create(&run.transcript())?;
+        db.start_run(&NewRun {
+            id: &run.id,
+            goal: &spec.goal.name,
+            trigger: trigger.kind,
+            scheduled_for: trigger.scheduled_for,
+            model: model.name(),
+            workspace: &spec.goal.workspace.display().to_string(),
+            dir: &run.dir.display().to_string(),
+        })?;
+        Ok::<_, RunError>(transcript)
+    };
+    let transcript = match started() {
+        Ok(t) => t,
+        Err(e) => {
             servers.shutdown().await;
             let _ = std::fs::remove_dir_all(&run.dir);
-            return Err(e.into());
+            return Err(e);
         }
-    }
-    let mut events = Events::new().with(Arc::new(Transcript::create(&run.transcript())?));
+    };
+    let mut events = Events::new().with(Arc::new(transcript));
     for sink in sinks {
         events = events.with(sink);
     }
@@ -554,15 +579,6 @@ pub async fn launch(
     if !spec.notify.is_empty() {
         events = events.with(notifier.approvals(&goal.name, &run.id, trigger.kind));
     }
-    db.start_run(&NewRun {
-        id: &run.id,
-        goal: &spec.goal.name,
-        trigger: trigger.kind,
-        scheduled_for: trigger.scheduled_for,
-        model: model.name(),
-        workspace: &spec.goal.workspace.display().to_string(),
-        dir: &run.dir.display().to_string(),
-    })?;
     events.emit(Event::RunStarted {
         run_id: run.id.clone(),
         model: model.name().to_string(),
@@ -587,43 +603,95 @@ pub async fn launch(
         run: &run,
         gate: Some(&gate),
     };
-    let outcome = crate::verify::run(&goal, &rt).await;
+    // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
+    let outcome = match AssertUnwindSafe(crate::verify::run(&goal, &rt))
+        .catch_unwind()
+        .await
+    {
+        Ok(o) => o,
+        Err(panic) => panicked(panic.as_ref()),
+    };
     servers.shutdown().await;
     events.emit(outcome.event(&run.id));
-    db.finish_run(
-        &run.id,
-        &Ended {
-            status: outcome.status,
-            stop_reason: outcome.stop_reason,
-            tries: outcome.tries,
-            steps: outcome.steps,
-            usage: outcome.usage,
-            cost: outcome.cost,
-            answer: outcome.answer.as_deref(),
-            error: outcome.error.as_deref(),
-            checks: &outcome.checks,
-        },
-    )?;
-    // Built from what was recorded; the outcome is final before anyone is told.
-    if !spec.notify.is_empty() {
-        match db.run(&run.id) {
-            Ok(row) => {
-                if let Some((kinds, notice)) =
-                    Notice::of_run(&row, &outcome.checks, previous.as_ref())
-                {
-                    notifier.send(&kinds, &notice).await;
+    crate::redact::tree(&run.dir, &["transcript.jsonl"]);
+    let ended = Ended {
+        status: outcome.status,
+        stop_reason: outcome.stop_reason,
+        tries: outcome.tries,
+        steps: outcome.steps,
+        usage: outcome.usage,
+        cost: outcome.cost,
+        answer: outcome.answer.as_deref(),
+        error: outcome.error.as_deref(),
+        checks: &outcome.checks,
+    };
+    match db.finish_run_patiently(&run.id, &ended, PATIENCE) {
+        Ok(()) => {
+            // Built from what was recorded; the outcome is final before anyone is told.
+            if !spec.notify.is_empty() {
+                match db.run(&run.id) {
+                    Ok(row) => {
+                        if let Some((kinds, notice)) =
+                            Notice::of_run(&row, &outcome.checks, previous.as_ref())
+                        {
+                            notifier.send(&kinds, &notice).await;
+                        }
+                    }
+                    Err(e) => tracing::warn!("no notice for run {}: {e}", run.id),
                 }
             }
-            Err(e) => tracing::warn!("no notice for run {}: {e}", run.id),
+            match db.prune(&spec.goal.name, spec.keep_runs) {
+                Ok(dirs) => {
+                    for dir in dirs {
+                        if let Err(e) = std::fs::remove_dir_all(&dir) {
+                            tracing::warn!("cannot remove the pruned run folder {dir}: {e}");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("cannot prune old runs: {e}"),
+            }
         }
-    }
-    for dir in db.prune(&spec.goal.name, spec.keep_runs)? {
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            tracing::warn!("cannot remove the pruned run folder {dir}: {e}");
-        }
+        // The run's outcome stands whatever the store does: it is kept beside the
+        // transcript, and the next start records it.
+        Err(e) => match KeptOutcome::of(&ended).keep(&run.dir) {
+            Ok(path) => tracing::error!(
+                "recording the outcome of run {} failed: {e}; it is kept in {} and the next \
+                 `sup` start records it",
+                run.id,
+                path.display()
+            ),
+            Err(io) => tracing::error!(
+                "recording the outcome of run {} failed: {e}; keeping it in {} failed too: \
+                 {io}",
+                run.id,
+                run.dir.display()
+            ),
+        },
     }
     Ok(Launched {
         run_id: run.id,
         outcome,
     })
+}
+
+/// The outcome of a run whose code panicked: an error that says where.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown cause".into());
+    Outcome {
+        status: crate::trace::Status::Error,
+        stop_reason: crate::trace::StopReason::Error,
+        tries: 0,
+        steps: 0,
+        usage: crate::model::Usage::default(),
+        answer: None,
+        error: Some(format!(
+            "sup hit a bug and stopped this run (a panic: {what}); please report it"
+        )),
+        config_error: false,
+        checks: Vec::new(),
+    }
 }

@@ -52,11 +52,21 @@ impl Schedule {
             .build()
             .parse(expr)
             .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?;
-        Ok(Schedule {
+        let schedule = Schedule {
             expr: expr.to_string(),
             tz,
             cron,
-        })
+        };
+        // A schedule that never fires is a mistake (`0 0 31 2 *`: February has no 31st).
+        let now = Utc::now();
+        let horizon = now + chrono::Duration::days(5 * 366);
+        match schedule.next_after(now) {
+            Some(next) if next <= horizon => Ok(schedule),
+            _ => Err(format!(
+                "`{expr}` has no occurrence in the next five years; check its day, month and \
+                 weekday fields"
+            )),
+        }
     }
 
     /// The first occurrence strictly after `t`.

@@ -326,22 +326,30 @@ impl Daemon {
         });
     }
 
-    /// Occurrences that came due by `now`, claimed in one transaction.
-    fn due(&mut self, now: DateTime<Utc>) {
+    /// Occurrences that came due by `now`, claimed in one transaction. `false` when the
+    /// transaction could not begin: nothing was claimed, and the caller tries again soon.
+    fn due(&mut self, now: DateTime<Utc>) -> bool {
         if !self
             .slots
             .values()
             .any(|s| s.next.is_some_and(|n| n <= now))
         {
-            return;
+            return true;
         }
         if let Err(e) = self.db.conn().execute_batch("BEGIN IMMEDIATE") {
-            tracing::error!("cannot begin the claims of {}: {e}", stamp(now));
+            // Claims never run outside their transaction.
+            tracing::error!(
+                "cannot begin the claims of {}: {e}; trying again in a second",
+                stamp(now)
+            );
+            return false;
         }
         self.due_each(now);
         if let Err(e) = self.db.conn().execute_batch("COMMIT") {
             tracing::error!("cannot commit the claims of {}: {e}", stamp(now));
+            let _ = self.db.conn().execute_batch("ROLLBACK");
         }
+        true
     }
 
     fn due_each(&mut self, now: DateTime<Utc>) {
@@ -456,8 +464,19 @@ impl Daemon {
         let r = self.db.occurrence(name, at, "running", None);
         self.log_db(r);
         self.tasks.spawn(async move {
-            let (run_id, status) =
-                run_one(&goal, at, &spec, &home, jitter, &permits, &cancel).await;
+            // The run in a task of its own: should it panic, the occurrence is still closed
+            // and the goal's overlap slot freed.
+            let name = goal.clone();
+            let inner = tokio::spawn(async move {
+                run_one(&name, at, &spec, &home, jitter, &permits, &cancel).await
+            });
+            let (run_id, status) = match inner.await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!("goal {goal} at {}: the run failed: {e}", stamp(at));
+                    (None, format!("error: sup hit a bug ({e})"))
+                }
+            };
             let _ = done.send(Done {
                 goal,
                 at,
@@ -570,8 +589,11 @@ pub async fn run(
     let _watcher = watch(&d.cfg.goals_dir, watch_tx);
     loop {
         let now = clock.now();
-        d.due(now);
-        let wake = d.slots.values().filter_map(|s| s.next).min();
+        let wake = if d.due(now) {
+            d.slots.values().filter_map(|s| s.next).min()
+        } else {
+            Some(now + chrono::Duration::seconds(1))
+        };
         let sleep = async {
             match wake {
                 Some(t) => clock.sleep_until(t).await,

@@ -116,6 +116,17 @@ pub fn stamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
 
+/// `from` plus `wait`, saturating at the end of year 9999 (the last time a stamp holds).
+pub fn deadline_after(from: DateTime<Utc>, wait: Duration) -> DateTime<Utc> {
+    let last = DateTime::parse_from_rfc3339("9999-12-31T23:59:59Z")
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    chrono::Duration::from_std(wait)
+        .ok()
+        .and_then(|w| from.checked_add_signed(w))
+        .map_or(last, |t| t.min(last))
+}
+
 pub fn parse_stamp(s: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(s)
         .ok()
@@ -187,6 +198,89 @@ pub struct NoticeRow {
     pub detail: String,
 }
 
+/// An outcome that could not be recorded, kept as `outcome.json` beside the run's
+/// transcript; the next start records it (instead of calling the run interrupted).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct KeptOutcome {
+    pub status: Status,
+    pub stop_reason: StopReason,
+    pub tries: u32,
+    pub steps: u32,
+    pub usage: Usage,
+    #[serde(default)]
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    pub checks: Vec<Vec<CheckReport>>,
+}
+
+/// The file name of a kept outcome inside a run folder.
+pub const OUTCOME_FILE: &str = "outcome.json";
+
+/// How long a busy or locked store is retried before an outcome is kept in a file.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+impl KeptOutcome {
+    pub fn of(end: &Ended) -> Self {
+        KeptOutcome {
+            status: end.status,
+            stop_reason: end.stop_reason,
+            tries: end.tries,
+            steps: end.steps,
+            usage: end.usage,
+            cost: end.cost,
+            answer: end.answer.map(str::to_string),
+            error: end.error.map(str::to_string),
+            checks: end.checks.to_vec(),
+        }
+    }
+
+    pub fn ended(&self) -> Ended<'_> {
+        Ended {
+            status: self.status,
+            stop_reason: self.stop_reason,
+            tries: self.tries,
+            steps: self.steps,
+            usage: self.usage,
+            cost: self.cost,
+            answer: self.answer.as_deref(),
+            error: self.error.as_deref(),
+            checks: &self.checks,
+        }
+    }
+
+    /// Write it into `dir` (written to a temporary name, then renamed: whole or absent).
+    pub fn keep(&self, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+        let path = dir.join(OUTCOME_FILE);
+        let tmp = dir.join(format!("{OUTCOME_FILE}.tmp"));
+        let text = serde_json::to_string(self).map_err(std::io::Error::other)?;
+        std::fs::write(&tmp, crate::redact::text(&text).as_bytes())?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(path)
+    }
+
+    /// The outcome kept in `dir`, if any.
+    pub fn read(dir: &Path) -> Option<KeptOutcome> {
+        let text = std::fs::read_to_string(dir.join(OUTCOME_FILE)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+}
+
+/// Whether an error is the store being busy or locked by another process: worth waiting.
+pub fn is_busy(e: &DbError) -> bool {
+    matches!(
+        e,
+        DbError::Sqlite {
+            source: rusqlite::Error::SqliteFailure(f, _),
+            ..
+        } if matches!(
+            f.code,
+            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+        )
+    )
+}
+
 /// One approval request.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ApprovalRow {
@@ -235,6 +329,11 @@ pub struct GoalStats {
 pub struct Db {
     conn: Connection,
     path: String,
+}
+
+/// A count as SQLite keeps it: above `i64::MAX` it is recorded as `i64::MAX`.
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 fn pid_alive(pid: u32) -> bool {
@@ -327,6 +426,28 @@ impl Db {
         Ok(())
     }
 
+    /// Record how a run ended, retrying a busy or locked store with backoff for up to
+    /// `patience`.
+    pub fn finish_run_patiently(
+        &mut self,
+        id: &str,
+        end: &Ended,
+        patience: Duration,
+    ) -> Result<(), DbError> {
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match self.finish_run(id, end) {
+                Err(e) if is_busy(&e) && started.elapsed() < patience => {
+                    tracing::warn!("{e}; retrying in {}ms", wait.as_millis());
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
+    }
+
     pub fn finish_run(&mut self, id: &str, end: &Ended) -> Result<(), DbError> {
         let path = self.path.clone();
         let err = |source| DbError::Sqlite {
@@ -334,6 +455,11 @@ impl Db {
             source,
         };
         let tx = self.conn.transaction().map_err(err)?;
+        Self::write_end(&tx, id, end).map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    fn write_end(tx: &rusqlite::Transaction, id: &str, end: &Ended) -> rusqlite::Result<()> {
         tx.execute(
             "UPDATE runs SET status = ?2, stop_reason = ?3, tries = ?4, steps = ?5,
                  input_tokens = ?6, output_tokens = ?7, cache_read_tokens = ?8,
@@ -345,55 +471,76 @@ impl Db {
                 end.stop_reason.as_str(),
                 end.tries,
                 end.steps,
-                end.usage.input_tokens,
-                end.usage.output_tokens,
-                end.usage.cache_read_tokens,
-                end.usage.cache_write_tokens,
+                clamp(end.usage.input_tokens),
+                clamp(end.usage.output_tokens),
+                clamp(end.usage.cache_read_tokens),
+                clamp(end.usage.cache_write_tokens),
                 stamp(Utc::now()),
-                end.error,
+                end.error.map(|e| crate::redact::text(e).into_owned()),
                 end.cost,
-                end.answer
+                end.answer.map(|a| crate::redact::text(a).into_owned())
             ],
-        )
-        .map_err(err)?;
+        )?;
         for (t, reports) in end.checks.iter().enumerate() {
             for (i, r) in reports.iter().enumerate() {
                 tx.execute(
                     "INSERT OR REPLACE INTO checks (run_id, try, idx, name, passed, exit_status, outcome, duration_ms, output_path)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                    params![id, t + 1, i, r.name, r.passed, r.exit_status, r.outcome, r.duration_ms, r.output_path],
-                )
-                .map_err(err)?;
+                    params![id, t + 1, i, r.name, r.passed, r.exit_status, crate::redact::text(&r.outcome), clamp(r.duration_ms), r.output_path],
+                )?;
             }
         }
-        tx.commit().map_err(err)
+        Ok(())
     }
 
-    /// Runs left `running` by a process that is gone become `interrupted`. Returns how many.
+    /// Runs left `running` by a process that is gone become `interrupted`, unless their
+    /// outcome was kept in a file (the store could not take it then): that outcome is
+    /// recorded. Returns how many runs were settled.
     pub fn mark_orphans(&self) -> Result<usize, DbError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT id, pid FROM runs WHERE status = 'running'")
+            .prepare("SELECT id, pid, dir FROM runs WHERE status = 'running'")
             .map_err(|e| self.err(e))?;
-        let rows: Vec<(String, u32)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        let rows: Vec<(String, u32, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))?;
         let mut n = 0;
-        for (id, pid) in rows {
-            if !pid_alive(pid) {
-                n += self
-                    .conn
-                    .execute(
-                        "UPDATE runs SET status = 'interrupted', stop_reason = 'cancelled',
-                             ended_at = ?2, error = 'the process running it is gone (killed or crashed)'
-                         WHERE id = ?1 AND status = 'running'",
-                        params![id, stamp(Utc::now())],
-                    )
-                    .map_err(|e| self.err(e))?;
+        for (id, pid, dir) in rows {
+            if pid_alive(pid) {
+                continue;
             }
+            if self.record_kept(&id, Path::new(&dir))? {
+                n += 1;
+                continue;
+            }
+            n += self
+                .conn
+                .execute(
+                    "UPDATE runs SET status = 'interrupted', stop_reason = 'cancelled',
+                         ended_at = ?2, error = 'the process running it is gone (killed or crashed)'
+                     WHERE id = ?1 AND status = 'running'",
+                    params![id, stamp(Utc::now())],
+                )
+                .map_err(|e| self.err(e))?;
         }
         Ok(n)
+    }
+
+    /// Record the outcome kept in `dir` for run `id`, if there is one; the file goes once
+    /// recorded.
+    fn record_kept(&self, id: &str, dir: &Path) -> Result<bool, DbError> {
+        let Some(kept) = KeptOutcome::read(dir) else {
+            return Ok(false);
+        };
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        Self::write_end(&tx, id, &kept.ended()).map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))?;
+        if let Err(e) = std::fs::remove_file(dir.join(OUTCOME_FILE)) {
+            tracing::warn!("recorded the kept outcome of run {id}, but cannot remove it: {e}");
+        }
+        tracing::info!("run {id}: recorded the outcome kept in {}", dir.display());
+        Ok(true)
     }
 
     fn run_of(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
@@ -634,7 +781,7 @@ impl Db {
                     req.goal,
                     req.kind,
                     req.tool,
-                    req.input,
+                    crate::redact::text(&req.input),
                     req.created_at,
                     req.deadline
                 ],

@@ -66,9 +66,22 @@ impl RunDir {
 }
 
 /// The transcript writer: a sink that appends each event as one JSON line with its time.
+/// Lines are written whole or not at all. Streamed text is not written piece by piece; when a
+/// turn fails after text arrived, that partial answer is written as the step's model text.
 pub struct Transcript {
     file: Mutex<File>,
+    partial: Mutex<Partial>,
 }
+
+/// The text streamed in the current step, bounded.
+#[derive(Default)]
+struct Partial {
+    step: u32,
+    text: String,
+}
+
+/// Partial text kept at most (a turn longer than this fails anyway).
+const MAX_PARTIAL: usize = crate::model::http::MAX_TURN_BYTES;
 
 impl Transcript {
     pub fn create(path: &Path) -> Result<Self, StoreError> {
@@ -82,15 +95,47 @@ impl Transcript {
             })?;
         Ok(Transcript {
             file: Mutex::new(file),
+            partial: Mutex::new(Partial::default()),
         })
     }
-}
 
-impl EventSink for Transcript {
-    fn emit(&self, event: &Event) {
-        if matches!(event, Event::TextDelta { .. }) {
+    /// Track streamed text; before a failed step's end, write what arrived of it.
+    fn partial(&self, event: &Event) {
+        let Ok(mut p) = self.partial.lock() else {
             return;
+        };
+        match event {
+            Event::StepStarted { step } => {
+                p.step = *step;
+                p.text.clear();
+            }
+            Event::TextDelta { text } if p.text.len().saturating_add(text.len()) <= MAX_PARTIAL => {
+                p.text.push_str(text);
+            }
+            Event::ModelText { .. } | Event::StepFinished { .. } => p.text.clear(),
+            Event::WorkFinished {
+                error: Some(_),
+                steps,
+                ..
+            } if !p.text.is_empty() => {
+                let text = std::mem::take(&mut p.text);
+                drop(p);
+                self.write(&Event::ModelText {
+                    step: *steps,
+                    text: crate::redact::text(&text).into_owned(),
+                });
+                self.write(&Event::Notice {
+                    text: format!(
+                        "the text above is the partial answer of step {steps}, kept from \
+                         before the failure"
+                    ),
+                });
+            }
+            _ => {}
         }
+    }
+
+    fn write(&self, event: &Event) {
         let Ok(mut value) = serde_json::to_value(event) else {
             return;
         };
@@ -105,11 +150,26 @@ impl EventSink for Transcript {
         let mut line = value.to_string();
         line.push('\n');
         if let Ok(mut file) = self.file.lock() {
-            // One write per line, so a killed run leaves whole lines. The transcript must not
-            // take the run down; a full disk is logged.
+            // One write per line, so a killed run leaves whole lines; a line that could not be
+            // written whole (a full disk) is cut back off. The transcript must not take the
+            // run down; the failure is logged.
+            let before = file.metadata().map(|m| m.len());
             if let Err(e) = file.write_all(line.as_bytes()) {
                 tracing::warn!("transcript write failed: {e}");
+                if let Ok(len) = before {
+                    let _ = file.set_len(len);
+                }
             }
         }
+    }
+}
+
+impl EventSink for Transcript {
+    fn emit(&self, event: &Event) {
+        self.partial(event);
+        if matches!(event, Event::TextDelta { .. }) {
+            return;
+        }
+        self.write(event);
     }
 }

@@ -98,35 +98,40 @@ impl Tool for ReadFile {
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let input: ReadInput = parse(input)?;
         let path = resolve(&ctx.workspace, &input.path)?;
-        let bytes = tokio::fs::read(&path)
-            .await
-            .map_err(|e| io_error("read", &input.path, e))?;
-        if is_binary(&bytes) {
-            return Err(ToolError::Failed(format!(
-                "{} is a binary file ({} bytes); read_file reads text",
-                input.path,
-                bytes.len()
-            )));
-        }
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.split_inclusive('\n').collect();
         let first = input.offset.unwrap_or(1);
         let limit = input.limit.unwrap_or(PAGE_LINES);
-        if first > lines.len().max(1) {
-            return Err(ToolError::Invalid(format!(
-                "{} has {} lines; offset {first} is past its end",
-                input.path,
-                lines.len()
+        // Only the page is held, whatever the file's size.
+        let page = tokio::task::spawn_blocking(move || super::page::read_page(&path, first, limit))
+            .await
+            .map_err(|e| ToolError::Failed(format!("reading {} failed: {e}", input.path)))?
+            .map_err(|e| io_error("read", &input.path, e))?;
+        if page.binary {
+            return Err(ToolError::Failed(format!(
+                "{} is a binary file ({} bytes); read_file reads text",
+                input.path, page.size
             )));
         }
-        let last = (first - 1 + limit).min(lines.len());
-        let mut out: String = lines[first - 1..last].concat();
-        if first > 1 || last < lines.len() {
+        let lines = page.total;
+        if first > lines.max(1) {
+            return Err(ToolError::Invalid(format!(
+                "{} has {lines} lines; offset {first} is past its end",
+                input.path
+            )));
+        }
+        let last = first.saturating_sub(1).saturating_add(limit).min(lines);
+        let mut out = page.text;
+        if first > 1 || last < lines || page.cut {
             if !out.ends_with('\n') {
                 out.push('\n');
             }
-            out.push_str(&format!("[lines {first}-{last} of {}", lines.len()));
-            if last < lines.len() {
+            if page.cut {
+                out.push_str(&format!(
+                    "[the page was cut at {} KB; read fewer lines with `limit`]\n",
+                    super::page::MAX_PAGE_BYTES / 1024
+                ));
+            }
+            out.push_str(&format!("[lines {first}-{last} of {lines}"));
+            if last < lines {
                 out.push_str(&format!("; read on with offset={}", last + 1));
             }
             out.push(']');

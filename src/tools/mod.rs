@@ -4,6 +4,7 @@
 pub mod builtin;
 pub mod command;
 pub mod mcp;
+pub mod page;
 pub mod paths;
 pub mod process;
 mod schema;

@@ -112,6 +112,40 @@ fn create(path: &Path) -> Result<std::fs::File, ProcessError> {
     })
 }
 
+/// Output kept per stream of one process at most (64 MB): past it the rest is read and
+/// discarded, and a note at the end of the file says how much.
+pub const MAX_KEPT: u64 = 64 * 1024 * 1024;
+
+/// Copy what a child prints into `to`, keeping at most `cap` bytes. It reads to the end
+/// whatever happens (a full disk included), so the child never blocks on a full pipe.
+async fn pump(mut from: impl tokio::io::AsyncRead + Unpin, to: std::fs::File, cap: u64) {
+    use tokio::io::AsyncReadExt;
+    let mut to = tokio::fs::File::from_std(to);
+    let mut buf = vec![0; 64 * 1024];
+    let (mut kept, mut dropped) = (0u64, 0u64);
+    let mut failed = false;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let take = usize::try_from(cap.saturating_sub(kept)).map_or(n, |room| n.min(room));
+        if take > 0 && !failed {
+            failed = to.write_all(&buf[..take]).await.is_err();
+        }
+        kept = kept.saturating_add(take as u64);
+        dropped = dropped.saturating_add((n - take) as u64);
+    }
+    if dropped > 0 && !failed {
+        let note = format!(
+            "\n[sup: output cut at {} MB; {dropped} more bytes were discarded]\n",
+            cap / (1024 * 1024)
+        );
+        let _ = to.write_all(note.as_bytes()).await;
+    }
+    let _ = to.flush().await;
+}
+
 /// Run `spec` to its end, its timeout, or `cancel`, whichever comes first.
 pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, ProcessError> {
     let started = Instant::now();
@@ -119,8 +153,8 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
     cmd.args(&spec.args)
         .current_dir(&spec.cwd)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdout(create(&spec.stdout)?)
-        .stderr(create(&spec.stderr)?)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .stdin(if spec.stdin.is_some() {
             Stdio::piped()
         } else {
@@ -128,10 +162,18 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
         })
         .process_group(0)
         .kill_on_drop(true);
+    let (out_file, err_file) = (create(&spec.stdout)?, create(&spec.stderr)?);
     let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
         program: spec.program.clone(),
         source,
     })?;
+    let mut pumps = tokio::task::JoinSet::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.spawn(pump(out, out_file, MAX_KEPT));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.spawn(pump(err, err_file, MAX_KEPT));
+    }
     let mut guard = GroupGuard(
         child
             .id()
@@ -151,6 +193,7 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
         _ = cancel.cancelled() => {
             guard.kill();
             let _ = child.wait().await;
+            drain(&mut pumps).await;
             return Ok(Finished { ending: Ending::Cancelled, duration: started.elapsed() });
         }
     };
@@ -176,10 +219,23 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
             }
         }
     };
+    drain(&mut pumps).await;
     Ok(Finished {
         ending,
         duration: started.elapsed(),
     })
+}
+
+/// Let the output pumps finish; a process left in the background may hold the pipes open,
+/// so they get a moment, then what they hold is what was printed.
+async fn drain(pumps: &mut tokio::task::JoinSet<()>) {
+    let all = async { while pumps.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_millis(500), all)
+        .await
+        .is_err()
+    {
+        pumps.abort_all();
+    }
 }
 
 /// Text read from an output file, at most `cap` bytes of it.

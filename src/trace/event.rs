@@ -230,7 +230,9 @@ impl Events {
         self
     }
 
+    /// Send `event` to every sink, with every known secret redacted.
     pub fn emit(&self, event: Event) {
+        let event = crate::redact::serde(&event).unwrap_or(event);
         for sink in &self.sinks {
             sink.emit(&event);
         }

@@ -244,8 +244,9 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
         },
         duration_ms: duration.as_millis() as u64,
         output_tail: tail,
+        // One path a line: paths may hold spaces (a SUP_HOME with one), never a newline here.
         output_path: Some(format!(
-            "{} {}",
+            "{}\n{}",
             spec.stdout.display(),
             spec.stderr.display()
         )),
@@ -269,7 +270,10 @@ pub fn failure_report(results: &[CheckReport], attempt: u32, tries: u32) -> Stri
             s.push_str(&r.output_tail);
         }
         if let Some(p) = &r.output_path {
-            s.push_str(&format!("(whole output: {p})\n"));
+            s.push_str(&format!(
+                "(whole output: {})\n",
+                p.lines().collect::<Vec<_>>().join(" and ")
+            ));
         }
     }
     s

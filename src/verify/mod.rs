@@ -195,6 +195,8 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
             },
         )
         .await;
+        // Kept check output holds no known secret.
+        crate::redact::tree(&rt.run.dir.join(format!("try-{attempt}")), &[]);
         let passed = results.iter().all(|r| r.passed);
         out.checks.push(results.clone());
         rt.events.emit(Event::TryFinished {

@@ -85,7 +85,9 @@ pub struct Outcome {
 }
 
 /// Add a message to the conversation and to the transcript.
+/// Known secrets are redacted first: what the model is sent never holds one.
 pub fn push(messages: &mut Vec<Message>, message: Message, events: &Events) {
+    let message = crate::redact::serde(&message).unwrap_or(message);
     events.emit(Event::Message {
         message: message.clone(),
     });
@@ -263,6 +265,7 @@ impl Work<'_> {
         started_ms: f64,
         finished_ms: f64,
     ) -> ToolResult {
+        let content = crate::redact::text(&content).into_owned();
         self.events.emit(Event::ToolResult {
             step,
             id: call.id.clone(),
@@ -396,7 +399,7 @@ impl Work<'_> {
         };
         // Tools that run processes time out on their own and report what they printed;
         // this is the backstop for every other tool.
-        let backstop = timeout + Duration::from_secs(2);
+        let backstop = timeout.saturating_add(Duration::from_secs(2));
         let outcome = tokio::select! {
             r = tokio::time::timeout(backstop, prepared.tool.call(&prepared.input, &ctx)) => {
                 r.unwrap_or(Err(ToolError::Timeout(timeout)))
@@ -412,8 +415,25 @@ impl Work<'_> {
             ),
             Err(e) => (e.to_string(), true),
         };
+        let content = self.no_space_note(content);
+        let content = crate::redact::text(&content).into_owned();
         let content = self.cap(call, content);
         self.result(step, call, content, is_error, started_ms, self.ms())
+    }
+
+    /// A call on a full disk says so: the tool's own words rarely do.
+    fn no_space_note(&self, mut content: String) -> String {
+        for dir in [&self.workspace, &self.output_dir] {
+            let dir = dir.ancestors().find(|d| d.exists()).unwrap_or(dir);
+            if disk_full(dir) {
+                content.push_str(&format!(
+                    "\n[sup: the disk holding {} is full (no space left); free some space]",
+                    dir.display()
+                ));
+                break;
+            }
+        }
+        content
     }
 
     /// Keep the head and tail of a long result; the whole of it goes to a file.
@@ -473,4 +493,9 @@ impl Repeats {
         }
         self.count
     }
+}
+
+/// Whether the file system holding `dir` has no space left for an ordinary user.
+pub fn disk_full(dir: &std::path::Path) -> bool {
+    nix::sys::statvfs::statvfs(dir).is_ok_and(|s| s.blocks_available() == 0)
 }
