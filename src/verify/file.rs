@@ -38,6 +38,9 @@ struct Raw {
     catch_up: Option<Spanned<String>>,
     jitter: Option<Spanned<String>>,
     keep_runs: Option<u32>,
+    #[serde(default)]
+    tags: Vec<String>,
+    retry_interrupted: Option<bool>,
     approval: Option<Spanned<String>>,
     approval_timeout: Option<Spanned<String>>,
     #[serde(default)]
@@ -131,6 +134,10 @@ pub struct GoalFile {
     pub catch_up: Option<Duration>,
     pub jitter: Option<Duration>,
     pub keep_runs: Option<u32>,
+    /// A fleet daemon runs the goal only when it has all these tags (`--tags`).
+    pub tags: Vec<String>,
+    /// A fleet run whose daemon died is retried by another daemon.
+    pub retry_interrupted: bool,
     pub approval: Option<Located<String>>,
     pub approval_timeout: Option<Duration>,
     pub checks: Vec<Check>,
@@ -323,6 +330,8 @@ impl GoalFile {
             catch_up: duration("catch_up", raw.catch_up)?,
             jitter: duration("jitter", raw.jitter)?,
             keep_runs: raw.keep_runs,
+            tags: raw.tags,
+            retry_interrupted: raw.retry_interrupted.unwrap_or(false),
             approval: raw.approval.map(located),
             approval_timeout: duration("approval_timeout", raw.approval_timeout)?,
             checks,
