@@ -506,7 +506,7 @@ fn an_outcome_the_store_cannot_take_waits_on_disk_and_is_written_later() {
     let (code, text) = f.out(1, &["trigger", "late", "--goals", "."]);
     assert_eq!(code, 0, "{text}");
     // The store goes away while the run works.
-    f.pg.exec(&format!(
+    f.pg.admin(&format!(
         "ALTER DATABASE {} WITH ALLOW_CONNECTIONS false",
         f.pg.name
     ));
