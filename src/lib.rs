@@ -4,7 +4,9 @@
 
 pub mod approval;
 pub mod cli;
+pub mod config;
 pub mod model;
+pub mod run;
 pub mod schedule;
 pub mod store;
 pub mod tools;

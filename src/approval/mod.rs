@@ -23,7 +23,8 @@ use crate::tools::Risk;
 use crate::trace::{Event, Events};
 
 /// How calls that no rule decides are answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Prompt at the terminal for write and exec calls.
     Ask,
@@ -36,16 +37,6 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn parse(s: &str) -> Option<Mode> {
-        Some(match s {
-            "ask" => Mode::Ask,
-            "queue" => Mode::Queue,
-            "auto" => Mode::Auto,
-            "never" => Mode::Never,
-            _ => return None,
-        })
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Ask => "ask",

@@ -11,13 +11,14 @@ use anyhow::anyhow;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::run::{env_defaults, exit_code, launch_fail};
+use super::run::{exit_code, invocation, run_fail};
 use super::{Fail, exit};
 use crate::schedule::fleet;
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::store::{self, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
-use crate::verify::launch::{Overrides, RunSpec, Trigger};
+use crate::config::Settings;
+use crate::run::{Invocation, RunSpec, Trigger};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
 /// server's words and what to check.
@@ -31,13 +32,8 @@ pub async fn open(url: &str) -> Result<pg::PgStore, Fail> {
     pg::PgStore::open(url).await.map_err(Fail::usage)
 }
 
-fn defaults() -> Result<Overrides, Fail> {
-    let (default_model, default_approval) = env_defaults()?;
-    Ok(Overrides {
-        default_model,
-        default_approval,
-        ..Overrides::default()
-    })
+fn defaults() -> Result<Invocation, Fail> {
+    invocation(Settings::default())
 }
 
 fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
@@ -334,7 +330,7 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
         println!("{name}: trigger {id} waits for a daemon with room");
         return Ok(exit::ACHIEVED);
     }
-    let spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(launch_fail)?;
+    let spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(run_fail)?;
     let me = pg::Claimer {
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),
@@ -386,7 +382,7 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
         &cancel,
     )
     .await
-    .map_err(launch_fail)?;
+    .map_err(run_fail)?;
     let outcome = launched.outcome;
     if !json_out
         && outcome.status == crate::trace::Status::Achieved

@@ -11,13 +11,14 @@ use chrono::Utc;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::run::{execute, launch_fail};
+use super::run::{execute, invocation, run_fail};
 use super::{Fail, exit};
+use crate::config::Settings;
+use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::store::{self, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace};
-use crate::verify::launch::{Overrides, RunSpec};
 
 fn db() -> Result<Db, Fail> {
     let db = Db::open(&store::home()).map_err(Fail::usage)?;
@@ -95,14 +96,7 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
         max_concurrent,
         grace,
         clock: Arc::new(SystemClock),
-        defaults: {
-            let (default_model, default_approval) = super::run::env_defaults()?;
-            Overrides {
-                default_model,
-                default_approval,
-                ..Overrides::default()
-            }
-        },
+        defaults: invocation(Settings::default())?,
     };
     daemon::run(cfg, shutdown, reload_rx)
         .await
@@ -334,13 +328,8 @@ pub fn show(id: &str) -> Result<u8, Fail> {
 
 pub async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<u8, Fail> {
     let goal = find_goal(dir, name)?;
-    let (default_model, default_approval) = super::run::env_defaults()?;
-    let overrides = Overrides {
-        default_model,
-        default_approval,
-        ..Overrides::default()
-    };
-    let spec = RunSpec::build(&overrides, Some(&goal.file)).map_err(launch_fail)?;
+    let inv = invocation(Settings::default())?;
+    let spec = RunSpec::build(&inv, Some(&goal.file)).map_err(run_fail)?;
     execute(spec, json_out, true, "manual").await
 }
 

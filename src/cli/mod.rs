@@ -147,143 +147,18 @@ enum Command {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    crate::verify::file::parse_duration(s)
-}
-
-/// Options every running command takes.
-#[derive(Args, Debug, Clone, Default)]
-pub struct Common {
-    /// PROVIDER:MODEL, e.g. `openai:gpt-4o-mini` or `script:turns.json`. Wins over a goal
-    /// file's `model`, which wins over $SUP_MODEL.
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Model turns at most in one work loop (default 30).
-    #[arg(long)]
-    pub max_steps: Option<u32>,
-    /// Input plus output tokens at most over the whole run.
-    #[arg(long)]
-    pub token_budget: Option<u64>,
-    /// Where the agent works and checks run (default: the current directory).
-    #[arg(long)]
-    pub workspace: Option<PathBuf>,
-    /// The system prompt (default: a short one naming the workspace).
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Timeout of one tool call (default 120s).
-    #[arg(long, value_parser = duration)]
-    pub tool_timeout: Option<Duration>,
-    /// Bytes of a tool result the model sees (default 16384); the rest is kept on disk.
-    #[arg(long)]
-    pub output_cap: Option<usize>,
-    /// One JSON object per event on stdout instead of the human trace.
-    #[arg(long)]
-    pub json: bool,
-    /// The provider's base URL (overrides OPENAI_BASE_URL, ANTHROPIC_BASE_URL, …).
-    #[arg(long)]
-    pub base_url: Option<String>,
-    /// Ask for whole answers instead of streams.
-    #[arg(long)]
-    pub no_stream: bool,
-    /// The model's output token limit per turn (Anthropic default 8192).
-    #[arg(long)]
-    pub max_tokens: Option<u32>,
-    /// How long to wait for a provider's response to start (default 600s).
-    #[arg(long, value_parser = duration)]
-    pub request_timeout: Option<Duration>,
-    /// How long a stream may stay silent before it counts as broken (default 120s).
-    #[arg(long, value_parser = duration)]
-    pub idle_timeout: Option<Duration>,
-    /// Attempts at most for one model request (default 5).
-    #[arg(long)]
-    pub retries: Option<u32>,
-    /// Write every model turn to FILE as a `script:` file that replays the run.
-    #[arg(long)]
-    pub record: Option<PathBuf>,
-    /// ask (prompt at the terminal), queue (wait for `sup approve`), auto (allow what no
-    /// rule denies) or never (deny what no rule allows). Wins over a goal file's `approval`,
-    /// which wins over $SUP_APPROVAL; without any: ask at a terminal, never without one.
-    #[arg(long, value_parser = approval_mode)]
-    pub approval: Option<crate::approval::Mode>,
-    /// Allow calls matching `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`.
-    #[arg(long)]
-    pub allow: Vec<String>,
-    /// Always ask a person for calls matching this rule.
-    #[arg(long)]
-    pub ask: Vec<String>,
-    /// Deny calls matching this rule.
-    #[arg(long)]
-    pub deny: Vec<String>,
-    /// How long a queued approval waits before it counts as a denial (default 1h).
-    #[arg(long, value_parser = duration)]
-    pub approval_timeout: Option<Duration>,
-    /// An MCP server over stdio: NAME=COMMAND (split at spaces); its tools are NAME__TOOL.
-    #[arg(long, value_parser = mcp_server)]
-    pub mcp: Vec<crate::tools::mcp::ServerSpec>,
-}
-
-fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
-    let (name, command) = s
-        .split_once('=')
-        .ok_or_else(|| format!("`{s}`: write NAME=COMMAND, e.g. git=uvx mcp-server-git"))?;
-    let command: Vec<String> = command.split_whitespace().map(str::to_string).collect();
-    if name.trim().is_empty() || command.is_empty() {
-        return Err(format!(
-            "`{s}`: write NAME=COMMAND, e.g. git=uvx mcp-server-git"
-        ));
-    }
-    Ok(crate::tools::mcp::ServerSpec {
-        name: name.trim().to_string(),
-        command,
-        args: Vec::new(),
-        env: Default::default(),
-    })
-}
-
-/// A default from the environment; an unusable value is a usage error that names it.
-pub fn env_default<T>(var: &str, parse: fn(&str) -> Result<T, String>) -> Result<Option<T>, Fail> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => parse(v.trim())
-            .map(Some)
-            .map_err(|e| Fail::usage(anyhow::anyhow!("{var}: {e}"))),
-        _ => Ok(None),
-    }
-}
-
-pub fn approval_mode(s: &str) -> Result<crate::approval::Mode, String> {
-    crate::approval::Mode::parse(s)
-        .ok_or_else(|| format!("`{s}` is not an approval mode: use ask, queue, auto or never"))
-}
-
-impl Common {
-    /// The provider settings these options give.
-    pub fn provider_options(&self) -> crate::model::ProviderOptions {
-        let mut http = crate::model::http::HttpOptions {
-            stream: !self.no_stream,
-            ..Default::default()
-        };
-        if let Some(t) = self.request_timeout {
-            http.request_timeout = t;
-        }
-        if let Some(t) = self.idle_timeout {
-            http.idle_timeout = t;
-        }
-        if let Some(n) = self.retries {
-            http.max_attempts = n.max(1);
-        }
-        crate::model::ProviderOptions {
-            base_url: self.base_url.clone(),
-            http,
-            max_tokens: self.max_tokens,
-        }
-    }
+    crate::config::parse_duration(s)
 }
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// What the agent should do.
     pub prompt: String,
+    /// One JSON object per event on stdout instead of the human trace.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
-    pub common: Common,
+    pub settings: crate::config::Settings,
 }
 
 #[derive(Args, Debug)]
@@ -311,8 +186,11 @@ pub struct GoalArgs {
     /// The goal's name (default: the goal file's stem, or `goal`).
     #[arg(long)]
     pub name: Option<String>,
+    /// One JSON object per event on stdout instead of the human trace.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
-    pub common: Common,
+    pub settings: crate::config::Settings,
 }
 
 pub fn main() -> ExitCode {

@@ -6,17 +6,17 @@ use std::sync::Arc;
 use anyhow::anyhow;
 use tokio_util::sync::CancellationToken;
 
-use super::{Common, Fail, GoalArgs, RunArgs, exit};
+use super::{Fail, GoalArgs, RunArgs, exit};
+use crate::config::Settings;
+use crate::run::{self, Invocation, RunError, RunSpec, Trigger};
 use crate::store;
 use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
-use crate::verify::launch::{self, LaunchError, Overrides, RunSpec, Trigger};
-use crate::verify::{Check, check::DEFAULT_TIMEOUT};
 
 pub async fn run(args: RunArgs) -> Result<u8, Fail> {
-    let mut o = overrides(&args.common)?;
-    o.prompt = Some(args.prompt);
-    let spec = RunSpec::build(&o, None).map_err(launch_fail)?;
-    execute(spec, args.common.json, false, "cli").await
+    let mut inv = invocation(args.settings)?;
+    inv.flags.prompt = Some(args.prompt);
+    let spec = RunSpec::build(&inv, None).map_err(run_fail)?;
+    execute(spec, args.json, false, "cli").await
 }
 
 pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
@@ -28,63 +28,36 @@ pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
         ),
         None => None,
     };
-    let mut o = overrides(&args.common)?;
-    o.name = args
+    let mut inv = invocation(args.settings)?;
+    let flags = &mut inv.flags;
+    flags.name = args
         .name
         .clone()
         .or_else(|| file.is_none().then(|| "goal".to_string()));
-    o.prompt = args.prompt.clone();
-    o.tries = args.tries;
-    o.fresh = args.fresh;
-    o.check_timeout = args.check_timeout;
+    flags.prompt = args.prompt.clone();
+    flags.tries = args.tries;
+    flags.fresh = args.fresh.then_some(true);
+    flags.check_timeout = args.check_timeout;
     for path in &args.checks {
-        o.checks
-            .push(launch::script_check(path, args.check_timeout).map_err(launch_fail)?);
+        inv.checks.push(run::script_check(path).map_err(run_fail)?);
     }
     for line in &args.check_cmds {
-        o.checks.push(Check::command(
-            line.clone(),
-            args.check_timeout.unwrap_or(DEFAULT_TIMEOUT),
-        ));
+        inv.checks.push(run::command_check(line));
     }
-    let spec = RunSpec::build(&o, file.as_ref()).map_err(launch_fail)?;
-    execute(spec, args.common.json, true, "cli").await
+    let spec = RunSpec::build(&inv, file.as_ref()).map_err(run_fail)?;
+    execute(spec, args.json, true, "cli").await
 }
 
-/// The flags every running command shares, as overrides, with the environment's defaults.
-pub fn overrides(c: &Common) -> Result<Overrides, Fail> {
-    let (default_model, default_approval) = env_defaults()?;
-    Ok(Overrides {
-        default_model,
-        default_approval,
-        model: c.model.clone(),
-        max_steps: c.max_steps,
-        token_budget: c.token_budget,
-        workspace: c.workspace.clone(),
-        system: c.system.clone(),
-        tool_timeout: c.tool_timeout,
-        output_cap: c.output_cap,
-        providers: c.provider_options(),
-        record: c.record.clone(),
-        approval: c.approval,
-        allow: c.allow.clone(),
-        ask: c.ask.clone(),
-        deny: c.deny.clone(),
-        approval_timeout: c.approval_timeout,
-        mcp: c.mcp.clone(),
-        ..Overrides::default()
+/// The flags' layer with the environment's.
+pub fn invocation(flags: Settings) -> Result<Invocation, Fail> {
+    Ok(Invocation {
+        flags,
+        checks: Vec::new(),
+        env: Settings::from_env().map_err(Fail::usage)?,
     })
 }
 
-/// `SUP_MODEL` and `SUP_APPROVAL`: defaults below the flags and the goal file.
-pub fn env_defaults() -> Result<(Option<String>, Option<crate::approval::Mode>), Fail> {
-    Ok((
-        super::env_default("SUP_MODEL", |s| Ok(s.to_string()))?,
-        super::env_default("SUP_APPROVAL", super::approval_mode)?,
-    ))
-}
-
-pub fn launch_fail(e: LaunchError) -> Fail {
+pub fn run_fail(e: RunError) -> Fail {
     Fail::usage(anyhow!(e))
 }
 
@@ -137,9 +110,9 @@ pub async fn execute(
         kind: trigger,
         scheduled_for: None,
     };
-    let launched = launch::launch(&spec, &store::home(), trigger, vec![sink], &cancel)
+    let launched = run::launch(&spec, &store::home(), trigger, vec![sink], &cancel)
         .await
-        .map_err(launch_fail)?;
+        .map_err(run_fail)?;
     let outcome = launched.outcome;
     if !json
         && outcome.status == Status::Achieved

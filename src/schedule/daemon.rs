@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::cron::Schedule;
 use super::goals::{self, Overlap, ScheduledGoal};
+use crate::run::{self, Invocation, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, stamp};
-use crate::verify::launch::{self, Overrides, RunSpec, Trigger};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
@@ -101,7 +101,7 @@ pub struct Config {
     pub grace: Duration,
     pub clock: Arc<dyn Clock>,
     /// Defaults for goal files that leave things out (`SUP_MODEL`, `SUP_APPROVAL`).
-    pub defaults: Overrides,
+    pub defaults: Invocation,
 }
 
 struct Running {
@@ -143,7 +143,7 @@ struct Daemon {
     all_running: Arc<Mutex<Vec<CancellationToken>>>,
 }
 
-fn spec_of(goal: &ScheduledGoal, defaults: &Overrides) -> Result<RunSpec, String> {
+fn spec_of(goal: &ScheduledGoal, defaults: &Invocation) -> Result<RunSpec, String> {
     RunSpec::build(defaults, Some(&goal.file))
         .map_err(|e| format!("{}: {e}", goal.file.path.display()))
 }
@@ -503,7 +503,7 @@ async fn run_one(
         kind: "schedule",
         scheduled_for: Some(at),
     };
-    match launch::launch(spec, home, trigger, Vec::new(), cancel).await {
+    match run::launch(spec, home, trigger, Vec::new(), cancel).await {
         Ok(l) => (Some(l.run_id), l.outcome.status.as_str().to_string()),
         Err(e) => {
             tracing::error!("goal {goal} at {}: could not start: {e}", stamp(at));

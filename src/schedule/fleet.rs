@@ -24,7 +24,7 @@ use super::goals::{self, Overlap};
 use crate::store::db::{Db, stamp};
 use crate::store::pg::{self, Claimed, Claimer, Due, Finish, PgError, PgStore};
 use crate::trace::{Event, EventSink};
-use crate::verify::launch::{self, LaunchError, Overrides, RunSpec, Trigger};
+use crate::run::{self as launch, Invocation, RunError, RunSpec, Trigger};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
@@ -37,7 +37,7 @@ const BATCH: usize = 500;
 fn give_up() -> Duration {
     std::env::var("SUP_STORE_RETRY")
         .ok()
-        .and_then(|s| crate::verify::file::parse_duration(&s).ok())
+        .and_then(|s| crate::config::parse_duration(&s).ok())
         .unwrap_or(Duration::from_secs(60))
 }
 
@@ -51,7 +51,7 @@ pub enum FleetError {
     #[error(transparent)]
     Store(#[from] PgError),
     #[error(transparent)]
-    Launch(#[from] LaunchError),
+    Launch(#[from] RunError),
 }
 
 pub struct Config {
@@ -63,7 +63,7 @@ pub struct Config {
     pub lease: Duration,
     /// What this machine has; a goal with `tags` runs only where all of them are.
     pub tags: Vec<String>,
-    pub defaults: Overrides,
+    pub defaults: Invocation,
     pub store: PgStore,
 }
 
@@ -167,8 +167,8 @@ impl Daemon {
                     schedule: g.schedule,
                     overlap: g.overlap,
                     catch_up: g.catch_up,
-                    tags: g.file.tags.clone(),
-                    retry: g.file.retry_interrupted,
+                    tags: g.file.settings.tags.clone(),
+                    retry: g.file.settings.retry_interrupted.unwrap_or(false),
                     hash,
                     modified,
                     next,
@@ -705,7 +705,7 @@ pub async fn execute(
     trigger: Trigger,
     mut sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
-) -> Result<launch::Launched, LaunchError> {
+) -> Result<launch::Launched, RunError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_events(
         store.clone(),

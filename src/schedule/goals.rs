@@ -6,32 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::cron::{Schedule, local_zone, parse_zone};
-use crate::verify::file::{GoalFile, GoalFileError};
-
-/// What to do when an occurrence comes while the goal's last run is still going.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overlap {
-    /// Record the occurrence as skipped.
-    Skip,
-    /// Let one occurrence wait and run after.
-    Queue,
-    /// Cancel the running one, then start.
-    Replace,
-    /// Run side by side.
-    Allow,
-}
-
-impl Overlap {
-    pub fn parse(s: &str) -> Option<Overlap> {
-        Some(match s {
-            "skip" => Overlap::Skip,
-            "queue" => Overlap::Queue,
-            "replace" => Overlap::Replace,
-            "allow" => Overlap::Allow,
-            _ => return None,
-        })
-    }
-}
+pub use crate::config::Overlap;
+use crate::config::{GoalFile, GoalFileError, Settings};
 
 /// A goal file with its schedule checked.
 #[derive(Clone, Debug)]
@@ -56,26 +32,25 @@ pub fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
         line,
         message,
     };
-    let tz = match &file.timezone {
-        Some(z) => parse_zone(&z.value).map_err(|m| err(z.line, format!("key `timezone`: {m}")))?,
+    let line = |key| file.lines.get(key).copied().unwrap_or(0);
+    let s = &file.settings;
+    let tz = match &s.timezone {
+        Some(z) => parse_zone(z.get_ref())
+            .map_err(|m| err(line("timezone"), format!("key `timezone`: {m}")))?,
         None => local_zone(),
     };
-    let schedule = match &file.schedule {
-        Some(s) => Some(
-            Schedule::parse(&s.value, tz)
-                .map_err(|m| err(s.line, format!("key `schedule`: {m}")))?,
+    let schedule = match &s.schedule {
+        Some(expr) => Some(
+            Schedule::parse(expr.get_ref(), tz)
+                .map_err(|m| err(line("schedule"), format!("key `schedule`: {m}")))?,
         ),
         None => None,
     };
-    let overlap = file
-        .overlap
-        .as_ref()
-        .and_then(|o| Overlap::parse(&o.value))
-        .unwrap_or(Overlap::Skip);
+    let defaults = Settings::defaults();
     Ok(ScheduledGoal {
-        overlap,
-        catch_up: file.catch_up.unwrap_or(Duration::ZERO),
-        jitter: file.jitter.unwrap_or(Duration::ZERO),
+        overlap: s.overlap.or(defaults.overlap).unwrap_or(Overlap::Skip),
+        catch_up: s.catch_up.or(defaults.catch_up).unwrap_or_default(),
+        jitter: s.jitter.or(defaults.jitter).unwrap_or_default(),
         schedule,
         file,
     })

@@ -75,6 +75,8 @@ pub trait Tool: Send + Sync {
 pub struct Prepared {
     pub tool: Arc<dyn Tool>,
     pub input: Value,
+    /// The tool's own timeout, when it has one (a goal file's `[[tool]] timeout`).
+    pub timeout: Option<Duration>,
 }
 
 /// The tools of a run, by name, each with its compiled input schema.
@@ -82,6 +84,7 @@ pub struct Prepared {
 pub struct Registry {
     tools: Vec<Arc<dyn Tool>>,
     by_name: HashMap<String, (usize, Option<jsonschema::Validator>)>,
+    timeouts: Vec<Option<Duration>>,
     specs: Vec<ToolSpec>,
 }
 
@@ -99,6 +102,15 @@ impl Registry {
     }
 
     pub fn add(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        self.add_with_timeout(tool, None)
+    }
+
+    /// Add a tool whose calls get `timeout` instead of the run's tool timeout.
+    pub fn add_with_timeout(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        timeout: Option<Duration>,
+    ) -> Result<(), RegistryError> {
         let spec = tool.spec().clone();
         if self.by_name.contains_key(&spec.name) {
             return Err(RegistryError::Duplicate(spec.name));
@@ -111,6 +123,7 @@ impl Registry {
         self.by_name
             .insert(spec.name.clone(), (self.tools.len(), validator));
         self.tools.push(tool);
+        self.timeouts.push(timeout);
         self.specs.push(spec);
         Ok(())
     }
@@ -146,6 +159,7 @@ impl Registry {
         Ok(Prepared {
             tool: self.tools[*index].clone(),
             input,
+            timeout: self.timeouts.get(*index).copied().flatten(),
         })
     }
 }

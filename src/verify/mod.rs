@@ -1,10 +1,8 @@
 //! The verify loop: run the work loop, run every acceptance check in the workspace, and on
-//! failure tell the model what failed and try again, up to N tries. Also owns goals: what a
-//! goal is (`Goal`), and goal files (`file`).
+//! failure tell the model what failed and try again, up to N tries. Also owns what a goal is
+//! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
 pub mod check;
-pub mod file;
-pub mod launch;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -366,10 +366,11 @@ impl Work<'_> {
     /// Run one prepared call to a result: timeout, cancellation, output cap.
     async fn call(&self, step: u32, call: &ToolCall, prepared: Prepared) -> ToolResult {
         let started_ms = self.ms();
+        let timeout = prepared.timeout.unwrap_or(self.limits.tool_timeout);
         let ctx = ToolContext {
             workspace: self.workspace.clone(),
             cancel: self.cancel.child_token(),
-            timeout: self.limits.tool_timeout,
+            timeout,
             output_dir: self.output_dir.clone(),
             output_cap: self.limits.output_cap,
             output_name: self.output_name(call),
@@ -378,10 +379,10 @@ impl Work<'_> {
         };
         // Tools that run processes time out on their own and report what they printed;
         // this is the backstop for every other tool.
-        let backstop = self.limits.tool_timeout + Duration::from_secs(2);
+        let backstop = timeout + Duration::from_secs(2);
         let outcome = tokio::select! {
             r = tokio::time::timeout(backstop, prepared.tool.call(&prepared.input, &ctx)) => {
-                r.unwrap_or(Err(ToolError::Timeout(self.limits.tool_timeout)))
+                r.unwrap_or(Err(ToolError::Timeout(timeout)))
             }
             _ = self.cancel.cancelled() => Err(ToolError::Cancelled),
         };

@@ -1,0 +1,342 @@
+//! Goal files (`goals/NAME.toml`), parsed strictly into `Settings` plus the goal's checks and
+//! tools: an unknown key, a wrong type or a bad value is an error that names the file, the
+//! line and the key (`check.timeout` inside a `[[check]]`). Paths in a goal file are relative
+//! to the file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::Settings;
+use crate::tools::Risk;
+use crate::verify::Check;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct GoalFileError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// A `[[check]]` table as written.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawCheck {
+    script: Option<String>,
+    run: Option<String>,
+    human: Option<String>,
+    #[serde(default, deserialize_with = "super::duration")]
+    timeout: Option<Duration>,
+}
+
+/// A `[[tool]]` table as written.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawTool {
+    name: String,
+    description: Option<String>,
+    script: Option<String>,
+    command: Option<Vec<String>>,
+    input_schema: Option<toml::Value>,
+    risk: Option<Risk>,
+    #[serde(default, deserialize_with = "super::duration")]
+    timeout: Option<Duration>,
+}
+
+/// An MCP server over stdio: `[[mcp]]` in a file, `--mcp NAME=COMMAND` on the command line.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    pub name: String,
+    #[serde(deserialize_with = "argv")]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn argv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let v = Vec::<String>::deserialize(d)?;
+    if v.is_empty() {
+        return Err(serde::de::Error::custom(
+            "the argv list is empty; write e.g. [\"uvx\", \"mcp-server-git\"]",
+        ));
+    }
+    Ok(v)
+}
+
+/// A command tool declared in a goal file.
+#[derive(Clone, Debug)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: String,
+    pub program: String,
+    pub args: Vec<String>,
+    pub input_schema: serde_json::Value,
+    pub risk: Risk,
+    /// Its own timeout; the run's `tool_timeout` otherwise.
+    pub timeout: Option<Duration>,
+}
+
+/// A check with the timeout it set itself, if any (the run's `check_timeout` otherwise).
+#[derive(Clone, Debug)]
+pub struct CheckDef {
+    pub check: Check,
+    pub timeout: Option<Duration>,
+}
+
+/// A goal file, checked, with its paths resolved against its folder.
+#[derive(Clone, Debug)]
+pub struct GoalFile {
+    pub path: PathBuf,
+    pub name: String,
+    /// The file's settings (its `[[check]]` and `[[tool]]` tables taken out).
+    pub settings: Settings,
+    pub checks: Vec<CheckDef>,
+    pub tools: Vec<ToolDef>,
+    /// The lines of keys checked later (`schedule`, `timezone`), for their errors.
+    pub lines: BTreeMap<&'static str, usize>,
+}
+
+fn line_at(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The key an error on `line` is about, with its table: `check.timeout`.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let here = lines.get(line.checked_sub(1)?)?;
+    let key = here.split_once('=')?.0.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') {
+        return None;
+    }
+    let table = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_string(),
+    })
+}
+
+/// Parse a TOML file of settings strictly; errors name the file, the line and the key.
+pub(super) fn from_toml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, GoalFileError> {
+    toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(0, |s| line_at(text, s.start));
+        let message = e.message().trim().to_string();
+        let message = match key_at(text, line) {
+            Some(k) if !message.contains(&format!("`{k}`")) => {
+                format!("key `{k}`: {message}")
+            }
+            _ => message,
+        };
+        GoalFileError {
+            file: path.display().to_string(),
+            line,
+            message,
+        }
+    })
+}
+
+impl GoalFile {
+    pub fn load(path: &Path) -> Result<GoalFile, GoalFileError> {
+        let text = std::fs::read_to_string(path).map_err(|e| GoalFileError {
+            file: path.display().to_string(),
+            line: 0,
+            message: format!("cannot read the goal file: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<GoalFile, GoalFileError> {
+        let file = path.display().to_string();
+        let err = |line: usize, message: String| GoalFileError {
+            file: file.clone(),
+            line,
+            message,
+        };
+        let mut settings: Settings = from_toml(path, text)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        settings.workspace = settings.workspace.map(|w| dir.join(w));
+        let name = settings.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map_or_else(|| "goal".into(), |s| s.to_string_lossy().into_owned())
+        });
+        let mut checks = Vec::new();
+        for c in std::mem::take(&mut settings.check) {
+            let line = line_at(text, c.span().start);
+            let c = c.into_inner();
+            let check = match (c.script, c.run, c.human) {
+                (Some(script), None, None) => {
+                    let full = dir.join(&script);
+                    let full = std::fs::canonicalize(&full).map_err(|e| {
+                        err(line, format!("key `check.script`: {}: {e}", full.display()))
+                    })?;
+                    Check::script(script, full, Duration::ZERO)
+                }
+                (None, Some(run), None) => Check::command(run, Duration::ZERO),
+                (None, None, Some(question)) => Check::human(question, Duration::ZERO),
+                _ => {
+                    return Err(err(
+                        line,
+                        "a [[check]] takes exactly one of `script`, `run` or `human`".into(),
+                    ));
+                }
+            };
+            checks.push(CheckDef {
+                check,
+                timeout: c.timeout,
+            });
+        }
+        let mut tools = Vec::new();
+        for t in std::mem::take(&mut settings.tool) {
+            let line = line_at(text, t.span().start);
+            let t = t.into_inner();
+            let (program, args) = match (t.script, t.command) {
+                (Some(script), None) => {
+                    let full = dir.join(&script);
+                    let full = std::fs::canonicalize(&full)
+                        .ok()
+                        .filter(|p| p.is_file())
+                        .ok_or_else(|| {
+                            err(
+                                line,
+                                format!("key `tool.script`: {} does not exist", full.display()),
+                            )
+                        })?;
+                    crate::tools::process::script_command(&full)
+                }
+                (None, Some(argv)) => {
+                    let mut it = argv.into_iter();
+                    let Some(program) = it.next() else {
+                        return Err(err(
+                            line,
+                            "key `tool.command`: the argv list is empty".into(),
+                        ));
+                    };
+                    (program, it.collect())
+                }
+                _ => {
+                    return Err(err(
+                        line,
+                        format!(
+                            "tool `{}` takes exactly one of `script` or `command`",
+                            t.name
+                        ),
+                    ));
+                }
+            };
+            let input_schema = match t.input_schema {
+                Some(v) => serde_json::to_value(v)
+                    .map_err(|e| err(line, format!("key `tool.input_schema`: {e}")))?,
+                None => serde_json::json!({"type": "object"}),
+            };
+            tools.push(ToolDef {
+                description: t
+                    .description
+                    .unwrap_or_else(|| format!("The `{}` tool", t.name)),
+                name: t.name,
+                program,
+                args,
+                input_schema,
+                risk: t.risk.unwrap_or_default(),
+                timeout: t.timeout,
+            });
+        }
+        let mut lines = BTreeMap::new();
+        for (key, value) in [
+            ("schedule", &settings.schedule),
+            ("timezone", &settings.timezone),
+        ] {
+            if let Some(v) = value {
+                lines.insert(key, line_at(text, v.span().start));
+            }
+        }
+        Ok(GoalFile {
+            path: path.to_path_buf(),
+            name,
+            settings,
+            checks,
+            tools,
+            lines,
+        })
+    }
+
+    /// The folder the file's relative paths start at.
+    pub fn dir(&self) -> PathBuf {
+        self.path
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<GoalFile, GoalFileError> {
+        GoalFile::parse(Path::new("goals/x.toml"), text)
+    }
+
+    #[test]
+    fn unknown_key_names_file_key_and_line() {
+        let e = parse("prompt = \"hi\"\ntrys = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("goals/x.toml:2:"), "{e}");
+        assert!(e.contains("trys"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_key() {
+        let e = parse("prompt = \"hi\"\n\ntries = \"three\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("goals/x.toml:3:"), "{e}");
+        assert!(e.contains("tries"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_names_key_and_line() {
+        let e = parse("prompt = \"hi\"\n[[check]]\nrun = \"true\"\ntimeout = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
+        assert!(e.contains("check.timeout"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_mcp_command_names_its_line() {
+        let e = parse("prompt = \"hi\"\n[[mcp]]\nname = \"m\"\ncommand = []\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
+        assert!(e.contains("mcp.command") && e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn a_good_file() {
+        let g = parse(
+            "prompt = \"p\"\ntries = 2\noutput_cap = 4096\ncheck_timeout = \"9s\"\n\
+             [[check]]\nrun = \"true\"\ntimeout = \"5s\"\n\
+             [[tool]]\nname = \"t\"\ncommand = [\"cat\"]\ninput_schema = { type = \"object\" }\nrisk = \"read\"\ntimeout = \"3s\"\n",
+        )
+        .unwrap();
+        assert_eq!(g.name, "x");
+        assert_eq!(g.checks[0].timeout, Some(Duration::from_secs(5)));
+        assert_eq!(g.settings.check_timeout, Some(Duration::from_secs(9)));
+        assert_eq!(g.settings.output_cap, Some(4096));
+        assert_eq!(g.tools[0].risk, Risk::Read);
+        assert_eq!(g.tools[0].timeout, Some(Duration::from_secs(3)));
+    }
+}

@@ -1,0 +1,642 @@
+//! Settings of every layer, from every source, merged once. One `Settings` struct of optional
+//! fields is at the same time the command line's options (clap, flattened into `sup run` and
+//! `sup goal`), the goal file's schema (serde, strict) and the user config's; the environment
+//! (`SUP_MODEL`, `SUP_APPROVAL`) fills one too. `merge` takes them in precedence order
+//! (flag > goal file > environment > user config > default) key by key, remembers where each
+//! effective value came from, and validates; it touches no file. Reading the user config and
+//! making folders is resolution, done apart (`UserConfig::load`, `crate::run`).
+//!
+//! A new setting is one field in `Settings` (with its `#[arg]`/`#[serde]` attributes) and, if
+//! it has a fixed default, one line in `Settings::defaults`.
+
+pub mod goal;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+pub use goal::{CheckDef, GoalFile, GoalFileError, McpServer, RawCheck, RawTool, ToolDef};
+
+use crate::approval::Mode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    File(#[from] GoalFileError),
+    /// An environment variable with a value that does not parse.
+    #[error("{var}: {message}")]
+    Env { var: &'static str, message: String },
+    /// A setting that parsed but cannot work, or one that is missing.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Rule(#[from] crate::approval::RuleError),
+}
+
+/// What to do when an occurrence comes while the goal's last run is still going.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    /// Record the occurrence as skipped.
+    Skip,
+    /// Let one occurrence wait and run after.
+    Queue,
+    /// Cancel the running one, then start.
+    Replace,
+    /// Run side by side.
+    Allow,
+}
+
+/// Where an effective setting came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Flag,
+    GoalFile(PathBuf),
+    /// `SUP_<KEY>`.
+    Environment,
+    UserConfig(PathBuf),
+    Default,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Flag => write!(f, "flag"),
+            Source::GoalFile(p) => write!(f, "goal file {}", p.display()),
+            Source::Environment => write!(f, "environment"),
+            Source::UserConfig(p) => write!(f, "user config {}", p.display()),
+            Source::Default => write!(f, "default"),
+        }
+    }
+}
+
+/// Where each effective setting came from: its key, then every source that gave it, the
+/// winning one first (lists gather from several).
+#[derive(Clone, Debug, Default)]
+pub struct Provenance(BTreeMap<&'static str, Vec<Source>>);
+
+impl Provenance {
+    fn note(&mut self, key: &'static str, source: &Source) {
+        self.0.entry(key).or_default().push(source.clone());
+    }
+
+    /// The source of a setting's value (for a list: of its highest-precedence part).
+    pub fn source(&self, key: &str) -> Option<&Source> {
+        self.0.get(key).and_then(|s| s.first())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &[Source])> {
+        self.0.iter().map(|(k, v)| (*k, v.as_slice()))
+    }
+}
+
+/// How one source's value of a setting combines with a lower source's.
+trait Merge {
+    /// Take from `lower` what `self` lacks; whether `lower` gave anything.
+    fn merge_from(&mut self, lower: &Self) -> bool;
+}
+
+/// A single value: the higher source wins.
+impl<T: Clone> Merge for Option<T> {
+    fn merge_from(&mut self, lower: &Self) -> bool {
+        if self.is_none() && lower.is_some() {
+            self.clone_from(lower);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A list: every source adds to it, the lowest first.
+impl<T: Clone> Merge for Vec<T> {
+    fn merge_from(&mut self, lower: &Self) -> bool {
+        if lower.is_empty() {
+            return false;
+        }
+        let higher = std::mem::take(self);
+        self.extend(lower.iter().cloned());
+        self.extend(higher);
+        true
+    }
+}
+
+/// Declares `Settings` and its key-by-key merge from the same field list.
+macro_rules! settings {
+    ($(#[$meta:meta])* pub struct Settings { $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty, )* }) => {
+        $(#[$meta])*
+        pub struct Settings { $( $(#[$fmeta])* pub $field: $ty, )* }
+
+        impl Settings {
+            /// Fill what this layer lacks from `lower`, noting the keys `lower` gave.
+            fn merge_layer(&mut self, lower: &Settings, source: &Source, provenance: &mut Provenance) {
+                $(
+                    if Merge::merge_from(&mut self.$field, &lower.$field) {
+                        provenance.note(stringify!($field), source);
+                    }
+                )*
+            }
+        }
+    };
+}
+
+settings! {
+    /// Every setting, each optional: a flag, a goal-file key and a user-config key at once
+    /// (`#[arg(skip)]`: not a flag of `sup run`; `#[serde(skip)]`: not a file key).
+    #[derive(clap::Args, Deserialize, Clone, Debug, Default)]
+    #[serde(deny_unknown_fields)]
+    pub struct Settings {
+        /// The goal's name (default: the goal file's stem, or `goal`).
+        #[arg(skip)]
+        pub name: Option<String>,
+        /// What the agent should do.
+        #[arg(skip)]
+        pub prompt: Option<String>,
+        /// PROVIDER:MODEL, e.g. `openai:gpt-4o-mini` or `script:turns.json`. Wins over a goal
+        /// file's `model`, which wins over $SUP_MODEL.
+        #[arg(long)]
+        pub model: Option<String>,
+        /// Model turns at most in one work loop (default 30).
+        #[arg(long)]
+        pub max_steps: Option<u32>,
+        /// Input plus output tokens at most over the whole run.
+        #[arg(long)]
+        pub token_budget: Option<u64>,
+        /// Where the agent works and checks run (default: the current directory).
+        #[arg(long)]
+        pub workspace: Option<PathBuf>,
+        /// The system prompt (default: a short one naming the workspace).
+        #[arg(long)]
+        pub system: Option<String>,
+        /// Timeout of one tool call (default 120s).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub tool_timeout: Option<Duration>,
+        /// Bytes of a tool result the model sees (default 16384); the rest is kept on disk.
+        #[arg(long)]
+        pub output_cap: Option<usize>,
+        /// The provider's base URL (overrides OPENAI_BASE_URL, ANTHROPIC_BASE_URL, …).
+        #[arg(long)]
+        pub base_url: Option<String>,
+        /// Ask for whole answers instead of streams.
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        pub no_stream: Option<bool>,
+        /// The model's output token limit per turn (Anthropic default 8192).
+        #[arg(long)]
+        pub max_tokens: Option<u32>,
+        /// How long to wait for a provider's response to start (default 600s).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub request_timeout: Option<Duration>,
+        /// How long a stream may stay silent before it counts as broken (default 120s).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub idle_timeout: Option<Duration>,
+        /// Attempts at most for one model request (default 5).
+        #[arg(long)]
+        pub retries: Option<u32>,
+        /// Write every model turn to FILE as a `script:` file that replays the run.
+        #[arg(long)]
+        #[serde(skip)]
+        pub record: Option<PathBuf>,
+        /// ask (prompt at the terminal), queue (wait for `sup approve`), auto (allow what no
+        /// rule denies) or never (deny what no rule allows). Wins over a goal file's `approval`,
+        /// which wins over $SUP_APPROVAL; without any: ask at a terminal, never without one.
+        #[arg(long, value_parser = parse_enum::<Mode>)]
+        pub approval: Option<Mode>,
+        /// How long a queued approval waits before it counts as a denial (default 1h).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub approval_timeout: Option<Duration>,
+        #[command(flatten)]
+        #[serde(default)]
+        pub approval_rules: RuleLists,
+        /// An MCP server over stdio: NAME=COMMAND (split at spaces); its tools are NAME__TOOL.
+        #[arg(long, value_parser = mcp_server)]
+        #[serde(default)]
+        pub mcp: Vec<McpServer>,
+        /// Work-and-check rounds at most (default 3 with checks, else 1).
+        #[arg(skip)]
+        pub tries: Option<u32>,
+        /// Start each try again from the prompt plus the latest failure report.
+        #[arg(skip)]
+        pub fresh: Option<bool>,
+        /// Timeout of each check without its own (default 300s); `--check-timeout` sets all.
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "duration")]
+        pub check_timeout: Option<Duration>,
+        /// Runs kept per goal (default 100).
+        #[arg(skip)]
+        pub keep_runs: Option<u32>,
+        /// A cron expression: only the daemon reads it.
+        #[arg(skip)]
+        pub schedule: Option<Spanned<String>>,
+        /// An IANA time zone for `schedule` (default: the machine's).
+        #[arg(skip)]
+        pub timezone: Option<Spanned<String>>,
+        #[arg(skip)]
+        pub overlap: Option<Overlap>,
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "duration")]
+        pub catch_up: Option<Duration>,
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "duration")]
+        pub jitter: Option<Duration>,
+        /// A fleet daemon (`--store`) runs the goal only when it has all these tags
+        /// (`sup daemon --tags`).
+        #[arg(skip)]
+        #[serde(default)]
+        pub tags: Vec<String>,
+        /// A fleet run whose daemon died (its lease ran out) is retried by another daemon.
+        #[arg(skip)]
+        pub retry_interrupted: Option<bool>,
+        /// `[[check]]` tables (goal files only).
+        #[arg(skip)]
+        #[serde(default)]
+        pub check: Vec<Spanned<RawCheck>>,
+        /// `[[tool]]` tables (goal files only).
+        #[arg(skip)]
+        #[serde(default)]
+        pub tool: Vec<Spanned<RawTool>>,
+    }
+}
+
+/// Approval rules: allow, ask and deny, gathered from every source.
+#[derive(clap::Args, Deserialize, Clone, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RuleLists {
+    /// Allow calls matching `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`.
+    #[arg(long)]
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Always ask a person for calls matching this rule.
+    #[arg(long)]
+    #[serde(default)]
+    pub ask: Vec<String>,
+    /// Deny calls matching this rule.
+    #[arg(long)]
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl Merge for RuleLists {
+    fn merge_from(&mut self, lower: &Self) -> bool {
+        let a = self.allow.merge_from(&lower.allow);
+        let b = self.ask.merge_from(&lower.ask);
+        let c = self.deny.merge_from(&lower.deny);
+        a || b || c
+    }
+}
+
+/// The model turns a work loop takes at most, unless a setting says otherwise.
+pub const DEFAULT_MAX_STEPS: u32 = 30;
+/// Runs kept per goal unless `keep_runs` says otherwise.
+pub const DEFAULT_KEEP_RUNS: u32 = 100;
+
+impl Settings {
+    /// The lowest layer: every setting with a fixed default. Settings whose default depends on
+    /// others (`tries`, `system`, `workspace`, `approval`, `name`) are settled in `crate::run`.
+    pub fn defaults() -> Settings {
+        let http = crate::model::http::HttpOptions::default();
+        Settings {
+            max_steps: Some(DEFAULT_MAX_STEPS),
+            tool_timeout: Some(Duration::from_secs(120)),
+            output_cap: Some(16 * 1024),
+            no_stream: Some(!http.stream),
+            request_timeout: Some(http.request_timeout),
+            idle_timeout: Some(http.idle_timeout),
+            retries: Some(http.max_attempts),
+            approval_timeout: Some(crate::approval::DEFAULT_TIMEOUT),
+            fresh: Some(false),
+            check_timeout: Some(crate::verify::check::DEFAULT_TIMEOUT),
+            keep_runs: Some(DEFAULT_KEEP_RUNS),
+            overlap: Some(Overlap::Skip),
+            catch_up: Some(Duration::ZERO),
+            jitter: Some(Duration::ZERO),
+            ..Settings::default()
+        }
+    }
+
+    /// The environment's layer: `SUP_MODEL`, `SUP_APPROVAL`.
+    pub fn from_env() -> Result<Settings, ConfigError> {
+        fn var(name: &str) -> Option<String> {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        }
+        let approval = var("SUP_APPROVAL")
+            .map(|v| parse_enum::<Mode>(&v))
+            .transpose()
+            .map_err(|message| ConfigError::Env {
+                var: "SUP_APPROVAL",
+                message,
+            })?;
+        Ok(Settings {
+            model: var("SUP_MODEL"),
+            approval,
+            ..Settings::default()
+        })
+    }
+
+    /// Keys that only a goal file may set, of those this layer sets.
+    fn goal_only_keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        let mut key = |set: bool, name| {
+            if set {
+                keys.push(name)
+            }
+        };
+        key(self.name.is_some(), "name");
+        key(self.prompt.is_some(), "prompt");
+        key(self.schedule.is_some(), "schedule");
+        key(self.timezone.is_some(), "timezone");
+        key(!self.check.is_empty(), "check");
+        key(!self.tool.is_empty(), "tool");
+        keys
+    }
+}
+
+/// The user's config file, read: `$SUP_CONFIG`, or `$XDG_CONFIG_HOME/sup/config.toml`, or
+/// `~/.config/sup/config.toml`. Its keys are the goal file's, less those of one goal.
+#[derive(Clone, Debug, Default)]
+pub struct UserConfig {
+    pub path: Option<PathBuf>,
+    pub settings: Settings,
+}
+
+impl UserConfig {
+    pub fn path() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("SUP_CONFIG").filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+        Some(base.join("sup/config.toml"))
+    }
+
+    /// Read the user config; none when the file does not exist.
+    pub fn load() -> Result<UserConfig, ConfigError> {
+        let Some(path) = Self::path().filter(|p| p.exists()) else {
+            return Ok(UserConfig::default());
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| GoalFileError {
+            file: path.display().to_string(),
+            line: 0,
+            message: format!("cannot read the user config: {e}"),
+        })?;
+        Self::parse(&path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
+        let settings: Settings = goal::from_toml(path, text)?;
+        if let Some(key) = settings.goal_only_keys().first() {
+            return Err(ConfigError::Invalid(format!(
+                "{}: key `{key}` belongs in a goal file, not the user config",
+                path.display()
+            )));
+        }
+        Ok(UserConfig {
+            path: Some(path.to_path_buf()),
+            settings,
+        })
+    }
+}
+
+/// Every source of one run's settings, highest precedence first.
+pub struct Layers<'a> {
+    pub flags: &'a Settings,
+    pub goal: Option<&'a GoalFile>,
+    pub env: &'a Settings,
+    pub user: &'a UserConfig,
+}
+
+/// The effective settings of a run and where each came from.
+#[derive(Clone, Debug)]
+pub struct Effective {
+    pub settings: Settings,
+    pub provenance: Provenance,
+}
+
+/// Merge the layers key by key and validate the result. Pure: reads and makes nothing.
+pub fn merge(layers: &Layers) -> Result<Effective, ConfigError> {
+    let mut merged = Settings::default();
+    let mut provenance = Provenance::default();
+    let defaults = Settings::defaults();
+    let user_path = layers.user.path.clone().unwrap_or_default();
+    let mut sources: Vec<(Source, &Settings)> = vec![(Source::Flag, layers.flags)];
+    if let Some(g) = layers.goal {
+        sources.push((Source::GoalFile(g.path.clone()), &g.settings));
+    }
+    sources.push((Source::Environment, layers.env));
+    sources.push((Source::UserConfig(user_path), &layers.user.settings));
+    sources.push((Source::Default, &defaults));
+    for (source, layer) in &sources {
+        merged.merge_layer(layer, source, &mut provenance);
+    }
+    validate(&merged)?;
+    Ok(Effective {
+        settings: merged,
+        provenance,
+    })
+}
+
+fn validate(s: &Settings) -> Result<(), ConfigError> {
+    let invalid = |m: &str| Err(ConfigError::Invalid(m.into()));
+    if s.prompt.is_none() {
+        return invalid(
+            "no prompt: give one on the command line, or `prompt = \"…\"` in the goal file",
+        );
+    }
+    if s.model.as_deref().is_none_or(str::is_empty) {
+        return invalid(
+            "no model configured: pass --model PROVIDER:MODEL or set SUP_MODEL \
+             (e.g. `--model script:goals/scripts/haiku.json` to run offline, or \
+             `--model openai:gpt-4o-mini`)",
+        );
+    }
+    if s.max_steps == Some(0) {
+        return invalid("--max-steps must be at least 1");
+    }
+    if s.output_cap.is_some_and(|c| c < 256) {
+        return invalid("--output-cap must be at least 256 bytes");
+    }
+    if s.tries == Some(0) {
+        return invalid("--tries must be at least 1");
+    }
+    let r = &s.approval_rules;
+    crate::approval::Rules::parse(&r.allow, &r.ask, &r.deny)?;
+    Ok(())
+}
+
+/// `30s`, `5m`, `1h 30m`, `0`: every duration of flags and files.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. `30s`, `5m`, `1h`"))
+}
+
+/// A duration field of a file, through `parse_duration`.
+pub fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// An enum value from a flag or the environment, by its serde name.
+pub fn parse_enum<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s))
+        .map_err(|e| format!("`{s}`: {e}"))
+}
+
+fn mcp_server(s: &str) -> Result<McpServer, String> {
+    let usage = || format!("`{s}`: write NAME=COMMAND, e.g. git=uvx mcp-server-git");
+    let (name, command) = s.split_once('=').ok_or_else(usage)?;
+    let command: Vec<String> = command.split_whitespace().map(str::to_string).collect();
+    if name.trim().is_empty() || command.is_empty() {
+        return Err(usage());
+    }
+    Ok(McpServer {
+        name: name.trim().to_string(),
+        command,
+        args: Vec::new(),
+        env: Default::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn goal(text: &str) -> GoalFile {
+        GoalFile::parse(Path::new("/g/x.toml"), text).unwrap()
+    }
+
+    #[test]
+    fn precedence_is_flag_goal_file_environment_user_config_default() {
+        let g = goal("prompt = \"p\"\nmodel = \"script:file\"\nmax_steps = 7\n");
+        let flags = Settings {
+            model: Some("script:flag".into()),
+            ..Settings::default()
+        };
+        let env = Settings {
+            model: Some("script:env".into()),
+            approval: Some(Mode::Queue),
+            ..Settings::default()
+        };
+        let user = UserConfig::parse(
+            Path::new("/u/config.toml"),
+            "approval = \"never\"\ntoken_budget = 99\n[approval_rules]\nallow = [\"read_file\"]\n",
+        )
+        .unwrap();
+        let layers = Layers {
+            flags: &flags,
+            goal: Some(&g),
+            env: &env,
+            user: &user,
+        };
+        let e = merge(&layers).unwrap();
+        let s = &e.settings;
+        assert_eq!(s.model.as_deref(), Some("script:flag"));
+        assert_eq!(s.max_steps, Some(7));
+        assert_eq!(s.approval, Some(Mode::Queue));
+        assert_eq!(s.token_budget, Some(99));
+        assert_eq!(s.tool_timeout, Some(Duration::from_secs(120)));
+        let p = &e.provenance;
+        assert_eq!(p.source("model"), Some(&Source::Flag));
+        assert_eq!(
+            p.source("max_steps"),
+            Some(&Source::GoalFile("/g/x.toml".into()))
+        );
+        assert_eq!(p.source("approval"), Some(&Source::Environment));
+        assert_eq!(
+            p.source("token_budget"),
+            Some(&Source::UserConfig("/u/config.toml".into()))
+        );
+        assert_eq!(p.source("tool_timeout"), Some(&Source::Default));
+        assert_eq!(p.source("workspace"), None);
+    }
+
+    #[test]
+    fn rules_gather_from_every_source_lowest_first() {
+        let g = goal("prompt = \"p\"\nmodel = \"m:x\"\n[approval_rules]\nallow = [\"b\"]\n");
+        let mut flags = Settings::default();
+        flags.approval_rules.allow.push("c".into());
+        let user =
+            UserConfig::parse(Path::new("/u.toml"), "[approval_rules]\nallow = [\"a\"]\n").unwrap();
+        let e = merge(&Layers {
+            flags: &flags,
+            goal: Some(&g),
+            env: &Settings::default(),
+            user: &user,
+        })
+        .unwrap();
+        assert_eq!(e.settings.approval_rules.allow, ["a", "b", "c"]);
+        assert_eq!(
+            e.provenance
+                .iter()
+                .find(|(k, _)| *k == "approval_rules")
+                .unwrap()
+                .1
+                .len(),
+            3
+        );
+    }
+
+    #[test]
+    fn enums_and_durations_say_what_is_wrong() {
+        let e = parse_enum::<Mode>("sometimes").unwrap_err();
+        assert!(e.contains("sometimes") && e.contains("never"), "{e}");
+        let e = GoalFile::parse(
+            Path::new("g.toml"),
+            "prompt = \"p\"\n\noverlap = \"later\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("g.toml:3:") && e.contains("overlap") && e.contains("skip"),
+            "{e}"
+        );
+        let e = GoalFile::parse(
+            Path::new("g.toml"),
+            "output_cap = 1\ncheck_timeout = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("g.toml:2:") && e.contains("check_timeout"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_user_config_holds_no_goal() {
+        let e = UserConfig::parse(Path::new("/u.toml"), "prompt = \"p\"\n").unwrap_err();
+        assert!(e.to_string().contains("`prompt`"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let flags = Settings {
+            prompt: Some("p".into()),
+            model: Some("m:x".into()),
+            max_steps: Some(0),
+            ..Settings::default()
+        };
+        let e = merge(&Layers {
+            flags: &flags,
+            goal: None,
+            env: &Settings::default(),
+            user: &UserConfig::default(),
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("max-steps"), "{e}");
+    }
+}
