@@ -646,3 +646,28 @@ fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
     stop(b);
     assert!(f.logs().contains("different versions"), "{}", f.logs());
 }
+
+#[test]
+fn a_goal_with_tags_runs_only_on_daemons_that_have_them() {
+    let mut f = Fleet::new();
+    f.goal("train", Some("* * * * * *"), 0, "tags = [\"gpu\"]\noverlap = \"allow\"");
+    let plain = f.daemon(0, &["--lease", "3s"]);
+    let gpu = f.daemon(1, &["--lease", "3s", "--tags", "gpu,docker"]);
+    until("four runs", 20, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'achieved'")
+            .parse::<u32>()
+            .unwrap()
+            >= 4
+    });
+    stop(plain);
+    stop(gpu);
+    assert_eq!(
+        f.pg.one("SELECT string_agg(DISTINCT host, ',') FROM runs"),
+        "m1",
+        "{}",
+        f.logs()
+    );
+    let (code, text) = f.out(2, &["daemons"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("tags [gpu, docker]"), "{text}");
+}
