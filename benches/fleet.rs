@@ -32,6 +32,18 @@ async fn one(url: &str, sql: &str) -> i64 {
     connect(url).await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// The daemons, killed however the benchmark ends.
+struct Daemons(Vec<Child>);
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for d in &mut self.0 {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let name = format!("sup_bench_{}", fastrand::u32(..));
@@ -46,54 +58,74 @@ async fn main() {
     let goals = dir.path().join("goals");
     std::fs::create_dir_all(goals.join("work")).unwrap();
     std::fs::write(goals.join("m.json"), r#"[{"text": "done"}]"#).unwrap();
-    // The due second: far enough ahead for three daemons to load 10,000 goal files.
-    let due = chrono::Utc::now() + chrono::Duration::seconds(60);
-    let due = due - chrono::Duration::nanoseconds(i64::from(due.timestamp_subsec_nanos()));
-    let at = due.format("%S %M %H %d %m *").to_string();
+    // The 1,000 are due at second 30 of every minute; measured is the first such second after
+    // all three daemons loaded every goal.
+    let at = "30 * * * * *";
     for i in 0..GOALS {
-        let schedule = if i < DUE { at.as_str() } else { "0 0 0 1 1 *" };
+        let schedule = if i < DUE { at } else { "0 0 0 1 1 *" };
         std::fs::write(
             goals.join(format!("g{i:05}.toml")),
             format!(
                 "prompt = \"p\"\nmodel = \"script:m.json\"\nworkspace = \"work\"\n\
-                 schedule = \"{schedule}\"\ntimezone = \"UTC\"\ntries = 1\n"
+                 schedule = \"{schedule}\"\ntimezone = \"UTC\"\ntries = 1\noverlap = \"allow\"\n"
             ),
         )
         .unwrap();
     }
+    // The schema, made on first use by any command.
+    let made = Command::new(env!("CARGO_BIN_EXE_sup"))
+        .args(["runs"])
+        .env("SUP_STORE", &url)
+        .env("SUP_HOME", dir.path().join("cli"))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
     let started = Instant::now();
-    let mut daemons: Vec<Child> = (0..DAEMONS)
-        .map(|m| {
-            let home = dir.path().join(format!("home{m}"));
-            Command::new(env!("CARGO_BIN_EXE_sup"))
-                .args(["daemon", "--lease", "10s", "--max-concurrent", "8", "--goals"])
-                .arg(&goals)
-                .env("SUP_HOME", &home)
-                .env("SUP_HOST", format!("m{m}"))
-                .env("SUP_STORE", &url)
-                .env("SUP_APPROVAL", "auto")
-                .env("SUP_CONFIG", dir.path().join("none.toml"))
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let daemons = Daemons(
+        (0..DAEMONS)
+            .map(|m| {
+                let home = dir.path().join(format!("home{m}"));
+                Command::new(env!("CARGO_BIN_EXE_sup"))
+                    .args([
+                        "daemon",
+                        "--lease",
+                        "10s",
+                        "--max-concurrent",
+                        "8",
+                        "--goals",
+                    ])
+                    .arg(&goals)
+                    .env("SUP_HOME", &home)
+                    .env("SUP_HOST", format!("m{m}"))
+                    .env("SUP_STORE", &url)
+                    .env("SUP_APPROVAL", "auto")
+                    .env("SUP_CONFIG", dir.path().join("none.toml"))
+                    .env("RUST_LOG", "warn")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
     loop {
-        let published = one(
-            &url,
-            "SELECT count(*) FROM goal_versions WHERE to_regclass('goal_versions') IS NOT NULL",
-        )
-        .await;
+        let published = one(&url, "SELECT count(*) FROM goal_versions").await;
         if published >= (GOALS * DAEMONS) as i64 {
             break;
         }
         assert!(
-            chrono::Utc::now() < due,
-            "the daemons did not load their goals before the due time"
+            started.elapsed() < Duration::from_secs(600),
+            "the daemons did not load their goals in 10 minutes"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let now = chrono::Utc::now();
+    let minute = now
+        - chrono::Duration::nanoseconds(i64::from(now.timestamp_subsec_nanos()))
+        - chrono::Duration::seconds(i64::from(chrono::Timelike::second(&now)));
+    let mut due = minute + chrono::Duration::seconds(30);
+    if due <= now {
+        due += chrono::Duration::seconds(60);
     }
     println!(
         "fleet: {DAEMONS} daemons loaded {GOALS} goals each in {:.1}s; {} due at {}",
@@ -107,8 +139,9 @@ async fn main() {
     let c = connect(&url).await;
     let mut lat: Vec<f64> = c
         .query(
-            "SELECT (extract(epoch FROM created_at - scheduled_for) * 1000)::float8 FROM runs",
-            &[],
+            "SELECT (extract(epoch FROM created_at - scheduled_for) * 1000)::float8 FROM runs
+             WHERE scheduled_for = $1",
+            &[&due],
         )
         .await
         .unwrap()
@@ -124,8 +157,8 @@ async fn main() {
     .await;
     let per: Vec<String> = c
         .query(
-            "SELECT host, count(*) FROM runs GROUP BY host ORDER BY host",
-            &[],
+            "SELECT host, count(*) FROM runs WHERE scheduled_for = $1 GROUP BY host ORDER BY host",
+            &[&due],
         )
         .await
         .unwrap()
@@ -141,10 +174,7 @@ async fn main() {
         pct(1.0),
         per.join(", ")
     );
-    for d in &mut daemons {
-        let _ = d.kill();
-        let _ = d.wait();
-    }
+    drop(daemons);
     drop(c);
     let _ = connect(&admin)
         .await

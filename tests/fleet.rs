@@ -76,11 +76,9 @@ impl Pg {
                 .unwrap()
                 .into_iter()
                 .filter_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => Some(
-                        (0..r.len())
-                            .map(|i| r.get(i).map(str::to_string))
-                            .collect(),
-                    ),
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+                    }
                     _ => None,
                 })
                 .collect()
@@ -252,11 +250,15 @@ fn three_daemons_fire_every_per_second_occurrence_exactly_once() {
         f.pg.one("SELECT count(*) FROM daemons WHERE state = 'alive'") == "3"
     });
     // Twelve seconds of occurrences with all three daemons racing for each.
-    let start = f.pg.one("SELECT count(*) FROM occurrences")
-        .parse::<u32>()
-        .unwrap();
+    let start =
+        f.pg.one("SELECT count(*) FROM occurrences")
+            .parse::<u32>()
+            .unwrap();
     until("twelve more occurrences", 30, || {
-        f.pg.one("SELECT count(*) FROM occurrences").parse::<u32>().unwrap() >= start + 12
+        f.pg.one("SELECT count(*) FROM occurrences")
+            .parse::<u32>()
+            .unwrap()
+            >= start + 12
     });
     for d in ds {
         assert_eq!(stop(d), 0);
@@ -314,16 +316,22 @@ fn a_killed_daemons_run_is_interrupted_by_another_and_retried() {
         f.pg.one(&format!("SELECT status FROM runs WHERE id = '{run_id}'")) == "interrupted"
     });
     let took = killed.elapsed();
-    eprintln!("interrupted {}ms after kill -9 (lease 2000ms)", took.as_millis());
+    eprintln!(
+        "interrupted {}ms after kill -9 (lease 2000ms)",
+        took.as_millis()
+    );
     let logs = f.logs();
     assert!(
         took < Duration::from_secs(4),
         "within twice the lease: {took:?}\n{logs}"
     );
-    let error = f.pg.one(&format!("SELECT error FROM runs WHERE id = '{run_id}'"));
+    let error =
+        f.pg.one(&format!("SELECT error FROM runs WHERE id = '{run_id}'"));
     assert!(error.contains("stopped renewing its lease"), "{error}");
     assert_eq!(
-        f.pg.one(&format!("SELECT status FROM occurrences WHERE run_id = '{run_id}'")),
+        f.pg.one(&format!(
+            "SELECT status FROM occurrences WHERE run_id = '{run_id}'"
+        )),
         "interrupted"
     );
     // retry_interrupted: the survivor runs it again.
@@ -418,14 +426,17 @@ fn runs_show_and_approve_work_from_a_process_that_is_not_a_daemon() {
     });
     assert!(made.exists());
     assert_eq!(
-        f.pg.one(&format!("SELECT decided_by FROM approvals WHERE id = '{id}'"))
-            .contains("@m1"),
+        f.pg.one(&format!(
+            "SELECT decided_by FROM approvals WHERE id = '{id}'"
+        ))
+        .contains("@m1"),
         true
     );
     let (code, text) = f.out(1, &["runs", "--goal", "w"]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("achieved") && text.contains("m0"), "{text}");
-    let run = f.pg.one("SELECT id FROM runs WHERE status = 'achieved' LIMIT 1");
+    let run =
+        f.pg.one("SELECT id FROM runs WHERE status = 'achieved' LIMIT 1");
     let (code, text) = f.out(1, &["show", &run]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("write_file"), "{text}");
@@ -553,7 +564,12 @@ fn store_faults_exit_2_with_the_servers_words_and_what_to_check() {
     let mut f = Fleet::new();
     f.goal("g", None, 0, "");
     let bad = |f: &mut Fleet, url: &str| {
-        let out = f.sup(0).env("SUP_STORE", url).args(["runs"]).output().unwrap();
+        let out = f
+            .sup(0)
+            .env("SUP_STORE", url)
+            .args(["runs"])
+            .output()
+            .unwrap();
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -566,13 +582,19 @@ fn store_faults_exit_2_with_the_servers_words_and_what_to_check() {
     // No such database.
     let (code, text) = bad(&mut f, &format!("{}sup_t_no_such_db", base()));
     assert_eq!(code, 2, "{text}");
-    assert!(text.contains("does not exist") && text.contains("database name"), "{text}");
+    assert!(
+        text.contains("does not exist") && text.contains("database name"),
+        "{text}"
+    );
     // No such user.
     let url = base().replacen("postgres@", "sup_t_nobody@", 1);
     let url = format!("{url}{}", f.pg.name);
     let (code, text) = bad(&mut f, &url);
     assert_eq!(code, 2, "{text}");
-    assert!(text.contains("sup_t_nobody") && text.contains("user"), "{text}");
+    assert!(
+        text.contains("sup_t_nobody") && text.contains("user"),
+        "{text}"
+    );
     // Not a PostgreSQL URL at all.
     let (code, text) = bad(&mut f, "mysql://x");
     assert_eq!(code, 2, "{text}");
@@ -580,13 +602,18 @@ fn store_faults_exit_2_with_the_servers_words_and_what_to_check() {
     // A user without rights to create the schema.
     let role = format!("{}_ro", f.pg.name);
     f.pg.admin(&format!("CREATE ROLE {role} LOGIN"));
-    f.pg.exec(&format!("REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE ALL ON SCHEMA public FROM {role}"));
+    f.pg.exec(&format!(
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE ALL ON SCHEMA public FROM {role}"
+    ));
     let url = base().replacen("postgres@", &format!("{role}@"), 1);
     let url = format!("{url}{}", f.pg.name);
     let (code, text) = bad(&mut f, &url);
     f.pg.admin(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
     assert_eq!(code, 2, "{text}");
-    assert!(text.contains("permission denied") && text.contains("GRANT"), "{text}");
+    assert!(
+        text.contains("permission denied") && text.contains("GRANT"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -598,7 +625,10 @@ fn a_store_with_a_newer_schema_is_refused() {
     f.pg.exec("UPDATE sup_schema SET version = 99");
     let (code, text) = f.out(0, &["runs"]);
     assert_eq!(code, 2, "{text}");
-    assert!(text.contains("schema version 99") && text.contains("upgrade sup"), "{text}");
+    assert!(
+        text.contains("schema version 99") && text.contains("upgrade sup"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -620,7 +650,11 @@ fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
     }
     let toml = other.path().join("v.toml");
     let text = std::fs::read_to_string(&toml).unwrap();
-    std::fs::write(&toml, text.replace("prompt = \"work\"", "prompt = \"work harder\"")).unwrap();
+    std::fs::write(
+        &toml,
+        text.replace("prompt = \"work\"", "prompt = \"work harder\""),
+    )
+    .unwrap();
     let log = std::fs::File::create(f.log(1)).unwrap();
     let b = f
         .sup(1)
@@ -650,7 +684,12 @@ fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
 #[test]
 fn a_goal_with_tags_runs_only_on_daemons_that_have_them() {
     let mut f = Fleet::new();
-    f.goal("train", Some("* * * * * *"), 0, "tags = [\"gpu\"]\noverlap = \"allow\"");
+    f.goal(
+        "train",
+        Some("* * * * * *"),
+        0,
+        "tags = [\"gpu\"]\noverlap = \"allow\"",
+    );
     let plain = f.daemon(0, &["--lease", "3s"]);
     let gpu = f.daemon(1, &["--lease", "3s", "--tags", "gpu,docker"]);
     until("four runs", 20, || {
@@ -670,4 +709,63 @@ fn a_goal_with_tags_runs_only_on_daemons_that_have_them() {
     let (code, text) = f.out(2, &["daemons"]);
     assert_eq!(code, 0);
     assert!(text.contains("tags [gpu, docker]"), "{text}");
+}
+
+/// The same history cases against both backends: SQLite under SUP_HOME (no --store) and
+/// PostgreSQL (--store), through the same commands.
+#[test]
+fn the_same_history_cases_pass_on_sqlite_and_postgresql() {
+    let mut f = Fleet::new();
+    f.goal("once", None, 0, "");
+    for pg in [false, true] {
+        let m = if pg { 0 } else { 1 };
+        let sup = |f: &mut Fleet, args: &[&str]| {
+            let mut cmd = f.sup(m);
+            if !pg {
+                cmd.env_remove("SUP_STORE");
+            }
+            let out = cmd.args(args).output().unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let which = if pg { "postgresql" } else { "sqlite" };
+        let (code, _, err) = sup(&mut f, &["trigger", "once", "--goals", "."]);
+        assert_eq!(code, 0, "{which}: {err}");
+        let (code, out, err) = sup(&mut f, &["runs", "--json"]);
+        assert_eq!(code, 0, "{which}: {err}");
+        let runs: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let runs = runs.as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{which}: {out}");
+        assert_eq!(runs[0]["status"], "achieved", "{which}");
+        assert_eq!(runs[0]["trigger"], "manual", "{which}");
+        assert_eq!(runs[0]["goal"], "once", "{which}");
+        let id = runs[0]["id"].as_str().unwrap().to_string();
+        let (code, out, _) = sup(&mut f, &["show", &id]);
+        assert_eq!(code, 0, "{which}");
+        assert!(out.contains("outcome: achieved (final)"), "{which}: {out}");
+        assert!(out.contains("goal once · manual"), "{which}: {out}");
+        let (code, _, err) = sup(&mut f, &["show", "no-such-run"]);
+        assert_eq!(code, 2, "{which}");
+        assert!(err.contains("no run `no-such-run`"), "{which}: {err}");
+        let (code, out, _) = sup(&mut f, &["runs", "--status", "failed"]);
+        assert_eq!(code, 0, "{which}");
+        assert!(out.contains("no runs"), "{which}: {out}");
+        let (code, out, _) = sup(&mut f, &["approvals"]);
+        assert_eq!(code, 0, "{which}");
+        assert!(
+            out.contains("no approval requests are waiting"),
+            "{which}: {out}"
+        );
+        let (code, _, err) = sup(&mut f, &["approve", "nope"]);
+        assert_eq!(code, 2, "{which}");
+        assert!(err.contains("no approval request `nope`"), "{which}: {err}");
+        let (code, out, _) = sup(&mut f, &["pause", "once", "--goals", "."]);
+        assert_eq!(code, 0, "{which}");
+        assert!(out.contains("paused"), "{which}: {out}");
+        let (code, _, _) = sup(&mut f, &["resume", "once", "--goals", "."]);
+        assert_eq!(code, 0, "{which}");
+    }
 }

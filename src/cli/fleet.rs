@@ -13,12 +13,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::run::{exit_code, invocation, run_fail};
 use super::{Fail, exit};
+use crate::config::Settings;
+use crate::run::{Invocation, RunSpec, Trigger};
 use crate::schedule::fleet;
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::store::{self, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
-use crate::config::Settings;
-use crate::run::{Invocation, RunSpec, Trigger};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
 /// server's words and what to check.
@@ -301,7 +301,10 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
     let by = format!("{user}@{} (sup trigger)", pg::this_host());
     if store.live_daemon_for(name).await.map_err(Fail::usage)? {
-        let id = store.request_trigger(name, &by).await.map_err(Fail::usage)?;
+        let id = store
+            .request_trigger(name, &by)
+            .await
+            .map_err(Fail::usage)?;
         eprintln!("· trigger {id} of {name} handed to the fleet");
         for _ in 0..200 {
             let (status, run_id) = store.trigger_state(id).await.map_err(Fail::usage)?;
@@ -310,9 +313,14 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
                 "running" => {
                     let run_id = run_id.unwrap_or_default();
                     if json_out {
-                        println!("{}", json!({"trigger": id, "status": status, "run_id": run_id}));
+                        println!(
+                            "{}",
+                            json!({"trigger": id, "status": status, "run_id": run_id})
+                        );
                     } else {
-                        println!("{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it");
+                        println!(
+                            "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
+                        );
                     }
                     return Ok(exit::ACHIEVED);
                 }
@@ -360,7 +368,11 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
             println!("{name}: not run: {status} (overlap and pause rules of the goal)");
             return Ok(exit::ACHIEVED);
         }
-        None => return Err(Fail::usage(anyhow!("{name}: the claim was lost; try again"))),
+        None => {
+            return Err(Fail::usage(anyhow!(
+                "{name}: the claim was lost; try again"
+            )));
+        }
     };
     let sink: Arc<dyn EventSink> = if json_out {
         Arc::new(JsonLines::new())

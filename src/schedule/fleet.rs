@@ -21,17 +21,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::cron::Schedule;
 use super::goals::{self, Overlap};
+use crate::run::{self as launch, Invocation, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, stamp};
 use crate::store::pg::{self, Claimed, Claimer, Due, Finish, PgError, PgStore};
 use crate::trace::{Event, EventSink};
-use crate::run::{self as launch, Invocation, RunError, RunSpec, Trigger};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
 /// Missed occurrences recorded one by one at most, per catch-up.
 const MISSED_CAP: usize = 1000;
 /// Claims per transaction.
-const BATCH: usize = 500;
+const BATCH: usize = 100;
 /// How long a write is retried before it is given up (outcomes then wait on disk);
 /// `SUP_STORE_RETRY` says otherwise.
 fn give_up() -> Duration {
@@ -240,7 +240,7 @@ impl Daemon {
                 .collect();
             if changed {
                 tracing::warn!(
-                "goal {goal}: daemons hold different versions [{}]; the newest ({}) schedules it",
+                    "goal {goal}: daemons hold different versions [{}]; the newest ({}) schedules it",
                     listed.join(", "),
                     newest.1
                 );
@@ -323,23 +323,43 @@ impl Daemon {
             .filter(|(_, g)| g.next.is_some_and(|n| n <= now))
             .map(|(n, _)| n.clone())
             .collect();
+        // Goals often share a schedule: each (schedule, time) is computed once.
+        let mut memo: HashMap<(String, String, DateTime<Utc>), Option<DateTime<Utc>>> =
+            HashMap::new();
         for name in names {
             let Some(g) = self.goals.get_mut(&name) else {
                 continue;
             };
-            let (Some(s), Some(first)) = (g.schedule.clone(), g.next) else {
+            let (Some(s), Some(first)) = (&g.schedule, g.next) else {
                 continue;
             };
-            g.next = s.next_after(now);
+            let after_first = *memo
+                .entry((s.expr.clone(), s.tz.name().to_string(), first))
+                .or_insert_with(|| s.next_after(first));
+            // Only when more than one came due is the whole list worked out.
+            let (list, total, next) = if after_first.is_none_or(|t| t > now) {
+                (vec![first], 1, after_first)
+            } else {
+                let (mut later, total) = s.between(first, now, MISSED_CAP);
+                let mut list = vec![first];
+                list.append(&mut later);
+                (list, total + 1, s.next_after(now))
+            };
+            g.next = next;
             let g = &self.goals[&name];
             if g.stale || !self.fits(g) {
                 continue;
             }
-            let (mut later, total) = s.between(first, now, MISSED_CAP);
-            let mut list = vec![first];
-            list.append(&mut later);
-            self.settle(&name, g, list, total + 1, now, g.catch_up.max(ON_TIME), &mut due)
-                .await;
+            self.settle(
+                &name,
+                g,
+                list,
+                total,
+                now,
+                g.catch_up.max(ON_TIME),
+                &mut due,
+            )
+            .await;
         }
         if due.is_empty() {
             return;
@@ -352,7 +372,13 @@ impl Daemon {
     }
 
     /// Claim in the store and start what this daemon won.
-    async fn claim(&mut self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
+    async fn claim(&mut self, kind: &'static str, mut due: Vec<Due>) -> Vec<Claimed> {
+        // Each daemon starts at another place in the list, so that daemons racing for the
+        // same second claim different goals side by side instead of queueing on the same ones.
+        if due.len() > BATCH {
+            let chunks = due.len().div_ceil(BATCH);
+            due.rotate_left(fastrand::usize(..chunks) * BATCH);
+        }
         let mut out = Vec::new();
         for chunk in due.chunks(BATCH) {
             let store = self.cfg.store.clone();
@@ -406,7 +432,11 @@ impl Daemon {
             };
             tracing::info!("goal {goal} at {}: fired as run {run_id}", stamp(at));
             let scheduled_for = (kind == "schedule").then_some(at);
-            let trigger_kind = if kind == "schedule" { "schedule" } else { "manual" };
+            let trigger_kind = if kind == "schedule" {
+                "schedule"
+            } else {
+                "manual"
+            };
             if let Err(e) = execute(
                 &store,
                 &run_id,
@@ -452,12 +482,7 @@ impl Daemon {
     async fn triggers(&mut self) {
         let room = self.permits.available_permits().max(1) as i64;
         let served = self.served();
-        let taken = match self
-            .cfg
-            .store
-            .take_triggers(&self.me, &served, room)
-            .await
-        {
+        let taken = match self.cfg.store.take_triggers(&self.me, &served, room).await {
             Ok(t) => t,
             Err(e) => {
                 tracing::error!("{e}");
@@ -671,7 +696,11 @@ pub async fn flush_spool(store: &PgStore, home: &Path) {
     };
     for entry in entries.filter_map(Result::ok) {
         let path = entry.path();
-        let Some(run_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
+        let Some(run_id) = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(str::to_string)
+        else {
             continue;
         };
         let Ok(text) = std::fs::read_to_string(&path) else {
@@ -764,19 +793,23 @@ pub async fn execute(
 
 /// Forward `NOTIFY`s on the fleet's channels; reconnect with backoff when the connection
 /// drops.
-async fn listen(store: PgStore, tx: mpsc::UnboundedSender<(String, String)>, stop: CancellationToken) {
+async fn listen(
+    store: PgStore,
+    tx: mpsc::UnboundedSender<(String, String)>,
+    stop: CancellationToken,
+) {
     let mut wait = Duration::from_millis(100);
     loop {
         match store.listener().await {
             Ok((client, mut conn)) => {
                 let (ntx, mut nrx) = mpsc::unbounded_channel();
                 let pump = tokio::spawn(async move {
-                    let mut stream =
-                        futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+                    let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
                     while let Some(m) = stream.next().await {
                         match m {
                             Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
-                                let _ = ntx.send((n.channel().to_string(), n.payload().to_string()));
+                                let _ =
+                                    ntx.send((n.channel().to_string(), n.payload().to_string()));
                             }
                             Ok(_) => {}
                             Err(_) => break,

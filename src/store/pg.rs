@@ -21,7 +21,9 @@ pub const SCHEMA_VERSION: i32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
-    #[error("the store URL `{url}` is not a PostgreSQL URL ({why}); write postgres://USER@HOST:PORT/DATABASE")]
+    #[error(
+        "the store URL `{url}` is not a PostgreSQL URL ({why}); write postgres://USER@HOST:PORT/DATABASE"
+    )]
     Url { url: String, why: String },
     #[error("the store {at}: {message}; {hint}")]
     Server {
@@ -285,9 +287,17 @@ pub struct Due {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claimed {
     /// Start it: the run row exists.
-    Run { goal: String, at: DateTime<Utc>, run_id: String },
+    Run {
+        goal: String,
+        at: DateTime<Utc>,
+        run_id: String,
+    },
     /// Not run: `skipped`, `paused`, `queued`, `missed`.
-    Not { goal: String, at: DateTime<Utc>, status: String },
+    Not {
+        goal: String,
+        at: DateTime<Utc>,
+        status: String,
+    },
 }
 
 /// A dead daemon's run that another daemon closed.
@@ -723,7 +733,10 @@ impl PgStore {
         let mut starts: Vec<(&Due, String)> = Vec::new();
         let mut nots: Vec<(&Due, &'static str)> = Vec::new();
         let mut replace: Vec<String> = Vec::new();
-        for d in due.iter().filter(|d| fresh.contains(&(d.goal.clone(), d.at))) {
+        for d in due
+            .iter()
+            .filter(|d| fresh.contains(&(d.goal.clone(), d.at)))
+        {
             if paused.contains(&d.goal) {
                 nots.push((d, "paused"));
                 continue;
@@ -837,7 +850,12 @@ impl PgStore {
     }
 
     /// Record occurrences that no one will run (missed while no daemon ran).
-    pub async fn missed(&self, me: &Claimer, goal: &str, ats: &[DateTime<Utc>]) -> Result<(), PgError> {
+    pub async fn missed(
+        &self,
+        me: &Claimer,
+        goal: &str,
+        ats: &[DateTime<Utc>],
+    ) -> Result<(), PgError> {
         if ats.is_empty() {
             return Ok(());
         }
@@ -1032,7 +1050,11 @@ impl PgStore {
     }
 
     /// Append transcript events (seq, event).
-    pub async fn events(&self, id: &str, events: &[(i64, serde_json::Value)]) -> Result<(), PgError> {
+    pub async fn events(
+        &self,
+        id: &str,
+        events: &[(i64, serde_json::Value)],
+    ) -> Result<(), PgError> {
         if events.is_empty() {
             return Ok(());
         }
@@ -1190,10 +1212,12 @@ impl PgStore {
     /// Whether the store asked for a run to be cancelled (overlap `replace`).
     pub async fn cancel_requested(&self, id: &str) -> Result<bool, PgError> {
         let c = self.client().await?;
-        Ok(c.query_opt("SELECT cancel_requested FROM runs WHERE id = $1", &[&id])
-            .await
-            .map_err(|e| self.err(&e))?
-            .is_some_and(|r| r.get(0)))
+        Ok(
+            c.query_opt("SELECT cancel_requested FROM runs WHERE id = $1", &[&id])
+                .await
+                .map_err(|e| self.err(&e))?
+                .is_some_and(|r| r.get(0)),
+        )
     }
 
     // ----- goals -----
