@@ -1,6 +1,7 @@
 //! The command line: clap definitions, the commands, and the one place that knows about the
 //! terminal, signals and exit codes.
 
+mod fleet;
 mod manage;
 mod run;
 mod service;
@@ -49,6 +50,10 @@ impl Fail {
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The shared store: postgres://USER@HOST:PORT/DATABASE puts runs, claims and approvals
+    /// in PostgreSQL for a fleet of daemons (default: SQLite under SUP_HOME).
+    #[arg(long, global = true, env = "SUP_STORE")]
+    store: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -68,6 +73,19 @@ enum Command {
         /// At shutdown, how long running goals get to finish before they are cancelled.
         #[arg(long, default_value = "30s", value_parser = duration)]
         grace: Duration,
+        /// With --store: how long this daemon's runs stay its own after it stops renewing
+        /// (it renews every third of it); then another daemon marks them interrupted.
+        #[arg(long, default_value = "15s", value_parser = duration)]
+        lease: Duration,
+        /// With --store: what this machine has (`gpu,docker`); goals with `tags` run only
+        /// on daemons that have all of them.
+        #[arg(long, value_delimiter = ',')]
+        tags: Vec<String>,
+    },
+    /// The fleet sharing a --store: each daemon, its last renewal and what it runs.
+    Daemons {
+        #[arg(long)]
+        json: bool,
     },
     /// The goals of a folder: schedules, next occurrences, last results, file errors.
     Goals {
@@ -228,7 +246,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(exit::MODEL);
         }
     };
+    let store = cli.store.clone().filter(|s| !s.trim().is_empty());
     let result = runtime.block_on(async {
+        if let Some(url) = store.as_deref() {
+            return fleet_command(url, cli.command).await;
+        }
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Goal(args) => run::goal(args).await,
@@ -236,7 +258,11 @@ pub fn main() -> ExitCode {
                 goals,
                 max_concurrent,
                 grace,
+                ..
             } => manage::daemon(goals, max_concurrent, grace).await,
+            Command::Daemons { .. } => Err(Fail::usage(anyhow::anyhow!(
+                "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
+            ))),
             Command::Goals { goals, json } => manage::goals(&goals, json),
             Command::Runs {
                 goal,
@@ -264,5 +290,61 @@ pub fn main() -> ExitCode {
             eprintln!("sup: error: {}", crate::redact::text(&message));
             ExitCode::from(fail.code)
         }
+    }
+}
+
+/// A command against a PostgreSQL store (`--store`, `SUP_STORE`).
+async fn fleet_command(url: &str, command: Command) -> Result<u8, Fail> {
+    match command {
+        // A single run is recorded where it runs; the fleet's history is the daemons' runs
+        // and triggers.
+        Command::Run(args) => {
+            fleet::open(url).await?;
+            run::run(args).await
+        }
+        Command::Goal(args) => {
+            fleet::open(url).await?;
+            run::goal(args).await
+        }
+        Command::Daemon {
+            goals,
+            max_concurrent,
+            grace,
+            lease,
+            tags,
+        } => {
+            fleet::daemon(
+                url,
+                fleet::DaemonArgs {
+                    goals,
+                    max_concurrent,
+                    grace,
+                    lease,
+                    tags,
+                },
+            )
+            .await
+        }
+        Command::Daemons { json } => fleet::daemons(url, json).await,
+        Command::Goals { goals, json } => {
+            let code = manage::goals(&goals, json)?;
+            if !json {
+                fleet::goal_versions(url).await?;
+            }
+            Ok(code)
+        }
+        Command::Runs {
+            goal,
+            status,
+            limit,
+            json,
+        } => fleet::runs(url, goal.as_deref(), status.as_deref(), limit, json).await,
+        Command::Show { run_id } => fleet::show(url, &run_id).await,
+        Command::Trigger { name, goals, json } => fleet::trigger(url, &goals, &name, json).await,
+        Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,
+        Command::Resume { name, goals } => fleet::pause(url, &goals, &name, false).await,
+        Command::Approvals { json } => fleet::approvals(url, json).await,
+        Command::Approve { id, always } => fleet::answer(url, &id, true, always, None).await,
+        Command::Deny { id, reason } => fleet::answer(url, &id, false, false, reason).await,
     }
 }

@@ -99,7 +99,7 @@ pub fn run_fail(e: RunError) -> Fail {
 }
 
 /// Cancel on the first SIGINT or SIGTERM; exit at once on a second SIGINT.
-fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
+pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
     let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;

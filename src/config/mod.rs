@@ -262,6 +262,14 @@ settings! {
         #[arg(skip)]
         #[serde(default, deserialize_with = "duration")]
         pub jitter: Option<Duration>,
+        /// A fleet daemon (`--store`) runs the goal only when it has all these tags
+        /// (`sup daemon --tags`).
+        #[arg(skip)]
+        #[serde(default)]
+        pub tags: Vec<String>,
+        /// A fleet run whose daemon died (its lease ran out) is retried by another daemon.
+        #[arg(skip)]
+        pub retry_interrupted: Option<bool>,
         /// `[[check]]` tables (goal files only).
         #[arg(skip)]
         #[serde(default)]

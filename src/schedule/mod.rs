@@ -4,4 +4,5 @@
 
 pub mod cron;
 pub mod daemon;
+pub mod fleet;
 pub mod goals;

@@ -4,6 +4,7 @@
 //! outputs.
 
 pub mod db;
+pub mod pg;
 
 use std::fs::File;
 use std::io::Write;

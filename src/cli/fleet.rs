@@ -1,0 +1,512 @@
+//! The commands against a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`):
+//! the fleet daemon, `sup daemons`, and the history, trigger, pause and approval commands
+//! answered from the store, so they work from any machine.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::run::{exit_code, invocation, run_fail};
+use super::{Fail, exit};
+use crate::config::Settings;
+use crate::run::{Invocation, RunSpec, Trigger};
+use crate::schedule::fleet;
+use crate::schedule::goals::{self, ScheduledGoal};
+use crate::store::{self, db::stamp, pg};
+use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
+
+/// Open the store named by `--store`; its faults are usage errors (exit 2) with the
+/// server's words and what to check.
+pub async fn open(url: &str) -> Result<pg::PgStore, Fail> {
+    if !pg::is_pg_url(url) {
+        return Err(Fail::usage(anyhow!(
+            "--store `{url}` is not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE, \
+             or leave --store and SUP_STORE out for the SQLite store under SUP_HOME"
+        )));
+    }
+    pg::PgStore::open(url).await.map_err(Fail::usage)
+}
+
+fn defaults() -> Result<Invocation, Fail> {
+    invocation(Settings::default())
+}
+
+fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
+    let loaded = goals::load_dir(dir).map_err(|e| {
+        Fail::usage(anyhow!(
+            "cannot read the goals folder {}: {e}",
+            dir.display()
+        ))
+    })?;
+    for (path, g) in loaded {
+        match g {
+            Ok(g) if g.file.name == name => return Ok(g),
+            Err(e) if path.file_stem().is_some_and(|s| s == name) => {
+                return Err(Fail::usage(anyhow!(e)));
+            }
+            _ => {}
+        }
+    }
+    Err(Fail::usage(anyhow!(
+        "no goal `{name}` in {}; `sup goals --goals DIR` lists them",
+        dir.display()
+    )))
+}
+
+pub struct DaemonArgs {
+    pub goals: PathBuf,
+    pub max_concurrent: usize,
+    pub grace: Duration,
+    pub lease: Duration,
+    pub tags: Vec<String>,
+}
+
+pub async fn daemon(url: &str, a: DaemonArgs) -> Result<u8, Fail> {
+    if !a.goals.is_dir() {
+        return Err(Fail::usage(anyhow!(
+            "the goals folder {} does not exist; pass --goals DIR",
+            a.goals.display()
+        )));
+    }
+    let store = open(url).await?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let shutdown = CancellationToken::new();
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(Fail::usage)?;
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading goal files");
+                    let _ = reload_tx.send(());
+                }
+            }
+        }
+        stop.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        crate::tools::mcp::kill_all();
+        std::process::exit(i32::from(exit::INTERRUPTED));
+    });
+    let cfg = fleet::Config {
+        goals_dir: a.goals,
+        home: store::home(),
+        max_concurrent: a.max_concurrent,
+        grace: a.grace,
+        lease: a.lease,
+        tags: a.tags,
+        defaults: defaults()?,
+        store,
+    };
+    fleet::run(cfg, shutdown, reload_rx)
+        .await
+        .map_err(Fail::usage)?;
+    Ok(exit::ACHIEVED)
+}
+
+fn short(t: &str) -> String {
+    crate::store::db::parse_stamp(t)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| t.to_string())
+}
+
+pub async fn daemons(url: &str, json_out: bool) -> Result<u8, Fail> {
+    let rows = open(url).await?.daemons().await.map_err(Fail::usage)?;
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
+        return Ok(exit::ACHIEVED);
+    }
+    if rows.is_empty() {
+        let _ = writeln!(out, "no daemons have joined this store");
+    }
+    for d in rows {
+        let _ = writeln!(
+            out,
+            "{}  {}  host {} · pid {} · sup {} · max {} · tags [{}]\n    started {} · renewed {}",
+            d.id,
+            d.state,
+            d.host,
+            d.pid,
+            d.version,
+            d.max_concurrent,
+            d.tags.join(", "),
+            short(&stamp(d.started_at)),
+            short(&stamp(d.renewed_at)),
+        );
+        if d.running.is_empty() {
+            let _ = writeln!(out, "    running nothing");
+        } else {
+            let _ = writeln!(out, "    running {}", d.running.join(", "));
+        }
+    }
+    Ok(exit::ACHIEVED)
+}
+
+pub async fn runs(
+    url: &str,
+    goal: Option<&str>,
+    status: Option<&str>,
+    limit: u32,
+    json_out: bool,
+) -> Result<u8, Fail> {
+    let rows = open(url)
+        .await?
+        .runs(goal, status, limit)
+        .await
+        .map_err(Fail::usage)?;
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
+        return Ok(exit::ACHIEVED);
+    }
+    if rows.is_empty() {
+        let _ = writeln!(out, "no runs");
+        return Ok(exit::ACHIEVED);
+    }
+    let _ = writeln!(
+        out,
+        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {:<16} SCHEDULED FOR",
+        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "STARTED", "HOST"
+    );
+    for f in rows {
+        let r = f.run;
+        let _ = writeln!(
+            out,
+            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {:<16} {}",
+            r.id,
+            r.goal,
+            r.trigger,
+            r.status,
+            r.stop_reason.unwrap_or_default(),
+            r.tries,
+            r.steps,
+            short(&r.started_at),
+            f.host,
+            r.scheduled_for.as_deref().map(short).unwrap_or_default()
+        );
+    }
+    Ok(exit::ACHIEVED)
+}
+
+pub async fn show(url: &str, id: &str) -> Result<u8, Fail> {
+    let store = open(url).await?;
+    let f = store.run(id).await.map_err(Fail::usage)?;
+    let run = &f.run;
+    let checks = store.checks(&run.id).await.map_err(Fail::usage)?;
+    let events = store.transcript(&run.id).await.map_err(Fail::usage)?;
+    let trace = HumanTrace::to(!checks.is_empty(), Box::new(std::io::stdout()));
+    let mut had_result = false;
+    for v in &events {
+        let Ok(event) = serde_json::from_value::<Event>(v.clone()) else {
+            continue;
+        };
+        had_result |= matches!(event, Event::Result { .. });
+        trace.emit(&event);
+    }
+    let here = pg::this_host() == f.host;
+    let mut out = std::io::stdout().lock();
+    if events.is_empty() {
+        let _ = writeln!(out, "(no transcript events in the store yet)");
+    }
+    if !checks.is_empty() {
+        let _ = writeln!(out, "\nchecks:");
+        for (t, c) in &checks {
+            let _ = writeln!(
+                out,
+                "  try {t} · {} {} · {} · {}ms",
+                if c.passed { '✓' } else { '✗' },
+                c.name,
+                c.outcome,
+                c.duration_ms
+            );
+            for path in c.output_path.iter().flat_map(|p| p.split(' ')) {
+                if !here {
+                    let _ = writeln!(out, "    whole output on host {}: {path}", f.host);
+                    continue;
+                }
+                if let Ok((tail, cut)) = crate::tools::process::read_tail(Path::new(path), 4096)
+                    && !tail.trim().is_empty()
+                {
+                    let _ = writeln!(out, "    {path}{}:", if cut { " (last part)" } else { "" });
+                    for l in tail.lines() {
+                        let _ = writeln!(out, "      {l}");
+                    }
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\noutcome: {}{} · {} tries · {} steps · {} in / {} out tokens",
+        run.status,
+        run.stop_reason
+            .as_deref()
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default(),
+        run.tries,
+        run.steps,
+        run.usage.input_tokens,
+        run.usage.output_tokens
+    );
+    let _ = writeln!(
+        out,
+        "goal {} · {} · started {} · ended {}",
+        run.goal,
+        run.trigger,
+        short(&run.started_at),
+        run.ended_at
+            .as_deref()
+            .map(short)
+            .unwrap_or_else(|| "—".into())
+    );
+    let _ = writeln!(
+        out,
+        "ran on host {} (daemon {}) · run folder {}{}",
+        f.host,
+        f.daemon_id.as_deref().unwrap_or("none"),
+        if run.dir.is_empty() { "—" } else { &run.dir },
+        if here {
+            ""
+        } else {
+            " (kept outputs are there, on that host)"
+        }
+    );
+    if let Some(e) = &run.error {
+        let _ = writeln!(out, "error: {e}");
+    }
+    if !had_result && run.status == "running" {
+        let _ = writeln!(out, "(the run is still going)");
+    }
+    Ok(exit::ACHIEVED)
+}
+
+/// `sup trigger` with a store: a live daemon that serves the goal picks it up; with none,
+/// this process claims it and runs it, under the same overlap rules.
+pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Result<u8, Fail> {
+    let goal = find_goal(dir, name)?;
+    let store = open(url).await?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let by = format!("{user}@{} (sup trigger)", pg::this_host());
+    if store.live_daemon_for(name).await.map_err(Fail::usage)? {
+        let id = store
+            .request_trigger(name, &by)
+            .await
+            .map_err(Fail::usage)?;
+        eprintln!("· trigger {id} of {name} handed to the fleet");
+        for _ in 0..200 {
+            let (status, run_id) = store.trigger_state(id).await.map_err(Fail::usage)?;
+            match status.as_str() {
+                "pending" | "claimed" => {}
+                "running" => {
+                    let run_id = run_id.unwrap_or_default();
+                    if json_out {
+                        println!(
+                            "{}",
+                            json!({"trigger": id, "status": status, "run_id": run_id})
+                        );
+                    } else {
+                        println!(
+                            "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
+                        );
+                    }
+                    return Ok(exit::ACHIEVED);
+                }
+                other => {
+                    if json_out {
+                        println!("{}", json!({"trigger": id, "status": other}));
+                    } else {
+                        println!("{name}: not run: {other} (overlap and pause rules of the goal)");
+                    }
+                    return Ok(exit::ACHIEVED);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("{name}: trigger {id} waits for a daemon with room");
+        return Ok(exit::ACHIEVED);
+    }
+    let spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(run_fail)?;
+    let me = pg::Claimer {
+        id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
+        host: pg::this_host(),
+    };
+    let overlap = match goal.overlap {
+        goals::Overlap::Skip => "skip",
+        goals::Overlap::Queue => "queue",
+        goals::Overlap::Replace => "replace",
+        goals::Overlap::Allow => "allow",
+    };
+    let claimed = store
+        .claim(
+            &me,
+            "manual",
+            &[pg::Due {
+                goal: name.to_string(),
+                at: chrono::Utc::now(),
+                overlap,
+                retry_interrupted: false,
+            }],
+        )
+        .await
+        .map_err(Fail::usage)?;
+    let run_id = match claimed.first() {
+        Some(pg::Claimed::Run { run_id, .. }) => run_id.clone(),
+        Some(pg::Claimed::Not { status, .. }) => {
+            println!("{name}: not run: {status} (overlap and pause rules of the goal)");
+            return Ok(exit::ACHIEVED);
+        }
+        None => {
+            return Err(Fail::usage(anyhow!(
+                "{name}: the claim was lost; try again"
+            )));
+        }
+    };
+    let sink: Arc<dyn EventSink> = if json_out {
+        Arc::new(JsonLines::new())
+    } else {
+        Arc::new(HumanTrace::new(!spec.goal.checks.is_empty()))
+    };
+    let cancel = CancellationToken::new();
+    super::run::watch_signals(cancel.clone())?;
+    let launched = fleet::execute(
+        &store,
+        &run_id,
+        &spec,
+        &store::home(),
+        Trigger {
+            kind: "manual",
+            scheduled_for: None,
+        },
+        vec![sink],
+        &cancel,
+    )
+    .await
+    .map_err(run_fail)?;
+    let outcome = launched.outcome;
+    if !json_out
+        && outcome.status == crate::trace::Status::Achieved
+        && let Some(answer) = outcome.answer.as_deref().filter(|a| !a.is_empty())
+    {
+        println!("{answer}");
+    }
+    Ok(exit_code(&outcome))
+}
+
+pub async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<u8, Fail> {
+    find_goal(dir, name)?;
+    open(url)
+        .await?
+        .set_paused(name, paused)
+        .await
+        .map_err(Fail::usage)?;
+    println!(
+        "{name}: {}",
+        if paused {
+            "paused for the whole fleet until `sup resume`"
+        } else {
+            "resumed"
+        }
+    );
+    Ok(exit::ACHIEVED)
+}
+
+pub async fn approvals(url: &str, json_out: bool) -> Result<u8, Fail> {
+    let rows = open(url)
+        .await?
+        .approvals("pending")
+        .await
+        .map_err(Fail::usage)?;
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
+        return Ok(exit::ACHIEVED);
+    }
+    if rows.is_empty() {
+        let _ = writeln!(out, "no approval requests are waiting");
+    }
+    for r in rows {
+        let what = if r.kind == "check" {
+            format!("human check: {}", r.input)
+        } else {
+            format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
+        };
+        let _ = writeln!(
+            out,
+            "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
+            r.id,
+            r.goal,
+            r.run_id,
+            short(&r.created_at),
+            short(&r.deadline)
+        );
+    }
+    Ok(exit::ACHIEVED)
+}
+
+pub async fn answer(
+    url: &str,
+    id: &str,
+    approve: bool,
+    always: bool,
+    reason: Option<String>,
+) -> Result<u8, Fail> {
+    let store = open(url).await?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let (status, verb) = if approve {
+        ("approved", "sup approve")
+    } else {
+        ("denied", "sup deny")
+    };
+    let by = format!("{user}@{} (via {verb})", pg::this_host());
+    if store
+        .decide_approval(id, status, always, reason.as_deref(), &by)
+        .await
+        .map_err(Fail::usage)?
+    {
+        println!("{id}: {status}");
+        return Ok(exit::ACHIEVED);
+    }
+    let why = match store.approval(id).await.map_err(Fail::usage)? {
+        Some(r) => format!(
+            "approval request {id} is no longer waiting: it was {} by {}",
+            r.status.replace('_', " "),
+            r.decided_by.unwrap_or_else(|| "someone".into())
+        ),
+        None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
+    };
+    Err(Fail::usage(anyhow!(why)))
+}
+
+/// `sup goals` with a store: the local goal files, plus where the fleet's daemons hold
+/// different versions of a goal.
+pub async fn goal_versions(url: &str) -> Result<u8, Fail> {
+    let differ = open(url)
+        .await?
+        .goal_versions()
+        .await
+        .map_err(Fail::usage)?;
+    let mut out = std::io::stdout().lock();
+    for (goal, vs) in differ {
+        let _ = writeln!(
+            out,
+            "! {goal}: the fleet's daemons hold different versions; the newest schedules it:"
+        );
+        for (d, h, m) in vs {
+            let _ = writeln!(out, "    {h}  modified {}  daemon {d}", short(&stamp(m)));
+        }
+    }
+    Ok(exit::ACHIEVED)
+}

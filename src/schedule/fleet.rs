@@ -1,0 +1,953 @@
+//! The fleet daemon (`sup daemon --store postgres://…`): one of many daemons sharing a
+//! PostgreSQL store. It registers itself and renews a lease; claims due occurrences and manual
+//! triggers in the store (exactly once; pause and overlap decided there); runs what it claimed
+//! with its own concurrency limit and tags; writes runs, transcript events and outcomes to the
+//! store (an outcome that cannot be written waits on disk); closes the runs of daemons whose
+//! lease ran out; publishes its goal versions; and bridges approval requests of its runs to
+//! the store, learning of answers through `LISTEN`/`NOTIFY`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use sha2::Digest;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::cron::Schedule;
+use super::goals::{self, Overlap};
+use crate::run::{self as launch, Invocation, RunError, RunSpec, Trigger};
+use crate::store::db::{Db, stamp};
+use crate::store::pg::{self, Claimed, Claimer, Due, Finish, PgError, PgStore};
+use crate::trace::{Event, EventSink};
+
+/// How late an occurrence may be noticed and still count as on time.
+const ON_TIME: Duration = Duration::from_secs(2);
+/// Missed occurrences recorded one by one at most, per catch-up.
+const MISSED_CAP: usize = 1000;
+/// Claims per transaction.
+const BATCH: usize = 100;
+/// How long a write is retried before it is given up (outcomes then wait on disk);
+/// `SUP_STORE_RETRY` says otherwise.
+fn give_up() -> Duration {
+    std::env::var("SUP_STORE_RETRY")
+        .ok()
+        .and_then(|s| crate::config::parse_duration(&s).ok())
+        .unwrap_or(Duration::from_secs(60))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("cannot read the goals folder {path}: {source}")]
+    Goals {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] PgError),
+    #[error(transparent)]
+    Launch(#[from] RunError),
+}
+
+pub struct Config {
+    pub goals_dir: PathBuf,
+    pub home: PathBuf,
+    pub max_concurrent: usize,
+    pub grace: Duration,
+    /// How long a daemon that stops renewing keeps its runs; it renews every third of it.
+    pub lease: Duration,
+    /// What this machine has; a goal with `tags` runs only where all of them are.
+    pub tags: Vec<String>,
+    pub defaults: Invocation,
+    pub store: PgStore,
+}
+
+struct Goal {
+    spec: RunSpec,
+    schedule: Option<Schedule>,
+    overlap: Overlap,
+    catch_up: Duration,
+    tags: Vec<String>,
+    retry: bool,
+    hash: String,
+    modified: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+    /// Another live daemon holds a newer version: it schedules the goal.
+    stale: bool,
+}
+
+fn overlap_name(o: Overlap) -> &'static str {
+    match o {
+        Overlap::Skip => "skip",
+        Overlap::Queue => "queue",
+        Overlap::Replace => "replace",
+        Overlap::Allow => "allow",
+    }
+}
+
+/// A run that ended: its fleet id and goal.
+struct Done {
+    run_id: String,
+    goal: String,
+}
+
+struct Daemon {
+    cfg: Config,
+    me: Claimer,
+    goals: BTreeMap<String, Goal>,
+    permits: Arc<Semaphore>,
+    running: HashMap<String, CancellationToken>,
+    tasks: JoinSet<()>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    /// Since when the store has answered without a break; only a daemon that has been in
+    /// touch for a whole lease may declare others dead.
+    healthy_since: Option<Instant>,
+    /// The differing goal versions last seen, to log each change once.
+    versions_seen: String,
+    ticks: u64,
+}
+
+/// A file's content hash and modified time.
+fn version_of(path: &Path) -> (String, DateTime<Utc>) {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let hash = sha2::Sha256::digest(&bytes);
+    let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let modified = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(DateTime::<Utc>::from)
+        .unwrap_or_else(|_| Utc::now());
+    (hex, modified)
+}
+
+impl Daemon {
+    /// Read the goal files; a broken one is reported and keeps its last good version.
+    fn load(&mut self, now: DateTime<Utc>) -> Result<(), FleetError> {
+        let paths = goals::paths(&self.cfg.goals_dir).map_err(|source| FleetError::Goals {
+            path: self.cfg.goals_dir.display().to_string(),
+            source,
+        })?;
+        let mut seen = std::collections::HashSet::new();
+        for path in paths {
+            let loaded = goals::load(&path).map_err(|e| e.to_string()).and_then(|g| {
+                RunSpec::build(&self.cfg.defaults, Some(&g.file))
+                    .map(|spec| (g, spec))
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            });
+            let (g, spec) = match loaded {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("{e}; the last good version of this goal keeps its schedule");
+                    continue;
+                }
+            };
+            let name = g.file.name.clone();
+            seen.insert(name.clone());
+            let (hash, modified) = version_of(&path);
+            let old = self.goals.get(&name);
+            let next = match (old, &g.schedule) {
+                (Some(o), Some(s))
+                    if o.schedule
+                        .as_ref()
+                        .is_some_and(|os| os.expr == s.expr && os.tz == s.tz) =>
+                {
+                    o.next
+                }
+                (_, Some(s)) => s.next_after(now),
+                (_, None) => None,
+            };
+            self.goals.insert(
+                name,
+                Goal {
+                    spec,
+                    schedule: g.schedule,
+                    overlap: g.overlap,
+                    catch_up: g.catch_up,
+                    tags: g.file.settings.tags.clone(),
+                    retry: g.file.settings.retry_interrupted.unwrap_or(false),
+                    hash,
+                    modified,
+                    next,
+                    stale: false,
+                },
+            );
+        }
+        self.goals.retain(|n, _| seen.contains(n));
+        Ok(())
+    }
+
+    /// Whether this daemon may run the goal: it has its tags.
+    fn fits(&self, g: &Goal) -> bool {
+        g.tags.iter().all(|t| self.cfg.tags.contains(t))
+    }
+
+    /// Names of the goals this daemon runs, for triggers.
+    fn served(&self) -> Vec<String> {
+        self.goals
+            .iter()
+            .filter(|(_, g)| self.fits(g))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Publish this daemon's goal versions; where live daemons differ, say so, and leave
+    /// the scheduling to the newest version.
+    async fn publish(&mut self) {
+        let versions: Vec<(String, String, DateTime<Utc>)> = self
+            .goals
+            .iter()
+            .filter(|(_, g)| self.fits(g))
+            .map(|(n, g)| (n.clone(), g.hash.clone(), g.modified))
+            .collect();
+        let store = self.cfg.store.clone();
+        let id = self.me.id.clone();
+        if let Err(e) = pg::retry("publishing goal versions", give_up(), || {
+            store.publish_goals(&id, &versions)
+        })
+        .await
+        {
+            tracing::error!("{e}");
+            return;
+        }
+        self.check_versions().await;
+    }
+
+    /// Where live daemons hold different versions of a goal, say so (once per change), and
+    /// leave the scheduling to the newest version.
+    async fn check_versions(&mut self) {
+        let differ = match self.cfg.store.goal_versions().await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!("{e}");
+                return;
+            }
+        };
+        for g in self.goals.values_mut() {
+            g.stale = false;
+        }
+        let seen = format!("{differ:?}");
+        let changed = seen != self.versions_seen;
+        self.versions_seen = seen;
+        for (goal, vs) in differ {
+            let Some(newest) = vs.first() else { continue };
+            let listed: Vec<String> = vs
+                .iter()
+                .map(|(d, h, m)| format!("{d}: {h} ({})", stamp(*m)))
+                .collect();
+            if changed {
+                tracing::warn!(
+                    "goal {goal}: daemons hold different versions [{}]; the newest ({}) schedules it",
+                    listed.join(", "),
+                    newest.1
+                );
+            }
+            if let Some(g) = self.goals.get_mut(&goal) {
+                g.stale = g.hash != newest.1;
+            }
+        }
+    }
+
+    /// At start: occurrences missed while no daemon ran. The latest within `catch_up` runs,
+    /// the others are recorded as missed.
+    async fn catch_up(&mut self, now: DateTime<Utc>) {
+        let last = match self.cfg.store.last_occurrences().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("{e}");
+                return;
+            }
+        };
+        let mut due = Vec::new();
+        for (name, g) in &self.goals {
+            let (Some(s), Some(last)) = (&g.schedule, last.get(name)) else {
+                continue;
+            };
+            if g.stale || !self.fits(g) {
+                continue;
+            }
+            let (list, total) = s.between(*last, now, MISSED_CAP);
+            self.settle(name, g, list, total, now, g.catch_up.max(ON_TIME), &mut due)
+                .await;
+        }
+        self.claim("schedule", due).await;
+    }
+
+    /// Of `list` (oldest first, `total` in all): the latest runs if it is within `window`,
+    /// the rest are recorded as missed.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        name: &str,
+        g: &Goal,
+        mut list: Vec<DateTime<Utc>>,
+        total: usize,
+        now: DateTime<Utc>,
+        window: Duration,
+        due: &mut Vec<Due>,
+    ) {
+        let Some(latest) = list.pop() else { return };
+        let on_time = (now - latest).to_std().unwrap_or(Duration::ZERO) <= window;
+        if !on_time {
+            list.push(latest);
+        }
+        if !list.is_empty() {
+            let uncounted = total.saturating_sub(list.len() + usize::from(on_time));
+            tracing::info!(
+                "goal {name}: {} occurrence(s) missed",
+                list.len() + uncounted
+            );
+            if let Err(e) = self.cfg.store.missed(&self.me, name, &list).await {
+                tracing::error!("{e}");
+            }
+        }
+        if on_time {
+            due.push(Due {
+                goal: name.to_string(),
+                at: latest,
+                overlap: overlap_name(g.overlap),
+                retry_interrupted: g.retry,
+            });
+        }
+    }
+
+    /// Occurrences that came due by `now`.
+    async fn due(&mut self, now: DateTime<Utc>) {
+        let mut due = Vec::new();
+        let names: Vec<String> = self
+            .goals
+            .iter()
+            .filter(|(_, g)| g.next.is_some_and(|n| n <= now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        // Goals often share a schedule: each (schedule, time) is computed once.
+        let mut memo: HashMap<(String, String, DateTime<Utc>), Option<DateTime<Utc>>> =
+            HashMap::new();
+        for name in names {
+            let Some(g) = self.goals.get_mut(&name) else {
+                continue;
+            };
+            let (Some(s), Some(first)) = (&g.schedule, g.next) else {
+                continue;
+            };
+            let after_first = *memo
+                .entry((s.expr.clone(), s.tz.name().to_string(), first))
+                .or_insert_with(|| s.next_after(first));
+            // Only when more than one came due is the whole list worked out.
+            let (list, total, next) = if after_first.is_none_or(|t| t > now) {
+                (vec![first], 1, after_first)
+            } else {
+                let (mut later, total) = s.between(first, now, MISSED_CAP);
+                let mut list = vec![first];
+                list.append(&mut later);
+                (list, total + 1, s.next_after(now))
+            };
+            g.next = next;
+            let g = &self.goals[&name];
+            if g.stale || !self.fits(g) {
+                continue;
+            }
+            self.settle(
+                &name,
+                g,
+                list,
+                total,
+                now,
+                g.catch_up.max(ON_TIME),
+                &mut due,
+            )
+            .await;
+        }
+        if due.is_empty() {
+            return;
+        }
+        // A daemon without room lets those with room claim first.
+        if self.permits.available_permits() == 0 {
+            tokio::time::sleep(Duration::from_millis(30 + u64::from(fastrand::u8(..) % 50))).await;
+        }
+        self.claim("schedule", due).await;
+    }
+
+    /// Claim in the store and start what this daemon won.
+    async fn claim(&mut self, kind: &'static str, mut due: Vec<Due>) -> Vec<Claimed> {
+        // Each daemon starts at another place in the list, so that daemons racing for the
+        // same second claim different goals side by side instead of queueing on the same ones.
+        if due.len() > BATCH {
+            let chunks = due.len().div_ceil(BATCH);
+            due.rotate_left(fastrand::usize(..chunks) * BATCH);
+        }
+        let mut out = Vec::new();
+        for chunk in due.chunks(BATCH) {
+            let store = self.cfg.store.clone();
+            let me = self.me.clone();
+            let claimed = match pg::retry("claiming occurrences", give_up(), || {
+                store.claim(&me, kind, chunk)
+            })
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!("cannot claim {} occurrence(s): {e}", chunk.len());
+                    continue;
+                }
+            };
+            for c in claimed {
+                match &c {
+                    Claimed::Run { goal, at, run_id } => {
+                        if !self.running.contains_key(run_id) {
+                            self.start(goal, kind, *at, run_id);
+                        }
+                    }
+                    Claimed::Not { goal, at, status } => {
+                        tracing::info!("goal {goal} at {}: {status}", stamp(*at));
+                    }
+                }
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn start(&mut self, goal: &str, kind: &'static str, at: DateTime<Utc>, run_id: &str) {
+        let Some(g) = self.goals.get(goal) else {
+            tracing::error!("goal {goal}: claimed but no longer loaded; run {run_id} not started");
+            return;
+        };
+        let cancel = CancellationToken::new();
+        self.running.insert(run_id.to_string(), cancel.clone());
+        let spec = g.spec.clone();
+        let store = self.cfg.store.clone();
+        let home = self.cfg.home.clone();
+        let permits = self.permits.clone();
+        let done = self.done_tx.clone();
+        let run_id = run_id.to_string();
+        let goal = goal.to_string();
+        self.tasks.spawn(async move {
+            let _permit = tokio::select! {
+                p = permits.acquire_owned() => p.ok(),
+                _ = cancel.cancelled() => None,
+            };
+            tracing::info!("goal {goal} at {}: fired as run {run_id}", stamp(at));
+            let scheduled_for = (kind == "schedule").then_some(at);
+            let trigger_kind = if kind == "schedule" {
+                "schedule"
+            } else {
+                "manual"
+            };
+            if let Err(e) = execute(
+                &store,
+                &run_id,
+                &spec,
+                &home,
+                Trigger {
+                    kind: trigger_kind,
+                    scheduled_for,
+                },
+                Vec::new(),
+                &cancel,
+            )
+            .await
+            {
+                tracing::error!("goal {goal}: run {run_id} could not start: {e}");
+            }
+            let _ = done.send(Done { run_id, goal });
+        });
+    }
+
+    async fn finished(&mut self, done: Done) {
+        self.running.remove(&done.run_id);
+        let Some(g) = self.goals.get(&done.goal) else {
+            return;
+        };
+        if g.overlap != Overlap::Queue {
+            return;
+        }
+        let retry = g.retry;
+        match self
+            .cfg
+            .store
+            .take_queued(&self.me, &done.goal, retry)
+            .await
+        {
+            Ok(Some((at, run_id))) => self.start(&done.goal.clone(), "schedule", at, &run_id),
+            Ok(None) => {}
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
+
+    /// Manual triggers (and retries) of goals this daemon serves.
+    async fn triggers(&mut self) {
+        let room = self.permits.available_permits().max(1) as i64;
+        let served = self.served();
+        let taken = match self.cfg.store.take_triggers(&self.me, &served, room).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("{e}");
+                return;
+            }
+        };
+        for (id, goal, kind, at) in taken {
+            let Some(g) = self.goals.get(&goal) else {
+                continue;
+            };
+            let due = vec![Due {
+                goal: goal.clone(),
+                at,
+                overlap: overlap_name(g.overlap),
+                retry_interrupted: g.retry,
+            }];
+            tracing::info!("goal {goal}: {kind} trigger {id} taken");
+            let claimed = self.claim("manual", due).await;
+            let (status, run_id) = match claimed.first() {
+                Some(Claimed::Run { run_id, .. }) => ("running".to_string(), Some(run_id.clone())),
+                Some(Claimed::Not { status, .. }) => (status.clone(), None),
+                None => ("taken".to_string(), None),
+            };
+            if let Err(e) = self
+                .cfg
+                .store
+                .settle_trigger(id, &status, run_id.as_deref())
+                .await
+            {
+                tracing::error!("{e}");
+            }
+        }
+    }
+
+    /// Renew the lease; close the runs of daemons whose lease ran out; write outcomes that
+    /// waited on disk; bridge approvals.
+    async fn tick(&mut self) {
+        match self.cfg.store.renew(&self.me.id).await {
+            Ok(alive) => {
+                if self.healthy_since.is_none() {
+                    tracing::info!("the store answers again");
+                }
+                self.healthy_since.get_or_insert_with(Instant::now);
+                if !alive {
+                    tracing::warn!(
+                        "this daemon's lease had run out and the fleet declared it dead; its \
+                         runs were marked interrupted; it renews again now"
+                    );
+                }
+            }
+            Err(e) => {
+                if self.healthy_since.take().is_some() {
+                    tracing::warn!("cannot renew the lease: {e}; retrying");
+                }
+                return;
+            }
+        }
+        if self
+            .healthy_since
+            .is_some_and(|t| t.elapsed() >= self.cfg.lease)
+        {
+            match self.cfg.store.reap(&self.me.id).await {
+                Ok(reaped) => {
+                    for r in reaped {
+                        tracing::warn!(
+                            "daemon {} is gone: its run {} of goal {} is interrupted{}",
+                            r.daemon,
+                            r.run_id,
+                            r.goal,
+                            if r.retried { "; a retry is queued" } else { "" }
+                        );
+                    }
+                }
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+        flush_spool(&self.cfg.store, &self.cfg.home).await;
+        self.ticks += 1;
+        if self.ticks % 3 == 0 {
+            self.check_versions().await;
+        }
+        self.bridge_approvals(None).await;
+        self.triggers().await;
+    }
+
+    /// Local approval requests go to the store; answers in the store come back to the
+    /// local queue, where the waiting run picks them up.
+    async fn bridge_approvals(&self, answered: Option<&str>) {
+        let local = match Db::open(&self.cfg.home) {
+            Ok(db) => db,
+            Err(e) => {
+                tracing::error!("{e}");
+                return;
+            }
+        };
+        let pending = local.pending_approvals().unwrap_or_default();
+        for a in &pending {
+            if let Err(e) = self.cfg.store.put_approval(a, &self.me.id).await {
+                tracing::error!("{e}");
+                return;
+            }
+        }
+        let ids: Vec<&str> = match answered {
+            Some(id) => vec![id],
+            None => pending.iter().map(|a| a.id.as_str()).collect(),
+        };
+        for id in ids {
+            let Ok(Some(a)) = self.cfg.store.approval(id).await else {
+                continue;
+            };
+            if a.status == "approved" || a.status == "denied" {
+                let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
+                if let Err(e) =
+                    local.decide_approval(id, &a.status, a.always, a.reason.as_deref(), &by)
+                {
+                    tracing::error!("{e}");
+                }
+            }
+        }
+        // Requests that ended here (timed out, cancelled) end in the store too.
+        if answered.is_none()
+            && let Ok(theirs) = self.cfg.store.approvals("pending").await
+        {
+            for a in theirs {
+                if let Ok(Some(l)) = local.approval(&a.id)
+                    && l.status != "pending"
+                {
+                    let _ = self.cfg.store.close_approval(&a.id, &l.status).await;
+                }
+            }
+        }
+    }
+}
+
+/// A sink that sends each event to the store, in order, from a task of its own.
+struct StoreSink {
+    tx: mpsc::UnboundedSender<(i64, serde_json::Value)>,
+    seq: AtomicI64,
+}
+
+impl EventSink for StoreSink {
+    fn emit(&self, event: &Event) {
+        if matches!(event, Event::TextDelta { .. }) {
+            return;
+        }
+        let Ok(mut value) = serde_json::to_value(event) else {
+            return;
+        };
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "at".into(),
+                Utc::now()
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                    .into(),
+            );
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let _ = self.tx.send((seq, value));
+    }
+}
+
+/// Write a run's events as they come; the first says where the run lives locally.
+async fn write_events(
+    store: PgStore,
+    home: PathBuf,
+    run_id: String,
+    mut rx: mpsc::UnboundedReceiver<(i64, serde_json::Value)>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        for (_, e) in &batch {
+            if e["type"] == "run_started" {
+                let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+                let local = s("run_id");
+                let dir = home.join("runs").join(&local).display().to_string();
+                let (model, workspace) = (s("model"), s("workspace"));
+                let r = pg::retry("recording a run's start", give_up(), || {
+                    store.run_started(&run_id, &local, &model, &workspace, &dir)
+                })
+                .await;
+                if let Err(e) = r {
+                    tracing::error!("run {run_id}: {e}");
+                }
+            }
+        }
+        if let Err(e) = pg::retry("writing transcript events", give_up(), || {
+            store.events(&run_id, &batch)
+        })
+        .await
+        {
+            tracing::error!(
+                "run {run_id}: {} transcript event(s) not written to the store: {e}; the local \
+                 transcript has them",
+                batch.len()
+            );
+        }
+    }
+}
+
+fn spool_dir(home: &Path) -> PathBuf {
+    home.join("fleet-spool")
+}
+
+/// Write outcomes that waited on disk; each file goes once written.
+pub async fn flush_spool(store: &PgStore, home: &Path) {
+    let Ok(entries) = std::fs::read_dir(spool_dir(home)) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let Some(run_id) = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let Ok(finish) = serde_json::from_str::<Finish>(&text) else {
+            tracing::error!("{}: not an outcome; left as it is", path.display());
+            continue;
+        };
+        match store.finish_run(&run_id, &finish).await {
+            Ok(()) => {
+                tracing::info!("run {run_id}: its outcome, kept on disk, is now in the store");
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(e) => {
+                tracing::warn!("run {run_id}: the outcome still waits on disk: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Run a claimed run (its row exists in the store) to its end: the local run folder and
+/// SQLite record as always, its events and outcome in the store. An outcome the store
+/// cannot take waits under `SUP_HOME/fleet-spool/` until it can.
+pub async fn execute(
+    store: &PgStore,
+    run_id: &str,
+    spec: &RunSpec,
+    home: &Path,
+    trigger: Trigger,
+    mut sinks: Vec<Arc<dyn EventSink>>,
+    cancel: &CancellationToken,
+) -> Result<launch::Launched, RunError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(write_events(
+        store.clone(),
+        home.to_path_buf(),
+        run_id.to_string(),
+        rx,
+    ));
+    sinks.push(Arc::new(StoreSink {
+        tx,
+        seq: AtomicI64::new(0),
+    }));
+    let result = launch::launch(spec, home, trigger, sinks, cancel).await;
+    let _ = writer.await;
+    let finish = match &result {
+        Ok(l) => Finish {
+            status: l.outcome.status,
+            stop_reason: l.outcome.stop_reason,
+            tries: l.outcome.tries,
+            steps: l.outcome.steps,
+            usage: l.outcome.usage,
+            error: l.outcome.error.clone(),
+            checks: l.outcome.checks.clone(),
+        },
+        Err(e) => Finish {
+            status: crate::trace::Status::Error,
+            stop_reason: crate::trace::StopReason::Error,
+            tries: 0,
+            steps: 0,
+            usage: Default::default(),
+            error: Some(format!("could not start: {e}")),
+            checks: Vec::new(),
+        },
+    };
+    if let Err(e) = pg::retry("recording an outcome", give_up(), || {
+        store.finish_run(run_id, &finish)
+    })
+    .await
+    {
+        let dir = spool_dir(home);
+        let path = dir.join(format!("{run_id}.json"));
+        let written = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, serde_json::to_vec(&finish).unwrap_or_default()));
+        match written {
+            Ok(()) => tracing::warn!(
+                "run {run_id}: cannot record its outcome ({e}); kept in {} until the store \
+                 comes back",
+                path.display()
+            ),
+            Err(w) => tracing::error!(
+                "run {run_id}: cannot record its outcome ({e}) nor keep it on disk ({w})"
+            ),
+        }
+    }
+    result
+}
+
+/// Forward `NOTIFY`s on the fleet's channels; reconnect with backoff when the connection
+/// drops.
+async fn listen(
+    store: PgStore,
+    tx: mpsc::UnboundedSender<(String, String)>,
+    stop: CancellationToken,
+) {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match store.listener().await {
+            Ok((client, mut conn)) => {
+                let (ntx, mut nrx) = mpsc::unbounded_channel();
+                let pump = tokio::spawn(async move {
+                    let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+                    while let Some(m) = stream.next().await {
+                        match m {
+                            Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                                let _ =
+                                    ntx.send((n.channel().to_string(), n.payload().to_string()));
+                            }
+                            Ok(_) => {}
+                            Err(_) => break,
+                        }
+                    }
+                });
+                if client
+                    .batch_execute("LISTEN sup_trigger; LISTEN sup_approval; LISTEN sup_cancel")
+                    .await
+                    .is_ok()
+                {
+                    wait = Duration::from_millis(100);
+                    // Anything missed while away is found by the next tick's poll.
+                    let _ = tx.send(("sup_trigger".into(), String::new()));
+                    loop {
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            n = nrx.recv() => match n {
+                                Some(n) => { let _ = tx.send(n); }
+                                None => break,
+                            },
+                        }
+                    }
+                }
+                pump.abort();
+            }
+            Err(e) => tracing::debug!("listen: {e}"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Run the fleet daemon until `shutdown`; `reload` asks for goal files to be read again.
+pub async fn run(
+    cfg: Config,
+    shutdown: CancellationToken,
+    mut reload: mpsc::UnboundedReceiver<()>,
+) -> Result<(), FleetError> {
+    let host = pg::this_host();
+    let id = cfg
+        .store
+        .register(&host, &cfg.tags, cfg.max_concurrent, cfg.lease)
+        .await?;
+    tracing::info!(
+        "daemon {id} joined the fleet at {} (lease {}ms, tags [{}])",
+        cfg.store.at(),
+        cfg.lease.as_millis(),
+        cfg.tags.join(", ")
+    );
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut d = Daemon {
+        permits: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
+        me: Claimer { id, host },
+        cfg,
+        goals: BTreeMap::new(),
+        running: HashMap::new(),
+        tasks: JoinSet::new(),
+        done_tx,
+        healthy_since: Some(Instant::now()),
+        versions_seen: String::new(),
+        ticks: 0,
+    };
+    let now = Utc::now();
+    d.load(now)?;
+    tracing::info!(
+        "daemon started: {} goal(s) from {}",
+        d.goals.len(),
+        d.cfg.goals_dir.display()
+    );
+    d.publish().await;
+    d.catch_up(now).await;
+    let (note_tx, mut note_rx) = mpsc::unbounded_channel();
+    let stop_listen = CancellationToken::new();
+    tokio::spawn(listen(d.cfg.store.clone(), note_tx, stop_listen.clone()));
+    let mut ticker = tokio::time::interval((d.cfg.lease / 3).max(Duration::from_millis(100)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let wake = d.goals.values().filter_map(|g| g.next).min();
+        let sleep = async {
+            match wake {
+                Some(t) => {
+                    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = sleep => d.due(Utc::now()).await,
+            _ = ticker.tick() => d.tick().await,
+            Some(done) = done_rx.recv() => d.finished(done).await,
+            Some((channel, payload)) = note_rx.recv() => match channel.as_str() {
+                "sup_trigger" => d.triggers().await,
+                "sup_approval" => d.bridge_approvals(Some(&payload)).await,
+                "sup_cancel" => {
+                    if let Some(c) = d.running.get(&payload) {
+                        tracing::info!("run {payload}: replaced by a newer occurrence; cancelling");
+                        c.cancel();
+                    }
+                }
+                _ => {}
+            },
+            Some(()) = reload.recv() => {
+                if let Err(e) = d.load(Utc::now()) {
+                    tracing::warn!("reload failed: {e}; the goals keep their schedules");
+                }
+                d.publish().await;
+            }
+            Some(_) = d.tasks.join_next(), if !d.tasks.is_empty() => {}
+        }
+    }
+    stop_listen.cancel();
+    tracing::info!(
+        "stopping: {} running goal(s) get {} to finish",
+        d.running.len(),
+        humantime::format_duration(d.cfg.grace)
+    );
+    let grace = tokio::time::sleep(d.cfg.grace);
+    tokio::pin!(grace);
+    let mut cancelled = false;
+    loop {
+        tokio::select! {
+            joined = d.tasks.join_next() => if joined.is_none() { break },
+            _ = &mut grace, if !cancelled => {
+                cancelled = true;
+                for c in d.running.values() {
+                    c.cancel();
+                }
+            }
+        }
+    }
+    if let Err(e) = d.cfg.store.stop_daemon(&d.me.id).await {
+        tracing::error!("{e}");
+    }
+    tracing::info!("daemon stopped");
+    Ok(())
+}

@@ -1,0 +1,1485 @@
+//! The PostgreSQL store that a fleet of daemons shares (`--store postgres://…`): the schema
+//! and its migrations (a version table; an older `sup` refuses a newer schema), daemon
+//! leases, occurrence and manual-trigger claims (exactly once, overlap and pause decided under
+//! a per-goal lock), the runs with their checks and transcript events, approval requests and
+//! goal versions. Connection faults are retried with backoff; errors a user meets carry the
+//! server's words and what to check.
+
+use std::time::Duration;
+
+use chrono::{DateTime, SubsecRound, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+use super::db::{ApprovalRow, RunRow, stamp};
+use crate::model::Usage;
+use crate::trace::{CheckReport, Status, StopReason};
+
+/// The schema this `sup` knows; a store with a higher version is refused.
+pub const SCHEMA_VERSION: i32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error(
+        "the store URL `{url}` is not a PostgreSQL URL ({why}); write postgres://USER@HOST:PORT/DATABASE"
+    )]
+    Url { url: String, why: String },
+    #[error("the store {at}: {message}; {hint}")]
+    Server {
+        at: String,
+        message: String,
+        hint: String,
+        transient: bool,
+    },
+    #[error(
+        "the store {at} has schema version {found}, newer than this sup knows ({known}); \
+         upgrade sup on this machine (it is {version})"
+    )]
+    Newer {
+        at: String,
+        found: i32,
+        known: i32,
+        version: &'static str,
+    },
+    #[error("no run `{0}` in the store; `sup runs` lists them")]
+    NoRun(String),
+}
+
+impl PgError {
+    /// A fault that may pass: the server restarting, a connection cut.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            PgError::Server {
+                transient: true,
+                ..
+            }
+        )
+    }
+}
+
+/// A URL that names PostgreSQL.
+pub fn is_pg_url(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+/// Where a URL points, without the password.
+fn shown(cfg: &tokio_postgres::Config) -> String {
+    let host = cfg
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        cfg.get_user().unwrap_or(""),
+        cfg.get_dbname().unwrap_or("")
+    )
+}
+
+fn server_error(at: &str, e: &tokio_postgres::Error) -> PgError {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        let hint = if *code == SqlState::INVALID_PASSWORD
+            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        {
+            "check the user and password in the store URL and the server's pg_hba.conf"
+        } else if *code == SqlState::INVALID_CATALOG_NAME {
+            "check the database name in the store URL, or create it (createdb NAME)"
+        } else if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+            "the store's user needs rights to create and write tables in that database \
+             (e.g. GRANT CREATE, USAGE ON SCHEMA public TO the user)"
+        } else if *code == SqlState::ADMIN_SHUTDOWN
+            || *code == SqlState::CANNOT_CONNECT_NOW
+            || *code == SqlState::CRASH_SHUTDOWN
+        {
+            "the server is restarting; sup retries"
+        } else {
+            "check the store's server log"
+        };
+        let transient = *code == SqlState::ADMIN_SHUTDOWN
+            || *code == SqlState::CANNOT_CONNECT_NOW
+            || *code == SqlState::CRASH_SHUTDOWN
+            || *code == SqlState::T_R_SERIALIZATION_FAILURE
+            || *code == SqlState::T_R_DEADLOCK_DETECTED;
+        return PgError::Server {
+            at: at.to_string(),
+            message: format!("{}: {}", db.severity(), db.message()),
+            hint: hint.into(),
+            transient,
+        };
+    }
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    PgError::Server {
+        at: at.to_string(),
+        message,
+        hint: "check that PostgreSQL runs there and accepts connections \
+               (pg_isready -h HOST -p PORT), and the host and port in the store URL"
+            .into(),
+        transient: true,
+    }
+}
+
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    "CREATE TABLE daemons (
+        id TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        version TEXT NOT NULL,
+        tags TEXT[] NOT NULL DEFAULT '{}',
+        max_concurrent INTEGER NOT NULL,
+        lease_ms BIGINT NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL,
+        renewed_at TIMESTAMPTZ NOT NULL,
+        stopped_at TIMESTAMPTZ,
+        state TEXT NOT NULL DEFAULT 'alive'
+    );
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        goal TEXT NOT NULL,
+        trigger TEXT NOT NULL,
+        scheduled_for TIMESTAMPTZ,
+        status TEXT NOT NULL,
+        stop_reason TEXT,
+        tries INTEGER NOT NULL DEFAULT 0,
+        steps INTEGER NOT NULL DEFAULT 0,
+        input_tokens BIGINT NOT NULL DEFAULT 0,
+        output_tokens BIGINT NOT NULL DEFAULT 0,
+        cache_read_tokens BIGINT NOT NULL DEFAULT 0,
+        cache_write_tokens BIGINT NOT NULL DEFAULT 0,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        started_at TIMESTAMPTZ NOT NULL,
+        ended_at TIMESTAMPTZ,
+        error TEXT,
+        daemon_id TEXT,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        model TEXT NOT NULL DEFAULT '',
+        workspace TEXT NOT NULL DEFAULT '',
+        dir TEXT NOT NULL DEFAULT '',
+        local_id TEXT,
+        retry_interrupted BOOLEAN NOT NULL DEFAULT false,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false
+    );
+    CREATE INDEX runs_goal ON runs (goal, started_at);
+    CREATE INDEX runs_running ON runs (goal) WHERE status = 'running';
+    CREATE INDEX runs_daemon ON runs (daemon_id) WHERE status = 'running';
+    CREATE TABLE checks (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        try INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        passed BOOLEAN NOT NULL,
+        exit_status INTEGER,
+        outcome TEXT NOT NULL,
+        duration_ms BIGINT NOT NULL,
+        output_path TEXT,
+        PRIMARY KEY (run_id, try, idx)
+    );
+    CREATE TABLE events (
+        run_id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        event JSONB NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+    CREATE TABLE occurrences (
+        goal TEXT NOT NULL,
+        scheduled_for TIMESTAMPTZ NOT NULL,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        run_id TEXT,
+        claimed_by TEXT NOT NULL,
+        claimed_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (goal, scheduled_for)
+    );
+    CREATE INDEX occurrences_queued ON occurrences (goal, scheduled_for) WHERE status = 'queued';
+    CREATE TABLE triggers (
+        id BIGSERIAL PRIMARY KEY,
+        goal TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        requested_at TIMESTAMPTZ NOT NULL,
+        requested_by TEXT NOT NULL,
+        status TEXT NOT NULL,
+        claimed_by TEXT,
+        run_id TEXT
+    );
+    CREATE INDEX triggers_pending ON triggers (id) WHERE status = 'pending';
+    CREATE TABLE goal_state (
+        goal TEXT PRIMARY KEY,
+        paused BOOLEAN NOT NULL DEFAULT false,
+        last_occurrence TIMESTAMPTZ
+    );
+    CREATE TABLE goal_versions (
+        goal TEXT NOT NULL,
+        daemon_id TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        modified_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (goal, daemon_id)
+    );
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        goal TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        input TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        deadline TEXT NOT NULL,
+        status TEXT NOT NULL,
+        always BOOLEAN NOT NULL DEFAULT false,
+        reason TEXT,
+        decided_at TIMESTAMPTZ,
+        decided_by TEXT,
+        daemon_id TEXT
+    );
+    CREATE INDEX approvals_pending ON approvals (created_at) WHERE status = 'pending';",
+];
+
+/// A key for `pg_advisory_xact_lock` that serializes migrations.
+const MIGRATION_LOCK: i64 = 0x5375_705f_6d69_67;
+
+/// One member of the fleet.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DaemonRow {
+    pub id: String,
+    pub host: String,
+    pub pid: i32,
+    pub version: String,
+    pub tags: Vec<String>,
+    pub max_concurrent: i32,
+    pub started_at: DateTime<Utc>,
+    pub renewed_at: DateTime<Utc>,
+    /// `alive`, `stopped` (shut down), `dead` (its lease expired).
+    pub state: String,
+    pub running: Vec<String>,
+}
+
+/// Who claims: the daemon's id, host and pid.
+#[derive(Clone, Debug)]
+pub struct Claimer {
+    pub id: String,
+    pub host: String,
+}
+
+/// One occurrence to claim.
+#[derive(Clone, Debug)]
+pub struct Due {
+    pub goal: String,
+    pub at: DateTime<Utc>,
+    /// `skip`, `queue`, `replace` or `allow`.
+    pub overlap: &'static str,
+    pub retry_interrupted: bool,
+}
+
+/// What became of a claimed occurrence. Only occurrences this daemon now owns are reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    /// Start it: the run row exists.
+    Run {
+        goal: String,
+        at: DateTime<Utc>,
+        run_id: String,
+    },
+    /// Not run: `skipped`, `paused`, `queued`, `missed`.
+    Not {
+        goal: String,
+        at: DateTime<Utc>,
+        status: String,
+    },
+}
+
+/// A dead daemon's run that another daemon closed.
+#[derive(Clone, Debug)]
+pub struct Reaped {
+    pub daemon: String,
+    pub run_id: String,
+    pub goal: String,
+    pub retried: bool,
+}
+
+/// The shared store.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    cfg: tokio_postgres::Config,
+    at: String,
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// This machine's name, as the fleet knows it.
+pub fn this_host() -> String {
+    std::env::var("SUP_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(host_name)
+}
+
+impl PgStore {
+    /// Connect, create or migrate the schema, and refuse a newer one.
+    pub async fn open(url: &str) -> Result<PgStore, PgError> {
+        let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| PgError::Url {
+            url: url.to_string(),
+            why: format!("{e}"),
+        })?;
+        if cfg.get_connect_timeout().is_none() {
+            cfg.connect_timeout(Duration::from_secs(5));
+        }
+        cfg.application_name("sup");
+        let at = shown(&cfg);
+        let mgr = Manager::from_config(
+            cfg.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(8)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(6)))
+            .build()
+            .map_err(|e| PgError::Url {
+                url: url.to_string(),
+                why: e.to_string(),
+            })?;
+        let store = PgStore { pool, cfg, at };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Where the store is, without the password.
+    pub fn at(&self) -> &str {
+        &self.at
+    }
+
+    fn err(&self, e: &tokio_postgres::Error) -> PgError {
+        server_error(&self.at, e)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.err(&e),
+            other => PgError::Server {
+                at: self.at.clone(),
+                message: other.to_string(),
+                hint: "check that PostgreSQL runs there and accepts connections".into(),
+                transient: true,
+            },
+        })
+    }
+
+    /// A connection of its own, for `LISTEN`.
+    pub async fn listener(
+        &self,
+    ) -> Result<
+        (
+            Client,
+            tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+        ),
+        PgError,
+    > {
+        self.cfg.connect(NoTls).await.map_err(|e| self.err(&e))
+    }
+
+    async fn migrate(&self) -> Result<(), PgError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(|e| self.err(&e))?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS sup_schema (
+                 id INTEGER PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+                 version INTEGER NOT NULL,
+                 migrated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 migrated_by TEXT NOT NULL DEFAULT ''
+             )",
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        let found: i32 = tx
+            .query_opt("SELECT version FROM sup_schema", &[])
+            .await
+            .map_err(|e| self.err(&e))?
+            .map_or(0, |r| r.get(0));
+        if found > SCHEMA_VERSION {
+            return Err(PgError::Newer {
+                at: self.at.clone(),
+                found,
+                known: SCHEMA_VERSION,
+                version: env!("CARGO_PKG_VERSION"),
+            });
+        }
+        for sql in MIGRATIONS.iter().skip(found.max(0) as usize) {
+            tx.batch_execute(sql).await.map_err(|e| self.err(&e))?;
+        }
+        if found < SCHEMA_VERSION {
+            tx.execute(
+                "INSERT INTO sup_schema (id, version, migrated_by) VALUES (1, $1, $2)
+                 ON CONFLICT (id) DO UPDATE SET version = excluded.version,
+                     migrated_at = now(), migrated_by = excluded.migrated_by",
+                &[
+                    &SCHEMA_VERSION,
+                    &format!("sup {}", env!("CARGO_PKG_VERSION")),
+                ],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(&e))
+    }
+
+    // ----- the fleet -----
+
+    /// Register a daemon; returns its id.
+    pub async fn register(
+        &self,
+        host: &str,
+        tags: &[String],
+        max_concurrent: usize,
+        lease: Duration,
+    ) -> Result<String, PgError> {
+        let id = format!(
+            "{host}-{}-{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO daemons (id, host, pid, version, tags, max_concurrent, lease_ms,
+                 started_at, renewed_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, now(), now())",
+            &[
+                &id,
+                &host,
+                &(std::process::id() as i32),
+                &env!("CARGO_PKG_VERSION"),
+                &tags,
+                &(max_concurrent as i32),
+                &(lease.as_millis() as i64),
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(id)
+    }
+
+    /// Renew a daemon's lease. `false`: the fleet had declared it dead (its runs were closed);
+    /// it is alive again from now on.
+    pub async fn renew(&self, id: &str) -> Result<bool, PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "WITH old AS (SELECT state FROM daemons WHERE id = $1)
+                 UPDATE daemons SET renewed_at = now(), state = 'alive', stopped_at = NULL
+                 WHERE id = $1 RETURNING (SELECT state FROM old)",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(row.get::<_, Option<String>>(0).as_deref() == Some("alive"))
+    }
+
+    pub async fn stop_daemon(&self, id: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE daemons SET state = 'stopped', stopped_at = now() WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Daemons whose lease ran out become `dead`; their runs `interrupted`, their occurrences
+    /// closed, and runs that ask for it get a retry trigger.
+    pub async fn reap(&self, by: &str) -> Result<Vec<Reaped>, PgError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
+        let dead: Vec<String> = tx
+            .query(
+                "SELECT id FROM daemons WHERE state = 'alive' AND id <> $1
+                     AND renewed_at < now() - lease_ms * interval '1 millisecond'
+                 FOR UPDATE SKIP LOCKED",
+                &[&by],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut out = Vec::new();
+        for d in dead {
+            tx.execute(
+                "UPDATE daemons SET state = 'dead', stopped_at = now() WHERE id = $1",
+                &[&d],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+            let rows = tx
+                .query(
+                    "UPDATE runs SET status = 'interrupted', stop_reason = 'cancelled',
+                         ended_at = now(),
+                         error = 'its daemon ' || $1 || ' stopped renewing its lease (killed, machine gone or cut off); marked by ' || $2
+                     WHERE daemon_id = $1 AND status = 'running'
+                     RETURNING id, goal, retry_interrupted",
+                    &[&d, &by],
+                )
+                .await
+                .map_err(|e| self.err(&e))?;
+            for r in rows {
+                let run_id: String = r.get(0);
+                let goal: String = r.get(1);
+                let retry: bool = r.get(2);
+                tx.execute(
+                    "UPDATE occurrences SET status = 'interrupted' WHERE run_id = $1",
+                    &[&run_id],
+                )
+                .await
+                .map_err(|e| self.err(&e))?;
+                if retry {
+                    tx.execute(
+                        "INSERT INTO triggers (goal, kind, requested_at, requested_by, status)
+                         VALUES ($1, 'retry', clock_timestamp(), $2, 'pending')",
+                        &[&goal, &format!("retry of {run_id}")],
+                    )
+                    .await
+                    .map_err(|e| self.err(&e))?;
+                }
+                out.push(Reaped {
+                    daemon: d.clone(),
+                    run_id,
+                    goal,
+                    retried: retry,
+                });
+            }
+        }
+        if out.iter().any(|r| r.retried) {
+            tx.execute("NOTIFY sup_trigger", &[])
+                .await
+                .map_err(|e| self.err(&e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(&e))?;
+        Ok(out)
+    }
+
+    /// The fleet, newest first; dead and stopped members of the last day too.
+    pub async fn daemons(&self) -> Result<Vec<DaemonRow>, PgError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT d.id, d.host, d.pid, d.version, d.tags, d.max_concurrent, d.started_at,
+                     d.renewed_at,
+                     CASE WHEN d.state = 'alive'
+                          AND d.renewed_at < now() - d.lease_ms * interval '1 millisecond'
+                          THEN 'overdue' ELSE d.state END,
+                     coalesce((SELECT array_agg(r.goal || ' (' || r.id || ')' ORDER BY r.id)
+                               FROM runs r WHERE r.daemon_id = d.id AND r.status = 'running'),
+                              '{}')
+                 FROM daemons d
+                 WHERE d.state = 'alive' OR d.stopped_at > now() - interval '1 day'
+                 ORDER BY d.started_at DESC",
+                &[],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(rows
+            .iter()
+            .map(|r| DaemonRow {
+                id: r.get(0),
+                host: r.get(1),
+                pid: r.get(2),
+                version: r.get(3),
+                tags: r.get(4),
+                max_concurrent: r.get(5),
+                started_at: r.get(6),
+                renewed_at: r.get(7),
+                state: r.get(8),
+                running: r.get(9),
+            })
+            .collect())
+    }
+
+    /// Whether a daemon with a live lease serves `goal` (it published a version of it).
+    pub async fn live_daemon_for(&self, goal: &str) -> Result<bool, PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM daemons d JOIN goal_versions v ON v.daemon_id = d.id
+                     WHERE v.goal = $1 AND d.state = 'alive'
+                       AND d.renewed_at >= now() - d.lease_ms * interval '1 millisecond')",
+                &[&goal],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(row.get(0))
+    }
+
+    // ----- claims -----
+
+    /// Claim occurrences in one transaction: each is inserted once (unique on goal and time);
+    /// under a per-goal lock, pause and overlap are decided from the store; a run row is made
+    /// for each that starts. Safe to call again after a failed commit: what this daemon
+    /// already owns is reported again.
+    pub async fn claim(
+        &self,
+        me: &Claimer,
+        kind: &str,
+        due: &[Due],
+    ) -> Result<Vec<Claimed>, PgError> {
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The store keeps microseconds: compare what it will give back.
+        let due: Vec<Due> = due
+            .iter()
+            .cloned()
+            .map(|mut d| {
+                d.at = d.at.trunc_subsecs(6);
+                d
+            })
+            .collect();
+        let goals: Vec<&str> = due.iter().map(|d| d.goal.as_str()).collect();
+        let ats: Vec<DateTime<Utc>> = due.iter().map(|d| d.at).collect();
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
+        // One lock per goal, taken in a fixed order, so overlap decisions across daemons
+        // are serialized per goal and never deadlock.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(h) FROM
+                 (SELECT DISTINCT hashtext(g) AS h FROM unnest($1::text[]) g ORDER BY 1) s",
+            &[&goals],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        let fresh = tx
+            .query(
+                "INSERT INTO occurrences (goal, scheduled_for, kind, status, claimed_by, claimed_at)
+                 SELECT g, t, $3, 'claimed', $4, now() FROM unnest($1::text[], $2::timestamptz[]) AS u(g, t)
+                 ON CONFLICT DO NOTHING RETURNING goal, scheduled_for",
+                &[&goals, &ats, &kind, &me.id],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        let fresh: std::collections::HashSet<(String, DateTime<Utc>)> =
+            fresh.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if kind == "schedule" && !fresh.is_empty() {
+            let (g, t): (Vec<&str>, Vec<DateTime<Utc>>) = due
+                .iter()
+                .filter(|d| fresh.contains(&(d.goal.clone(), d.at)))
+                .map(|d| (d.goal.as_str(), d.at))
+                .unzip();
+            tx.execute(
+                "INSERT INTO goal_state (goal, last_occurrence)
+                 SELECT g, max(t) FROM unnest($1::text[], $2::timestamptz[]) AS u(g, t) GROUP BY g
+                 ON CONFLICT (goal) DO UPDATE SET last_occurrence =
+                     greatest(goal_state.last_occurrence, excluded.last_occurrence)",
+                &[&g, &t],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        }
+        let fresh_goals: Vec<&str> = fresh.iter().map(|(g, _)| g.as_str()).collect();
+        let paused: std::collections::HashSet<String> = tx
+            .query(
+                "SELECT goal FROM goal_state WHERE paused AND goal = ANY($1)",
+                &[&fresh_goals],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut running: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for r in tx
+            .query(
+                "SELECT goal, id FROM runs WHERE status = 'running' AND goal = ANY($1)",
+                &[&fresh_goals],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+        {
+            running.entry(r.get(0)).or_default().push(r.get(1));
+        }
+        let mut waiting: std::collections::HashSet<String> = tx
+            .query(
+                "SELECT DISTINCT goal FROM occurrences WHERE status = 'queued' AND goal = ANY($1)",
+                &[&fresh_goals],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut starts: Vec<(&Due, String)> = Vec::new();
+        let mut nots: Vec<(&Due, &'static str)> = Vec::new();
+        let mut replace: Vec<String> = Vec::new();
+        for d in due
+            .iter()
+            .filter(|d| fresh.contains(&(d.goal.clone(), d.at)))
+        {
+            if paused.contains(&d.goal) {
+                nots.push((d, "paused"));
+                continue;
+            }
+            let busy = running.get(&d.goal).is_some_and(|r| !r.is_empty());
+            let state = match (busy, d.overlap) {
+                (false, _) | (true, "allow") => None,
+                (true, "replace") => {
+                    replace.extend(running.get(&d.goal).into_iter().flatten().cloned());
+                    None
+                }
+                (true, "queue") if !waiting.contains(&d.goal) => {
+                    waiting.insert(d.goal.clone());
+                    Some("queued")
+                }
+                _ => Some("skipped"),
+            };
+            match state {
+                Some(s) => nots.push((d, s)),
+                None => {
+                    let id = super::new_run_id();
+                    running.entry(d.goal.clone()).or_default().push(id.clone());
+                    starts.push((d, id));
+                }
+            }
+        }
+        if !starts.is_empty() {
+            let ids: Vec<&str> = starts.iter().map(|(_, id)| id.as_str()).collect();
+            let g: Vec<&str> = starts.iter().map(|(d, _)| d.goal.as_str()).collect();
+            let t: Vec<DateTime<Utc>> = starts.iter().map(|(d, _)| d.at).collect();
+            let retry: Vec<bool> = starts.iter().map(|(d, _)| d.retry_interrupted).collect();
+            tx.execute(
+                "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, daemon_id,
+                     host, pid, retry_interrupted)
+                 SELECT i, g, $4, CASE WHEN $4 = 'schedule' THEN t END, 'running', clock_timestamp(),
+                     $5, $6, $7, r
+                 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $8::bool[]) AS u(i, g, t, r)",
+                &[
+                    &ids,
+                    &g,
+                    &t,
+                    &kind,
+                    &me.id,
+                    &me.host,
+                    &(std::process::id() as i32),
+                    &retry,
+                ],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+            tx.execute(
+                "UPDATE occurrences o SET status = 'running', run_id = u.i
+                 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(i, g, t)
+                 WHERE o.goal = u.g AND o.scheduled_for = u.t",
+                &[&ids, &g, &t],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        }
+        if !nots.is_empty() {
+            let g: Vec<&str> = nots.iter().map(|(d, _)| d.goal.as_str()).collect();
+            let t: Vec<DateTime<Utc>> = nots.iter().map(|(d, _)| d.at).collect();
+            let s: Vec<&str> = nots.iter().map(|(_, s)| *s).collect();
+            tx.execute(
+                "UPDATE occurrences o SET status = u.s
+                 FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS u(g, t, s)
+                 WHERE o.goal = u.g AND o.scheduled_for = u.t",
+                &[&g, &t, &s],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        }
+        if !replace.is_empty() {
+            tx.execute(
+                "UPDATE runs SET cancel_requested = true WHERE id = ANY($1)",
+                &[&replace],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+            for id in &replace {
+                tx.execute("SELECT pg_notify('sup_cancel', $1)", &[id])
+                    .await
+                    .map_err(|e| self.err(&e))?;
+            }
+        }
+        // What this daemon owns of the batch, including what an earlier attempt whose commit
+        // went unanswered claimed.
+        let owned = tx
+            .query(
+                "SELECT o.goal, o.scheduled_for, o.status, o.run_id FROM occurrences o
+                 JOIN unnest($1::text[], $2::timestamptz[]) AS u(g, t)
+                     ON o.goal = u.g AND o.scheduled_for = u.t
+                 WHERE o.claimed_by = $3",
+                &[&goals, &ats, &me.id],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        tx.commit().await.map_err(|e| self.err(&e))?;
+        Ok(owned
+            .iter()
+            .map(|r| {
+                let goal: String = r.get(0);
+                let at: DateTime<Utc> = r.get(1);
+                let status: String = r.get(2);
+                match (status.as_str(), r.get::<_, Option<String>>(3)) {
+                    ("running", Some(run_id)) => Claimed::Run { goal, at, run_id },
+                    _ => Claimed::Not { goal, at, status },
+                }
+            })
+            .collect())
+    }
+
+    /// Record occurrences that no one will run (missed while no daemon ran).
+    pub async fn missed(
+        &self,
+        me: &Claimer,
+        goal: &str,
+        ats: &[DateTime<Utc>],
+    ) -> Result<(), PgError> {
+        if ats.is_empty() {
+            return Ok(());
+        }
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO occurrences (goal, scheduled_for, kind, status, claimed_by, claimed_at)
+             SELECT $1, t, 'schedule', 'missed', $3, now() FROM unnest($2::timestamptz[]) t
+             ON CONFLICT DO NOTHING",
+            &[&goal, &ats, &me.id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        c.execute(
+            "INSERT INTO goal_state (goal, last_occurrence) VALUES ($1, $2)
+             ON CONFLICT (goal) DO UPDATE SET last_occurrence =
+                 greatest(goal_state.last_occurrence, excluded.last_occurrence)",
+            &[&goal, &ats.iter().max()],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// The latest claimed occurrence of each goal.
+    pub async fn last_occurrences(
+        &self,
+    ) -> Result<std::collections::HashMap<String, DateTime<Utc>>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT goal, last_occurrence FROM goal_state WHERE last_occurrence IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+    }
+
+    /// After a run of `goal` ended: the oldest queued occurrence starts when nothing else of
+    /// the goal runs.
+    pub async fn take_queued(
+        &self,
+        me: &Claimer,
+        goal: &str,
+        retry_interrupted: bool,
+    ) -> Result<Option<(DateTime<Utc>, String)>, PgError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&goal])
+            .await
+            .map_err(|e| self.err(&e))?;
+        let busy: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE goal = $1 AND status = 'running')",
+                &[&goal],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .get(0);
+        if busy {
+            return Ok(None);
+        }
+        let Some(row) = tx
+            .query_opt(
+                "SELECT scheduled_for, kind FROM occurrences WHERE goal = $1 AND status = 'queued'
+                 ORDER BY scheduled_for LIMIT 1 FOR UPDATE SKIP LOCKED",
+                &[&goal],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+        else {
+            return Ok(None);
+        };
+        let at: DateTime<Utc> = row.get(0);
+        let kind: String = row.get(1);
+        let id = super::new_run_id();
+        tx.execute(
+            "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, daemon_id, host,
+                 pid, retry_interrupted)
+             VALUES ($1, $2, $3, CASE WHEN $3 = 'schedule' THEN $4::timestamptz END, 'running',
+                 clock_timestamp(), $5, $6, $7, $8)",
+            &[
+                &id,
+                &goal,
+                &kind,
+                &at,
+                &me.id,
+                &me.host,
+                &(std::process::id() as i32),
+                &retry_interrupted,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        tx.execute(
+            "UPDATE occurrences SET status = 'running', run_id = $3, claimed_by = $4
+             WHERE goal = $1 AND scheduled_for = $2",
+            &[&goal, &at, &id, &me.id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        tx.commit().await.map_err(|e| self.err(&e))?;
+        Ok(Some((at, id)))
+    }
+
+    /// Ask for a manual run of `goal`; a daemon that serves it picks it up.
+    pub async fn request_trigger(&self, goal: &str, by: &str) -> Result<i64, PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "INSERT INTO triggers (goal, kind, requested_at, requested_by, status)
+                 VALUES ($1, 'manual', clock_timestamp(), $2, 'pending') RETURNING id",
+                &[&goal, &by],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        c.execute("NOTIFY sup_trigger", &[])
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(row.get(0))
+    }
+
+    /// Take up to `limit` pending triggers of the goals this daemon serves.
+    pub async fn take_triggers(
+        &self,
+        me: &Claimer,
+        goals: &[String],
+        limit: i64,
+    ) -> Result<Vec<(i64, String, String, DateTime<Utc>)>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "UPDATE triggers SET status = 'claimed', claimed_by = $3 WHERE id IN
+                 (SELECT id FROM triggers WHERE status = 'pending' AND goal = ANY($1)
+                  ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+             RETURNING id, goal, kind, requested_at",
+            &[&goals, &limit, &me.id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect())
+    }
+
+    /// What became of a trigger: its occurrence's status and run.
+    pub async fn settle_trigger(
+        &self,
+        id: i64,
+        status: &str,
+        run_id: Option<&str>,
+    ) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE triggers SET status = $2, run_id = $3 WHERE id = $1",
+            &[&id, &status, &run_id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// A trigger's state: (status, run id).
+    pub async fn trigger_state(&self, id: i64) -> Result<(String, Option<String>), PgError> {
+        let c = self.client().await?;
+        let r = c
+            .query_one("SELECT status, run_id FROM triggers WHERE id = $1", &[&id])
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok((r.get(0), r.get(1)))
+    }
+
+    // ----- runs -----
+
+    /// What the run's own process says once it started: its local id, model, folders.
+    pub async fn run_started(
+        &self,
+        id: &str,
+        local_id: &str,
+        model: &str,
+        workspace: &str,
+        dir: &str,
+    ) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE runs SET local_id = $2, model = $3, workspace = $4, dir = $5 WHERE id = $1",
+            &[&id, &local_id, &model, &workspace, &dir],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Append transcript events (seq, event).
+    pub async fn events(
+        &self,
+        id: &str,
+        events: &[(i64, serde_json::Value)],
+    ) -> Result<(), PgError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let seqs: Vec<i64> = events.iter().map(|(s, _)| *s).collect();
+        let values: Vec<&serde_json::Value> = events.iter().map(|(_, v)| v).collect();
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO events (run_id, seq, event)
+             SELECT $1, s, e FROM unnest($2::bigint[], $3::jsonb[]) AS u(s, e)
+             ON CONFLICT DO NOTHING",
+            &[&id, &seqs, &values],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Record how a run ended, and close its occurrence. A run the fleet had declared
+    /// interrupted keeps that status; its outcome is still recorded in the error text.
+    pub async fn finish_run(&self, id: &str, end: &Finish) -> Result<(), PgError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
+        tx.execute(
+            "UPDATE runs SET status = CASE WHEN status = 'interrupted' THEN status ELSE $2 END,
+                 stop_reason = $3, tries = $4, steps = $5, input_tokens = $6,
+                 output_tokens = $7, cache_read_tokens = $8, cache_write_tokens = $9,
+                 ended_at = now(), error = coalesce($10, error) WHERE id = $1",
+            &[
+                &id,
+                &end.status.as_str(),
+                &end.stop_reason.as_str(),
+                &(end.tries as i32),
+                &(end.steps as i32),
+                &(end.usage.input_tokens as i64),
+                &(end.usage.output_tokens as i64),
+                &(end.usage.cache_read_tokens as i64),
+                &(end.usage.cache_write_tokens as i64),
+                &end.error,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        for (t, reports) in end.checks.iter().enumerate() {
+            for (i, r) in reports.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO checks (run_id, try, idx, name, passed, exit_status, outcome,
+                         duration_ms, output_path)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     ON CONFLICT (run_id, try, idx) DO NOTHING",
+                    &[
+                        &id,
+                        &(t as i32 + 1),
+                        &(i as i32),
+                        &r.name,
+                        &r.passed,
+                        &r.exit_status,
+                        &r.outcome,
+                        &(r.duration_ms as i64),
+                        &r.output_path,
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(&e))?;
+            }
+        }
+        tx.execute(
+            "UPDATE occurrences SET status = CASE WHEN status = 'interrupted' THEN status
+                 ELSE 'done' END WHERE run_id = $1",
+            &[&id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        tx.commit().await.map_err(|e| self.err(&e))
+    }
+
+    /// Runs, newest first.
+    pub async fn runs(
+        &self,
+        goal: Option<&str>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<FleetRun>, PgError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
+                     ORDER BY started_at DESC, id DESC LIMIT $3"
+                ),
+                &[&goal, &status, &i64::from(limit)],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(rows.iter().map(run_of).collect())
+    }
+
+    /// One run by its fleet id or its local id.
+    pub async fn run(&self, id: &str) -> Result<FleetRun, PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 OR local_id = $1 LIMIT 1"),
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .ok_or_else(|| PgError::NoRun(id.to_string()))?;
+        Ok(run_of(&row))
+    }
+
+    pub async fn checks(&self, id: &str) -> Result<Vec<(u32, CheckReport)>, PgError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT try, name, passed, exit_status, outcome, duration_ms, output_path
+                 FROM checks WHERE run_id = $1 ORDER BY try, idx",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, i32>(0) as u32,
+                    CheckReport {
+                        name: r.get(1),
+                        passed: r.get(2),
+                        exit_status: r.get(3),
+                        outcome: r.get(4),
+                        duration_ms: r.get::<_, i64>(5) as u64,
+                        output_tail: String::new(),
+                        output_path: r.get(6),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// A run's transcript events, in order.
+    pub async fn transcript(&self, id: &str) -> Result<Vec<serde_json::Value>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT event FROM events WHERE run_id = $1 ORDER BY seq",
+            &[&id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+    }
+
+    /// Whether the store asked for a run to be cancelled (overlap `replace`).
+    pub async fn cancel_requested(&self, id: &str) -> Result<bool, PgError> {
+        let c = self.client().await?;
+        Ok(
+            c.query_opt("SELECT cancel_requested FROM runs WHERE id = $1", &[&id])
+                .await
+                .map_err(|e| self.err(&e))?
+                .is_some_and(|r| r.get(0)),
+        )
+    }
+
+    // ----- goals -----
+
+    pub async fn set_paused(&self, goal: &str, paused: bool) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO goal_state (goal, paused) VALUES ($1, $2)
+             ON CONFLICT (goal) DO UPDATE SET paused = excluded.paused",
+            &[&goal, &paused],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Publish this daemon's goal versions: (name, content hash, file modified time).
+    pub async fn publish_goals(
+        &self,
+        daemon: &str,
+        goals: &[(String, String, DateTime<Utc>)],
+    ) -> Result<(), PgError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
+        tx.execute("DELETE FROM goal_versions WHERE daemon_id = $1", &[&daemon])
+            .await
+            .map_err(|e| self.err(&e))?;
+        let n: Vec<&str> = goals.iter().map(|g| g.0.as_str()).collect();
+        let h: Vec<&str> = goals.iter().map(|g| g.1.as_str()).collect();
+        let m: Vec<DateTime<Utc>> = goals.iter().map(|g| g.2).collect();
+        tx.execute(
+            "INSERT INTO goal_versions (goal, daemon_id, hash, modified_at)
+             SELECT n, $4, h, m FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(n, h, m)",
+            &[&n, &h, &m, &daemon],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        tx.commit().await.map_err(|e| self.err(&e))
+    }
+
+    /// Goals whose live daemons hold different versions: (goal, [(daemon, hash, modified)]),
+    /// the newest first.
+    pub async fn goal_versions(
+        &self,
+    ) -> Result<Vec<(String, Vec<(String, String, DateTime<Utc>)>)>, PgError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT v.goal, v.daemon_id, v.hash, v.modified_at FROM goal_versions v
+                 JOIN daemons d ON d.id = v.daemon_id
+                 WHERE d.state = 'alive'
+                   AND d.renewed_at >= now() - d.lease_ms * interval '1 millisecond'
+                   AND v.goal IN (SELECT goal FROM goal_versions vv JOIN daemons dd ON dd.id = vv.daemon_id
+                                  WHERE dd.state = 'alive' GROUP BY goal HAVING count(DISTINCT hash) > 1)
+                 ORDER BY v.goal, v.modified_at DESC",
+                &[],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        let mut out: Vec<(String, Vec<(String, String, DateTime<Utc>)>)> = Vec::new();
+        for r in rows {
+            let goal: String = r.get(0);
+            let v = (r.get(1), r.get(2), r.get(3));
+            match out.last_mut() {
+                Some((g, vs)) if *g == goal => vs.push(v),
+                _ => out.push((goal, vec![v])),
+            }
+        }
+        Ok(out)
+    }
+
+    // ----- approvals -----
+
+    /// Mirror a local approval request into the store (once).
+    pub async fn put_approval(&self, a: &ApprovalRow, daemon: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline,
+                 status, daemon_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9) ON CONFLICT (id) DO NOTHING",
+            &[
+                &a.id,
+                &a.run_id,
+                &a.goal,
+                &a.kind,
+                &a.tool,
+                &a.input,
+                &a.created_at,
+                &a.deadline,
+                &daemon,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    pub async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
+                 reason, decided_by FROM approvals WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .as_ref()
+        .map(approval_of))
+    }
+
+    /// Requests of one status (`pending`: waiting), oldest first.
+    pub async fn approvals(&self, status: &str) -> Result<Vec<ApprovalRow>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
+                 reason, decided_by FROM approvals WHERE status = $1 ORDER BY created_at, id",
+            &[&status],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(approval_of)
+        .collect())
+    }
+
+    /// Answer a pending request and wake the daemon whose run waits; `false` when it is not
+    /// pending.
+    pub async fn decide_approval(
+        &self,
+        id: &str,
+        status: &str,
+        always: bool,
+        reason: Option<&str>,
+        by: &str,
+    ) -> Result<bool, PgError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE approvals SET status = $2, always = $3, reason = $4, decided_at = now(),
+                     decided_by = $5 WHERE id = $1 AND status = 'pending'",
+                &[&id, &status, &always, &reason, &by],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        if n == 1 {
+            c.execute("SELECT pg_notify('sup_approval', $1)", &[&id])
+                .await
+                .map_err(|e| self.err(&e))?;
+        }
+        Ok(n == 1)
+    }
+
+    /// A request that ended where its run waits (timed out, cancelled) ends here too.
+    pub async fn close_approval(&self, id: &str, status: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",
+            &[&id, &status],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// For tests and the benchmark: run SQL directly.
+    pub async fn execute(&self, sql: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.batch_execute(sql).await.map_err(|e| self.err(&e))
+    }
+}
+
+/// How a run ended, owned so that it can wait on disk while the store is away.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Finish {
+    pub status: Status,
+    pub stop_reason: StopReason,
+    pub tries: u32,
+    pub steps: u32,
+    pub usage: Usage,
+    pub error: Option<String>,
+    pub checks: Vec<Vec<CheckReport>>,
+}
+
+/// Retry `op` while it fails with a transient fault, with growing waits up to `give_up`.
+pub async fn retry<T, F, Fut>(what: &str, give_up: Duration, mut op: F) -> Result<T, PgError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, PgError>>,
+{
+    let started = std::time::Instant::now();
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match op().await {
+            Err(e) if e.is_transient() && started.elapsed() < give_up => {
+                tracing::warn!("{what}: {e}; retrying in {}ms", wait.as_millis());
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+const RUN_COLUMNS: &str = "id, goal, trigger, scheduled_for, status, stop_reason, tries, steps,
+    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, started_at, ended_at,
+    error, pid, model, workspace, dir, host, daemon_id, local_id, created_at";
+
+/// A run as the fleet keeps it: the SQLite row plus where it ran.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FleetRun {
+    #[serde(flatten)]
+    pub run: RunRow,
+    pub host: String,
+    pub daemon_id: Option<String>,
+    pub local_id: Option<String>,
+}
+
+fn run_of(r: &tokio_postgres::Row) -> FleetRun {
+    let t = |i: usize| r.get::<_, Option<DateTime<Utc>>>(i).map(stamp);
+    FleetRun {
+        run: RunRow {
+            id: r.get(0),
+            goal: r.get(1),
+            trigger: r.get(2),
+            scheduled_for: t(3),
+            status: r.get(4),
+            stop_reason: r.get(5),
+            tries: r.get::<_, i32>(6) as u32,
+            steps: r.get::<_, i32>(7) as u32,
+            usage: Usage {
+                input_tokens: r.get::<_, i64>(8) as u64,
+                output_tokens: r.get::<_, i64>(9) as u64,
+                cache_read_tokens: r.get::<_, i64>(10) as u64,
+                cache_write_tokens: r.get::<_, i64>(11) as u64,
+            },
+            started_at: t(12).unwrap_or_default(),
+            ended_at: t(13),
+            error: r.get(14),
+            pid: r.get::<_, i32>(15) as u32,
+            model: r.get(16),
+            workspace: r.get(17),
+            dir: r.get(18),
+        },
+        host: r.get(19),
+        daemon_id: r.get(20),
+        local_id: r.get(21),
+    }
+}
+
+fn approval_of(r: &tokio_postgres::Row) -> ApprovalRow {
+    ApprovalRow {
+        id: r.get(0),
+        run_id: r.get(1),
+        goal: r.get(2),
+        kind: r.get(3),
+        tool: r.get(4),
+        input: r.get(5),
+        created_at: r.get(6),
+        deadline: r.get(7),
+        status: r.get(8),
+        always: r.get(9),
+        reason: r.get(10),
+        decided_by: r.get(11),
+    }
+}

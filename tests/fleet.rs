@@ -1,0 +1,771 @@
+//! A fleet of daemons on one PostgreSQL store, through the binary: exactly-once occurrences
+//! across three daemon processes, leases (`kill -9` → interrupted by another daemon, and a
+//! retry), overlap for manual triggers, history and approvals from a process that is not a
+//! daemon, the store's faults (bad URL, credentials, rights, newer schema), connections cut
+//! mid-run, and outcomes kept on disk while the store is away.
+//!
+//! Each test makes its own database on the server named by `SUP_TEST_PG` (default
+//! `postgres://postgres@127.0.0.1:5432/`) and drops it at the end. A server that cannot be
+//! reached fails the test.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+fn base() -> String {
+    let b = std::env::var("SUP_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/".into());
+    if b.ends_with('/') { b } else { format!("{b}/") }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "PostgreSQL is not reachable at {url}: {e}. Start it with \
+             `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or set \
+             SUP_TEST_PG to a server's URL"
+        ),
+    };
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A database of this test's own.
+struct Pg {
+    name: String,
+    url: String,
+}
+
+impl Pg {
+    fn new() -> Pg {
+        let name = format!("sup_t_{}", fastrand::u64(..));
+        rt().block_on(async {
+            let c = connect(&format!("{}postgres", base())).await;
+            c.batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+        });
+        Pg {
+            url: format!("{}{name}", base()),
+            name,
+        }
+    }
+
+    /// Rows of a query, each column as text.
+    fn rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        rt().block_on(async {
+            let c = connect(&self.url).await;
+            c.simple_query(sql)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    fn one(&self, sql: &str) -> String {
+        self.rows(sql)
+            .first()
+            .and_then(|r| r.first().cloned().flatten())
+            .unwrap_or_default()
+    }
+
+    fn exec(&self, sql: &str) {
+        rt().block_on(async { connect(&self.url).await.batch_execute(sql).await.unwrap() });
+    }
+
+    /// As the server restarting would: every connection to this database is cut.
+    fn cut_connections(&self) -> usize {
+        let n = self.one(&format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = '{}' AND pid <> pg_backend_pid()",
+            self.name
+        ));
+        n.parse().unwrap_or(0)
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        rt().block_on(async move {
+            let c = connect(&format!("{}postgres", base())).await;
+            let _ = c
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        });
+    }
+}
+
+/// Machines of a fleet: a shared goals folder, a SUP_HOME each.
+struct Fleet {
+    pg: Pg,
+    goals: TempDir,
+    homes: Vec<TempDir>,
+    logs: TempDir,
+}
+
+impl Fleet {
+    /// A fleet whose store has its schema (made on first use, by any command).
+    fn new() -> Fleet {
+        let mut f = Fleet {
+            pg: Pg::new(),
+            goals: tempfile::tempdir().unwrap(),
+            homes: Vec::new(),
+            logs: tempfile::tempdir().unwrap(),
+        };
+        let (code, text) = f.out(9, &["runs"]);
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains("no runs"), "{text}");
+        f
+    }
+
+    /// A goal whose scripted model answers after `delay_ms`.
+    fn goal(&self, name: &str, schedule: Option<&str>, delay_ms: u64, extra: &str) {
+        self.goal_turns(
+            name,
+            schedule,
+            &format!(r#"[{{"text": "done", "delay_ms": {delay_ms}}}]"#),
+            extra,
+        );
+    }
+
+    fn goal_turns(&self, name: &str, schedule: Option<&str>, turns: &str, extra: &str) {
+        let dir = self.goals.path();
+        std::fs::write(dir.join(format!("{name}.json")), turns).unwrap();
+        let schedule = schedule
+            .map(|s| format!("schedule = \"{s}\"\ntimezone = \"UTC\"\n"))
+            .unwrap_or_default();
+        std::fs::write(
+            dir.join(format!("{name}.toml")),
+            format!(
+                "prompt = \"work\"\nmodel = \"script:{name}.json\"\nworkspace = \"work-{name}\"\n\
+                 {schedule}tries = 1\n{extra}\n"
+            ),
+        )
+        .unwrap();
+    }
+
+    /// `sup` as machine `m` (its own SUP_HOME and host name) against the store.
+    fn sup(&mut self, m: usize) -> Command {
+        while self.homes.len() <= m {
+            self.homes.push(tempfile::tempdir().unwrap());
+        }
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sup"));
+        cmd.env("SUP_HOME", self.homes[m].path())
+            .env("SUP_HOST", format!("m{m}"))
+            .env("SUP_STORE", &self.pg.url)
+            .env("SUP_APPROVAL", "auto")
+            .env("SUP_CONFIG", self.logs.path().join("no-config.toml"))
+            .env_remove("SUP_MODEL")
+            .env_remove("RUST_LOG")
+            .current_dir(self.goals.path())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn daemon(&mut self, m: usize, args: &[&str]) -> Child {
+        let log = std::fs::File::create(self.log(m)).unwrap();
+        let goals = self.goals.path().to_path_buf();
+        self.sup(m)
+            .arg("daemon")
+            .arg("--goals")
+            .arg(goals)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn log(&self, m: usize) -> PathBuf {
+        self.logs.path().join(format!("daemon-m{m}.log"))
+    }
+
+    fn logs(&self) -> String {
+        (0..self.homes.len())
+            .map(|m| {
+                format!(
+                    "--- m{m}\n{}",
+                    std::fs::read_to_string(self.log(m)).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    fn out(&mut self, m: usize, args: &[&str]) -> (i32, String) {
+        let out = self.sup(m).args(args).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+}
+
+fn stop(mut child: Child) -> i32 {
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    child.wait().unwrap().code().unwrap_or(-1)
+}
+
+fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn three_daemons_fire_every_per_second_occurrence_exactly_once() {
+    let mut f = Fleet::new();
+    f.goal("tick", Some("* * * * * *"), 0, "");
+    let ds: Vec<Child> = (0..3).map(|m| f.daemon(m, &["--lease", "3s"])).collect();
+    until("three daemons joined", 20, || {
+        f.pg.one("SELECT count(*) FROM daemons WHERE state = 'alive'") == "3"
+    });
+    // Twelve seconds of occurrences with all three daemons racing for each.
+    let start =
+        f.pg.one("SELECT count(*) FROM occurrences")
+            .parse::<u32>()
+            .unwrap();
+    until("twelve more occurrences", 30, || {
+        f.pg.one("SELECT count(*) FROM occurrences")
+            .parse::<u32>()
+            .unwrap()
+            >= start + 12
+    });
+    for d in ds {
+        assert_eq!(stop(d), 0);
+    }
+    let logs = f.logs();
+    // Each occurrence has one row (the key says so) and at most one run.
+    let dup = f.pg.one(
+        "SELECT count(*) FROM (SELECT scheduled_for FROM runs WHERE trigger = 'schedule'
+         GROUP BY scheduled_for HAVING count(*) > 1) d",
+    );
+    assert_eq!(dup, "0", "{logs}");
+    // No second between the first and the last was lost, and each ran.
+    let span = f.pg.one(
+        "SELECT extract(epoch FROM max(scheduled_for) - min(scheduled_for))::int + 1 FROM occurrences",
+    );
+    let n = f.pg.one("SELECT count(*) FROM occurrences");
+    assert_eq!(span, n, "every second has its occurrence: {logs}");
+    let not_run = f.pg.rows(
+        "SELECT o.scheduled_for, o.status FROM occurrences o
+         LEFT JOIN runs r ON r.id = o.run_id
+         WHERE r.id IS NULL OR r.status <> 'achieved'",
+    );
+    // The last occurrences may have been cut short by the stop; all others ran to the end.
+    assert!(not_run.len() <= 3, "{not_run:?}\n{logs}");
+    let hosts = f.pg.one("SELECT count(DISTINCT host) FROM runs");
+    assert!(hosts.parse::<u32>().unwrap() >= 1);
+    let (code, text) = f.out(3, &["daemons"]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(text.matches("stopped").count(), 3, "{text}");
+}
+
+#[test]
+fn a_killed_daemons_run_is_interrupted_by_another_and_retried() {
+    let mut f = Fleet::new();
+    f.goal("long", None, 60_000, "retry_interrupted = true");
+    let a = f.daemon(0, &["--lease", "2s"]);
+    let b = f.daemon(1, &["--lease", "2s"]);
+    until("two daemons serve the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "2"
+    });
+    let (code, text) = f.out(2, &["trigger", "long", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("started as run"), "{text}");
+    until("the run is running", 10, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'running'") == "1"
+    });
+    let host = f.pg.one("SELECT host FROM runs WHERE status = 'running'");
+    let run_id = f.pg.one("SELECT id FROM runs WHERE status = 'running'");
+    // Kill the daemon that runs it; the other one notices when the lease runs out.
+    let (mut victim, survivor) = if host == "m0" { (a, b) } else { (b, a) };
+    kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = victim.wait();
+    let killed = Instant::now();
+    until("the run is marked interrupted", 30, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{run_id}'")) == "interrupted"
+    });
+    let took = killed.elapsed();
+    eprintln!(
+        "interrupted {}ms after kill -9 (lease 2000ms)",
+        took.as_millis()
+    );
+    let logs = f.logs();
+    assert!(
+        took < Duration::from_secs(4),
+        "within twice the lease: {took:?}\n{logs}"
+    );
+    let error =
+        f.pg.one(&format!("SELECT error FROM runs WHERE id = '{run_id}'"));
+    assert!(error.contains("stopped renewing its lease"), "{error}");
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT status FROM occurrences WHERE run_id = '{run_id}'"
+        )),
+        "interrupted"
+    );
+    // retry_interrupted: the survivor runs it again.
+    let other = if host == "m0" { "m1" } else { "m0" };
+    until("a retry runs on the survivor", 15, || {
+        f.pg.one(&format!(
+            "SELECT count(*) FROM runs WHERE id <> '{run_id}' AND status = 'running' AND host = '{other}'"
+        )) == "1"
+    });
+    let (code, text) = f.out(2, &["daemons"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("dead"), "{text}");
+    assert!(text.contains("running long"), "{text}");
+    stop(survivor);
+}
+
+#[test]
+fn a_manual_trigger_during_a_scheduled_run_obeys_overlap_skip() {
+    let mut f = Fleet::new();
+    f.goal("slow", Some("* * * * * *"), 4_000, "overlap = \"skip\"");
+    let d = f.daemon(0, &["--lease", "3s"]);
+    until("a scheduled run is going", 20, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'running' AND trigger = 'schedule'")
+            == "1"
+    });
+    let (code, text) = f.out(1, &["trigger", "slow", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("not run: skipped"), "{text}\n{}", f.logs());
+    assert_eq!(
+        f.pg.one("SELECT count(*) FROM runs WHERE trigger = 'manual'"),
+        "0"
+    );
+    assert_eq!(
+        f.pg.one("SELECT count(*) FROM occurrences WHERE kind = 'manual' AND status = 'skipped'"),
+        "1"
+    );
+    // Overlap across the fleet: at no time did two runs of the goal overlap.
+    assert_eq!(
+        f.pg.one("SELECT count(*) FROM runs WHERE goal = 'slow' AND status = 'running'"),
+        "1"
+    );
+    stop(d);
+}
+
+#[test]
+fn with_no_daemon_sup_trigger_runs_the_goal_itself_into_the_store() {
+    let mut f = Fleet::new();
+    f.goal("once", None, 0, "");
+    let (code, text) = f.out(0, &["trigger", "once", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        f.pg.one("SELECT status || ' ' || trigger || ' ' || host FROM runs"),
+        "achieved manual m0"
+    );
+    // A second machine reads it.
+    let id = f.pg.one("SELECT id FROM runs");
+    let (code, text) = f.out(1, &["show", &id]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("outcome: achieved"), "{text}");
+    assert!(text.contains("ran on host m0"), "{text}");
+    assert!(text.contains("kept outputs are there"), "{text}");
+}
+
+#[test]
+fn runs_show_and_approve_work_from_a_process_that_is_not_a_daemon() {
+    let mut f = Fleet::new();
+    f.goal_turns(
+        "w",
+        Some("* * * * * *"),
+        r#"[{"tool_calls": [{"name": "write_file", "input": {"path": "made.txt", "content": "x"}}]}, {"text": "written"}]"#,
+        "approval = \"queue\"\noverlap = \"skip\"",
+    );
+    let d = f.daemon(0, &["--lease", "3s"]);
+    // Another machine sees the request, through the store.
+    let mut id = String::new();
+    until("an approval request in the store", 20, || {
+        let (_, text) = f.out(1, &["approvals", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_default();
+        if let Some(a) = v.as_array().and_then(|a| a.first()) {
+            id = a["id"].as_str().unwrap().to_string();
+            true
+        } else {
+            false
+        }
+    });
+    let made = f.goals.path().join("work-w/made.txt");
+    assert!(!made.exists());
+    let (code, text) = f.out(1, &["approve", &id]);
+    assert_eq!(code, 0, "{text}");
+    until("the approved run is achieved", 15, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'achieved'") != "0"
+    });
+    assert!(made.exists());
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT decided_by FROM approvals WHERE id = '{id}'"
+        ))
+        .contains("@m1"),
+        true
+    );
+    let (code, text) = f.out(1, &["runs", "--goal", "w"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("achieved") && text.contains("m0"), "{text}");
+    let run =
+        f.pg.one("SELECT id FROM runs WHERE status = 'achieved' LIMIT 1");
+    let (code, text) = f.out(1, &["show", &run]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("write_file"), "{text}");
+    assert!(text.contains("outcome: achieved"), "{text}");
+    // Answering twice says who answered.
+    let (code, text) = f.out(1, &["approve", &id]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("no longer waiting"), "{text}");
+    stop(d);
+}
+
+#[test]
+fn connections_cut_mid_run_lose_nothing_and_fire_nothing_twice() {
+    let mut f = Fleet::new();
+    f.goal("steady", Some("* * * * * *"), 1_500, "overlap = \"skip\"");
+    let d = f.daemon(0, &["--lease", "3s"]);
+    until("a run is going", 20, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'running'") == "1"
+    });
+    // As a server restart does: every connection goes, twice, a second apart.
+    assert!(f.pg.cut_connections() > 0);
+    std::thread::sleep(Duration::from_millis(1000));
+    f.pg.cut_connections();
+    until("three runs achieved after the cuts", 30, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'achieved'")
+            .parse::<u32>()
+            .unwrap()
+            >= 3
+    });
+    assert_eq!(stop(d), 0);
+    let logs = f.logs();
+    assert_eq!(
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'running'"),
+        "0",
+        "{logs}"
+    );
+    let dup = f.pg.one(
+        "SELECT count(*) FROM (SELECT scheduled_for FROM runs GROUP BY scheduled_for HAVING count(*) > 1) d",
+    );
+    assert_eq!(dup, "0", "{logs}");
+    // Every run the daemon made locally is in the store with its outcome.
+    let local = sup::store::db::Db::open(f.homes[0].path())
+        .unwrap()
+        .runs(None, None, 1000)
+        .unwrap();
+    for r in local.iter().filter(|r| r.status != "running") {
+        let stored = f.pg.one(&format!(
+            "SELECT status FROM runs WHERE local_id = '{}'",
+            r.id
+        ));
+        assert_eq!(stored, r.status, "run {} in the store\n{logs}", r.id);
+        let events = f.pg.one(&format!(
+            "SELECT count(*) FROM events e JOIN runs x ON x.id = e.run_id WHERE x.local_id = '{}'",
+            r.id
+        ));
+        assert_ne!(events, "0", "{logs}");
+    }
+}
+
+#[test]
+fn an_outcome_the_store_cannot_take_waits_on_disk_and_is_written_later() {
+    let mut f = Fleet::new();
+    f.goal("late", None, 2_000, "");
+    let d = f
+        .sup(0)
+        .env("SUP_STORE_RETRY", "500ms")
+        .arg("daemon")
+        .arg("--goals")
+        .arg(f.goals.path())
+        .args(["--lease", "3s"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(f.log(0)).unwrap())
+        .spawn()
+        .unwrap();
+    until("the daemon serves the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "1"
+    });
+    let (code, text) = f.out(1, &["trigger", "late", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    // The store goes away while the run works.
+    f.pg.admin(&format!(
+        "ALTER DATABASE {} WITH ALLOW_CONNECTIONS false",
+        f.pg.name
+    ));
+    f.pg.cut_connections_admin();
+    let spool = f.homes[0].path().join("fleet-spool");
+    until("the outcome waits on disk", 20, || {
+        std::fs::read_dir(&spool).is_ok_and(|d| d.count() == 1)
+    });
+    f.pg.admin(&format!(
+        "ALTER DATABASE {} WITH ALLOW_CONNECTIONS true",
+        f.pg.name
+    ));
+    until("the outcome is written", 20, || {
+        f.pg.one("SELECT status FROM runs") == "achieved"
+    });
+    until("the spool is empty", 10, || {
+        std::fs::read_dir(&spool).is_ok_and(|d| d.count() == 0)
+    });
+    stop(d);
+}
+
+impl Pg {
+    /// A statement on the server's `postgres` database.
+    fn admin(&self, sql: &str) {
+        rt().block_on(async {
+            connect(&format!("{}postgres", base()))
+                .await
+                .batch_execute(sql)
+                .await
+                .unwrap()
+        });
+    }
+
+    fn cut_connections_admin(&self) {
+        self.admin(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}'",
+            self.name
+        ));
+    }
+}
+
+#[test]
+fn store_faults_exit_2_with_the_servers_words_and_what_to_check() {
+    let mut f = Fleet::new();
+    f.goal("g", None, 0, "");
+    let bad = |f: &mut Fleet, url: &str| {
+        let out = f
+            .sup(0)
+            .env("SUP_STORE", url)
+            .args(["runs"])
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Nothing listens there.
+    let (code, text) = bad(&mut f, "postgres://postgres@127.0.0.1:1/x");
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("pg_isready"), "{text}");
+    // No such database.
+    let (code, text) = bad(&mut f, &format!("{}sup_t_no_such_db", base()));
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("does not exist") && text.contains("database name"),
+        "{text}"
+    );
+    // No such user.
+    let url = base().replacen("postgres@", "sup_t_nobody@", 1);
+    let url = format!("{url}{}", f.pg.name);
+    let (code, text) = bad(&mut f, &url);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("sup_t_nobody") && text.contains("user"),
+        "{text}"
+    );
+    // Not a PostgreSQL URL at all.
+    let (code, text) = bad(&mut f, "mysql://x");
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("not a PostgreSQL URL"), "{text}");
+    // A user without rights to create the schema.
+    let role = format!("{}_ro", f.pg.name);
+    f.pg.admin(&format!("CREATE ROLE {role} LOGIN"));
+    f.pg.exec(&format!(
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE ALL ON SCHEMA public FROM {role}"
+    ));
+    let url = base().replacen("postgres@", &format!("{role}@"), 1);
+    let url = format!("{url}{}", f.pg.name);
+    let (code, text) = bad(&mut f, &url);
+    f.pg.admin(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("permission denied") && text.contains("GRANT"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_store_with_a_newer_schema_is_refused() {
+    let mut f = Fleet::new();
+    let (code, text) = f.out(0, &["runs"]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "1");
+    f.pg.exec("UPDATE sup_schema SET version = 99");
+    let (code, text) = f.out(0, &["runs"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("schema version 99") && text.contains("upgrade sup"),
+        "{text}"
+    );
+}
+
+#[test]
+fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
+    let mut f = Fleet::new();
+    // Two machines, each with its own copy of the goal folder.
+    let other = tempfile::tempdir().unwrap();
+    f.goal("v", Some("* * * * * *"), 0, "");
+    let a = f.daemon(0, &["--lease", "3s"]);
+    until("m0 serves v", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "1"
+    });
+    std::thread::sleep(Duration::from_millis(1100));
+    for e in std::fs::read_dir(f.goals.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, other.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let toml = other.path().join("v.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        text.replace("prompt = \"work\"", "prompt = \"work harder\""),
+    )
+    .unwrap();
+    let log = std::fs::File::create(f.log(1)).unwrap();
+    let b = f
+        .sup(1)
+        .args(["daemon", "--lease", "3s", "--goals"])
+        .arg(other.path())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    until("both versions published", 20, || {
+        f.pg.one("SELECT count(DISTINCT hash) FROM goal_versions WHERE goal = 'v'") == "2"
+    });
+    let since = f.pg.one("SELECT now()");
+    until("m1 (the newer version) runs v", 20, || {
+        f.pg.one(&format!(
+            "SELECT count(*) FROM runs WHERE host = 'm1' AND created_at > '{since}'"
+        )) != "0"
+    });
+    let (code, text) = f.out(2, &["goals", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("different versions"), "{text}");
+    stop(a);
+    stop(b);
+    assert!(f.logs().contains("different versions"), "{}", f.logs());
+}
+
+#[test]
+fn a_goal_with_tags_runs_only_on_daemons_that_have_them() {
+    let mut f = Fleet::new();
+    f.goal(
+        "train",
+        Some("* * * * * *"),
+        0,
+        "tags = [\"gpu\"]\noverlap = \"allow\"",
+    );
+    let plain = f.daemon(0, &["--lease", "3s"]);
+    let gpu = f.daemon(1, &["--lease", "3s", "--tags", "gpu,docker"]);
+    until("four runs", 20, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'achieved'")
+            .parse::<u32>()
+            .unwrap()
+            >= 4
+    });
+    stop(plain);
+    stop(gpu);
+    assert_eq!(
+        f.pg.one("SELECT string_agg(DISTINCT host, ',') FROM runs"),
+        "m1",
+        "{}",
+        f.logs()
+    );
+    let (code, text) = f.out(2, &["daemons"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("tags [gpu, docker]"), "{text}");
+}
+
+/// The same history cases against both backends: SQLite under SUP_HOME (no --store) and
+/// PostgreSQL (--store), through the same commands.
+#[test]
+fn the_same_history_cases_pass_on_sqlite_and_postgresql() {
+    let mut f = Fleet::new();
+    f.goal("once", None, 0, "");
+    for pg in [false, true] {
+        let m = if pg { 0 } else { 1 };
+        let sup = |f: &mut Fleet, args: &[&str]| {
+            let mut cmd = f.sup(m);
+            if !pg {
+                cmd.env_remove("SUP_STORE");
+            }
+            let out = cmd.args(args).output().unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let which = if pg { "postgresql" } else { "sqlite" };
+        let (code, _, err) = sup(&mut f, &["trigger", "once", "--goals", "."]);
+        assert_eq!(code, 0, "{which}: {err}");
+        let (code, out, err) = sup(&mut f, &["runs", "--json"]);
+        assert_eq!(code, 0, "{which}: {err}");
+        let runs: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let runs = runs.as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{which}: {out}");
+        assert_eq!(runs[0]["status"], "achieved", "{which}");
+        assert_eq!(runs[0]["trigger"], "manual", "{which}");
+        assert_eq!(runs[0]["goal"], "once", "{which}");
+        let id = runs[0]["id"].as_str().unwrap().to_string();
+        let (code, out, _) = sup(&mut f, &["show", &id]);
+        assert_eq!(code, 0, "{which}");
+        assert!(out.contains("outcome: achieved (final)"), "{which}: {out}");
+        assert!(out.contains("goal once · manual"), "{which}: {out}");
+        let (code, _, err) = sup(&mut f, &["show", "no-such-run"]);
+        assert_eq!(code, 2, "{which}");
+        assert!(err.contains("no run `no-such-run`"), "{which}: {err}");
+        let (code, out, _) = sup(&mut f, &["runs", "--status", "failed"]);
+        assert_eq!(code, 0, "{which}");
+        assert!(out.contains("no runs"), "{which}: {out}");
+        let (code, out, _) = sup(&mut f, &["approvals"]);
+        assert_eq!(code, 0, "{which}");
+        assert!(
+            out.contains("no approval requests are waiting"),
+            "{which}: {out}"
+        );
+        let (code, _, err) = sup(&mut f, &["approve", "nope"]);
+        assert_eq!(code, 2, "{which}");
+        assert!(err.contains("no approval request `nope`"), "{which}: {err}");
+        let (code, out, _) = sup(&mut f, &["pause", "once", "--goals", "."]);
+        assert_eq!(code, 0, "{which}");
+        assert!(out.contains("paused"), "{which}: {out}");
+        let (code, _, _) = sup(&mut f, &["resume", "once", "--goals", "."]);
+        assert_eq!(code, 0, "{which}");
+    }
+}
