@@ -16,7 +16,7 @@ use super::{Fail, exit};
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::store::{self, db::Db};
-use crate::trace::{Event, EventSink, HumanTrace};
+use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
 use crate::verify::launch::{Overrides, RunSpec};
 
 fn db() -> Result<Db, Fail> {
@@ -282,7 +282,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
                 out,
                 "  try {t} · {} {} · {} · {}ms",
                 if c.passed { '✓' } else { '✗' },
-                c.name,
+                escape(&c.name),
                 c.outcome,
                 c.duration_ms
             );
@@ -293,7 +293,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
                     }
                     let _ = writeln!(out, "    {path}{}:", if cut { " (last part)" } else { "" });
                     for l in tail.lines() {
-                        let _ = writeln!(out, "      {l}");
+                        let _ = writeln!(out, "      {}", escape(l));
                     }
                 }
             }
@@ -324,7 +324,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
             .unwrap_or_else(|| "—".into())
     );
     if let Some(e) = &run.error {
-        let _ = writeln!(out, "error: {e}");
+        let _ = writeln!(out, "error: {}", escape(e));
     }
     if !had_result && run.status == "running" {
         let _ = writeln!(out, "(the run is still going)");
@@ -374,11 +374,17 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
         } else {
             format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
         };
+        let flag = if has_hidden(&what) {
+            " ⚠ holds control characters or invisible Unicode, shown escaped"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
+            "{}  {}{flag}\n    goal {} · run {} · asked {} · denied at {} unless answered",
             r.id,
-            r.goal,
+            escape(&what),
+            escape(&r.goal),
             r.run_id,
             short(&r.created_at),
             short(&r.deadline)

@@ -218,6 +218,7 @@ fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
         command,
         args: Vec::new(),
         env: Default::default(),
+        trust_annotations: false,
     })
 }
 

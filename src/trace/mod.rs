@@ -6,7 +6,7 @@ mod event;
 mod human;
 
 pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
-pub use human::{HumanTrace, one_line};
+pub use human::{HumanTrace, escape, has_hidden, one_line};
 
 use std::io::Write;
 use std::sync::Mutex;

@@ -46,7 +46,19 @@ struct Raw {
     tool: Vec<Spanned<RawTool>>,
     #[serde(default)]
     mcp: Vec<Spanned<RawMcp>>,
-    approval_rules: Option<RawRules>,
+    approval_rules: Option<SpannedRules>,
+}
+
+/// `[approval_rules]` as written, each rule with where it is, so that a bad one names its line.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct SpannedRules {
+    #[serde(default)]
+    allow: Vec<Spanned<String>>,
+    #[serde(default)]
+    ask: Vec<Spanned<String>>,
+    #[serde(default)]
+    deny: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -79,6 +91,10 @@ pub struct RawMcp {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Whether the server's tool annotations are believed (`readOnlyHint` makes a tool
+    /// `read`); otherwise every tool of it is `exec`.
+    #[serde(default)]
+    pub trust_annotations: bool,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -283,6 +299,23 @@ impl GoalFile {
             }
             mcp.push(m);
         }
+        let rules = raw.approval_rules.unwrap_or_default();
+        let mut approval_rules = RawRules::default();
+        for (key, from, to) in [
+            ("allow", rules.allow, &mut approval_rules.allow),
+            ("ask", rules.ask, &mut approval_rules.ask),
+            ("deny", rules.deny, &mut approval_rules.deny),
+        ] {
+            for r in from {
+                crate::approval::Rule::parse(r.get_ref()).map_err(|e| {
+                    err(
+                        line_at(text, r.span().start),
+                        format!("key `approval_rules.{key}`: {e}"),
+                    )
+                })?;
+                to.push(r.into_inner());
+            }
+        }
         if let Some(o) = &raw.overlap
             && !["skip", "queue", "replace", "allow"].contains(&o.get_ref().as_str())
         {
@@ -328,7 +361,7 @@ impl GoalFile {
             checks,
             tools,
             mcp,
-            approval_rules: raw.approval_rules.unwrap_or_default(),
+            approval_rules,
         })
     }
 }
@@ -348,6 +381,15 @@ mod tests {
 
     fn parse(text: &str) -> Result<GoalFile, GoalFileError> {
         GoalFile::parse(Path::new("goals/x.toml"), text)
+    }
+
+    #[test]
+    fn a_bad_rule_names_file_and_line() {
+        let e = parse("prompt = \"hi\"\n[approval_rules]\nallow = [\"ok\",\n  \"run_command(x\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
+        assert!(e.contains("approval_rules.allow"), "{e}");
     }
 
     #[test]
