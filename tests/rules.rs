@@ -56,7 +56,10 @@ fn allow_rules_never_stretch_to_redirections_or_commands_that_run_commands() {
         command("read-write", "cat 1<>f3"),
         command("stderr", "cat x 2>f4"),
         command("tcp", "cat payload > /dev/tcp/127.0.0.1/9"),
-        command("find-exec", "find . -name payload -exec sh -c 'touch f5' \\;"),
+        command(
+            "find-exec",
+            "find . -name payload -exec sh -c 'touch f5' \\;",
+        ),
         command("find-delete", "find . -name payload -delete"),
         command("git-redirect", "git status > f6"),
         command("git-c", "git -c core.pager='touch f7' status"),
@@ -89,8 +92,14 @@ fn allow_rules_never_stretch_to_redirections_or_commands_that_run_commands() {
         let c = r["content"].as_str().unwrap();
         assert!(c.starts_with("Denied:"), "{id} must be denied: {c}");
     }
-    let redirect = run.tool_result("redirect")["content"].as_str().unwrap().to_string();
-    assert!(redirect.contains("redirection"), "the model hears why: {redirect}");
+    let redirect = run.tool_result("redirect")["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        redirect.contains("redirection"),
+        "the model hears why: {redirect}"
+    );
     for f in ["f1", "f3", "f4", "f5", "f6", "f7", "f8", "f9"] {
         assert!(!exists(&env, f), "{f} was written");
     }
@@ -140,7 +149,11 @@ fn deny_rules_see_through_every_spelling_of_a_command() {
     );
     for (i, line) in spellings.iter().enumerate() {
         assert!(exists(&env, &format!("x{i}")), "`{line}` deleted x{i}");
-        assert_eq!(run.tool_result(&format!("c{i}"))["is_error"], true, "{line}");
+        assert_eq!(
+            run.tool_result(&format!("c{i}"))["is_error"],
+            true,
+            "{line}"
+        );
     }
     assert!(exists(&env, "allowed.txt"), "auto still allows the rest");
 }
@@ -157,14 +170,25 @@ fn an_allow_rule_on_a_folder_does_not_reach_through_a_symlink_into_git() {
     symlink("../.git/hooks", &env.ws.path().join("src/hooks"));
     let run = env.run_json(
         calls(&[
-            ("hook", "write_file", json!({"path": "src/hooks/pre-commit", "content": "#!/bin/sh\nid\n"})),
-            ("code", "write_file", json!({"path": "src/main.rs", "content": "fn main() {}\n"})),
+            (
+                "hook",
+                "write_file",
+                json!({"path": "src/hooks/pre-commit", "content": "#!/bin/sh\nid\n"}),
+            ),
+            (
+                "code",
+                "write_file",
+                json!({"path": "src/main.rs", "content": "fn main() {}\n"}),
+            ),
         ]),
         &["--approval", "never", "--allow", "write_file(src/**)"],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.tool_result("hook")["is_error"], true);
-    assert!(!exists(&env, ".git/hooks/pre-commit"), "a git hook was written");
+    assert!(
+        !exists(&env, ".git/hooks/pre-commit"),
+        "a git hook was written"
+    );
     assert_eq!(run.tool_result("code")["is_error"], false);
 }
 
@@ -175,10 +199,25 @@ fn a_deny_rule_on_a_file_holds_through_a_symlink_to_it() {
     symlink(".env", &env.ws.path().join("notes.txt"));
     let run = env.run_json(
         calls(&[
-            ("w", "write_file", json!({"path": "notes.txt", "content": "TOKEN=evil\n"})),
-            ("e", "edit_file", json!({"path": "notes.txt", "old_string": "1", "new_string": "2"})),
+            (
+                "w",
+                "write_file",
+                json!({"path": "notes.txt", "content": "TOKEN=evil\n"}),
+            ),
+            (
+                "e",
+                "edit_file",
+                json!({"path": "notes.txt", "old_string": "1", "new_string": "2"}),
+            ),
         ]),
-        &["--approval", "auto", "--deny", "write_file(.env)", "--deny", "edit_file(.env)"],
+        &[
+            "--approval",
+            "auto",
+            "--deny",
+            "write_file(.env)",
+            "--deny",
+            "edit_file(.env)",
+        ],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     for id in ["w", "e"] {
@@ -198,7 +237,11 @@ fn search_and_list_skip_what_a_rule_denies_to_read() {
     env.write("app.txt", "password = see the vault\n");
     let run = env.run_json(
         calls(&[
-            ("search", "search_files", json!({"pattern": "password", "path": "."})),
+            (
+                "search",
+                "search_files",
+                json!({"pattern": "password", "path": "."}),
+            ),
             ("list", "list_files", json!({})),
             ("read", "read_file", json!({"path": "secrets/key.txt"})),
         ]),
@@ -209,7 +252,10 @@ fn search_and_list_skip_what_a_rule_denies_to_read() {
     assert!(search.contains("app.txt"), "{search}");
     assert!(!search.contains("hunter2"), "{search}");
     let list = run.tool_result("list")["content"].as_str().unwrap();
-    assert!(list.contains("app.txt") && !list.contains("secrets"), "{list}");
+    assert!(
+        list.contains("app.txt") && !list.contains("secrets"),
+        "{list}"
+    );
     assert_eq!(run.tool_result("read")["is_error"], true);
     assert!(!run.stdout.contains("hunter2"));
 }
@@ -222,8 +268,16 @@ fn a_hard_link_to_a_file_elsewhere_is_not_rewritten() {
     std::fs::hard_link(&outside, env.ws.path().join("linked.txt")).unwrap();
     let run = env.run_json(
         calls(&[
-            ("w", "write_file", json!({"path": "linked.txt", "content": "rewritten\n"})),
-            ("e", "edit_file", json!({"path": "linked.txt", "old_string": "outside", "new_string": "edited"})),
+            (
+                "w",
+                "write_file",
+                json!({"path": "linked.txt", "content": "rewritten\n"}),
+            ),
+            (
+                "e",
+                "edit_file",
+                json!({"path": "linked.txt", "old_string": "outside", "new_string": "edited"}),
+            ),
         ]),
         &["--approval", "auto"],
     );
@@ -259,7 +313,11 @@ fn file_tools_write_under_git_only_when_a_rule_allows_it() {
     assert!(!exists(&env, ".git/hooks/post-checkout"));
     // A rule that names the file lets it through.
     let run = env.run_json(
-        calls(&[("w", "write_file", json!({"path": ".git/config", "content": "[user]\n"}))]),
+        calls(&[(
+            "w",
+            "write_file",
+            json!({"path": ".git/config", "content": "[user]\n"}),
+        )]),
         &["--approval", "auto", "--allow", "write_file(.git/config)"],
     );
     assert_eq!(run.tool_result("w")["is_error"], false, "{}", run.stdout);
@@ -307,11 +365,12 @@ fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
     };
     let mut list = Vec::new();
     for i in 0..400 {
-        list.push(json!({"id": format!("r{i}"), "name": "read_file", "input": {"path": "flip"}}));
+        // Inputs differ, so that no call repeats another.
+        list.push(json!({"id": format!("r{i}"), "name": "read_file", "input": {"path": "flip", "limit": i + 1}}));
     }
     let mut turns = vec![json!({"tool_calls": list})];
     let writes: Vec<Value> = (0..60)
-        .map(|i| json!({"id": format!("w{i}"), "name": "write_file", "input": {"path": "flipw", "content": "WRITTEN\n"}}))
+        .map(|i| json!({"id": format!("w{i}"), "name": "write_file", "input": {"path": "flipw", "content": format!("WRITTEN {i}\n")}}))
         .collect();
     turns.push(json!({"tool_calls": writes}));
     turns.push(json!({"text": "done"}));
@@ -321,7 +380,7 @@ fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
     );
     stop.store(true, Ordering::Relaxed);
     let flips = flipper.join().unwrap();
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.code, 0, "{}", run.result());
     let results = run.of_type("tool_result");
     let reads: Vec<&str> = results
         .iter()
@@ -329,9 +388,18 @@ fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
         .map(|r| r["content"].as_str().unwrap())
         .collect();
     assert_eq!(reads.len(), 400);
-    let leaked = reads.iter().filter(|c| c.contains("OUTSIDE-SECRET")).count();
+    let leaked = reads
+        .iter()
+        .filter(|c| c.contains("OUTSIDE-SECRET"))
+        .count();
     let inside = reads.iter().filter(|c| c.contains("INSIDE")).count();
     eprintln!("{flips} flips; of 400 reads {inside} read inside, {leaked} outside");
+    for r in results
+        .iter()
+        .filter(|r| r["content"].as_str().unwrap().contains("OUTSIDE"))
+    {
+        eprintln!("LEAK {r}");
+    }
     assert_eq!(leaked, 0, "reads outside the workspace");
     assert_eq!(
         std::fs::read_to_string(&outside_target).unwrap(),
@@ -411,7 +479,10 @@ fn the_prompt_shows_a_hidden_command_escaped_and_flags_it() {
         "{shown}"
     );
     assert!(shown.contains("control characters"), "{shown}");
-    assert!(!seen.lock().unwrap().contains(&0x1b), "a raw ESC reached the terminal");
+    assert!(
+        !seen.lock().unwrap().contains(&0x1b),
+        "a raw ESC reached the terminal"
+    );
     term.write_all(b"n\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
@@ -431,8 +502,16 @@ fn sup_show_and_the_trace_escape_what_the_model_said() {
         &["--approval", "auto"],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert!(!run.stderr.contains('\x1b'), "the trace passed ESC: {:?}", run.stderr);
-    assert!(run.stderr.contains(r"\x1b[31mred\u{202e}"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains('\x1b'),
+        "the trace passed ESC: {:?}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(r"\x1b[31mred\u{202e}"),
+        "{}",
+        run.stderr
+    );
     let id = run
         .stderr
         .lines()
@@ -456,7 +535,15 @@ fn sup_approvals_escapes_a_waiting_command() {
     ]));
     let mut child = env
         .sup()
-        .args(["run", "work", "--json", "--approval", "queue", "--approval-timeout", "30s"])
+        .args([
+            "run",
+            "work",
+            "--json",
+            "--approval",
+            "queue",
+            "--approval-timeout",
+            "30s",
+        ])
         .arg("--model")
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::null())
@@ -474,10 +561,13 @@ fn sup_approvals_escapes_a_waiting_command() {
     };
     let text = String::from_utf8_lossy(&listed).into_owned();
     let id = text.split_whitespace().next().unwrap().to_string();
-    let _ = env.sup().args(["deny", &id, "--reason", "hidden text"]).output();
+    let _ = env
+        .sup()
+        .args(["deny", &id, "--reason", "hidden text"])
+        .output();
     let _ = child.wait();
     assert!(!listed.contains(&0x1b), "sup approvals passed ESC: {text}");
-    assert!(text.contains(r"\r\x1b[2K"), "{text}");
+    assert!(text.contains(r"\r\u001b[2K"), "{text}");
     assert!(text.contains("control characters"), "{text}");
     assert!(!exists(&env, "pwned.txt"));
 }
@@ -485,8 +575,18 @@ fn sup_approvals_escapes_a_waiting_command() {
 #[test]
 fn model_credentials_never_follow_a_redirect_to_another_origin() {
     for (model, key_var, base_var, header) in [
-        ("openai:gpt-test", "OPENAI_API_KEY", "OPENAI_BASE_URL", "authorization"),
-        ("anthropic:claude-test", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "x-api-key"),
+        (
+            "openai:gpt-test",
+            "OPENAI_API_KEY",
+            "OPENAI_BASE_URL",
+            "authorization",
+        ),
+        (
+            "anthropic:claude-test",
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_BASE_URL",
+            "x-api-key",
+        ),
     ] {
         let env = Env::new();
         let turn = Turn::text("from the other origin");
@@ -510,9 +610,15 @@ fn model_credentials_never_follow_a_redirect_to_another_origin() {
         assert_eq!(first.requests().len(), 1, "{model}: {stderr}");
         assert!(first.requests()[0].header(header).is_some());
         for r in other.requests() {
-            assert!(r.header(header).is_none(), "{model}: the key reached the other origin");
+            assert!(
+                r.header(header).is_none(),
+                "{model}: the key reached the other origin"
+            );
         }
-        assert!(other.requests().is_empty(), "{model}: the redirect was followed");
+        assert!(
+            other.requests().is_empty(),
+            "{model}: the redirect was followed"
+        );
         assert_eq!(out.status.code(), Some(4), "{model}: {stderr}");
         assert!(stderr.contains("redirect"), "{model}: {stderr}");
         assert!(!stderr.contains("sk-secret-key"), "{stderr}");
@@ -547,7 +653,11 @@ fn mcp_read_only_hints_count_only_for_a_trusted_server() {
             format!(
                 "prompt = \"read\"\napproval = \"never\"\n[[mcp]]\nname = \"fs\"\ncommand = {}\n{}",
                 serde_json::to_string(&[filesystem_server(), ws.display().to_string()]).unwrap(),
-                if trusted { "trust_annotations = true\n" } else { "" }
+                if trusted {
+                    "trust_annotations = true\n"
+                } else {
+                    ""
+                }
             ),
         )
         .unwrap();
@@ -596,6 +706,9 @@ fn a_malformed_rule_in_a_goal_file_names_the_file_and_line() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&format!("{}:5:", goal.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:5:", goal.display())),
+        "{stderr}"
+    );
     assert!(stderr.contains("approval_rules.allow"), "{stderr}");
 }

@@ -361,7 +361,10 @@ impl Gate {
                 if row.always
                     && let Ok(mut a) = self.always.lock()
                 {
-                    a.push((tool.to_string(), main_argument(tool, input, &self.workspace)));
+                    a.push((
+                        tool.to_string(),
+                        main_argument(tool, input, &self.workspace),
+                    ));
                 }
                 Self::decided(
                     events,

@@ -124,7 +124,11 @@ impl Rules {
             if let Some(r) = self.ask.iter().find(|r| any(r)) {
                 return Some((Verdict::Ask, r));
             }
-            return self.allow.iter().find(|r| any(r)).map(|r| (Verdict::Allow, r));
+            return self
+                .allow
+                .iter()
+                .find(|r| any(r))
+                .map(|r| (Verdict::Allow, r));
         }
         let line = Line::of(arg);
         let tripwire = |r: &Rule| {
@@ -168,9 +172,7 @@ impl Rules {
         }
         let line = Line::of(arg);
         if let Some(why) = line.never {
-            return vec![format!(
-                "`{arg}`: it has {why}, and no rule can allow that"
-            )];
+            return vec![format!("`{arg}`: it has {why}, and no rule can allow that")];
         }
         let missing: Vec<String> = line
             .plain
@@ -273,7 +275,11 @@ fn quote(word: &str) -> String {
 }
 
 /// Up to `max` digits of `radix` from `it`, as a character.
-fn number(it: &mut std::iter::Peekable<std::str::Chars<'_>>, radix: u32, max: usize) -> Option<char> {
+fn number(
+    it: &mut std::iter::Peekable<std::str::Chars<'_>>,
+    radix: u32,
+    max: usize,
+) -> Option<char> {
     let mut digits = String::new();
     while digits.len() < max
         && let Some(c) = it.peek().copied().filter(|c| c.is_digit(radix))
@@ -345,13 +351,28 @@ fn wrapper(name: &str) -> Option<(&'static [&'static str], usize)> {
         "time" => (&["-f", "-o", "--format", "--output"], 0),
         "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
         "sudo" | "doas" => (
-            &["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R"],
+            &[
+                "-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R",
+            ],
             0,
         ),
         "xargs" => (
             &[
-                "-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file", "--delimiter",
-                "--max-args", "--max-procs", "--max-chars", "--max-lines", "--replace",
+                "-a",
+                "-d",
+                "-E",
+                "-I",
+                "-L",
+                "-n",
+                "-P",
+                "-s",
+                "--arg-file",
+                "--delimiter",
+                "--max-args",
+                "--max-procs",
+                "--max-chars",
+                "--max-lines",
+                "--replace",
             ],
             0,
         ),
@@ -364,11 +385,33 @@ fn wrapper(name: &str) -> Option<(&'static [&'static str], usize)> {
     Some(found)
 }
 
-const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "busybox"];
+const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "busybox",
+];
 const INTERPRETERS: &[&str] = &[
-    "python", "perl", "ruby", "node", "nodejs", "deno", "bun", "php", "lua", "luajit", "tclsh",
-    "wish", "Rscript", "pwsh", "osascript", "jshell", "groovy", "julia", "awk", "gawk", "mawk",
-    "nawk", "irb",
+    "python",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "deno",
+    "bun",
+    "php",
+    "lua",
+    "luajit",
+    "tclsh",
+    "wish",
+    "Rscript",
+    "pwsh",
+    "osascript",
+    "jshell",
+    "groovy",
+    "julia",
+    "awk",
+    "gawk",
+    "mawk",
+    "nawk",
+    "irb",
 ];
 
 fn basename(word: &str) -> &str {
@@ -456,8 +499,7 @@ impl Line {
 
     /// Text whose parts the rules do not walk: hidden when it can run a command.
     fn opaque_text(&mut self, text: &str) {
-        if text.contains("$(") || text.contains('`') || text.contains("<(") || text.contains(">(")
-        {
+        if text.contains("$(") || text.contains('`') || text.contains("<(") || text.contains(">(") {
             self.hide("a substitution inside an expression");
         }
     }
@@ -602,9 +644,17 @@ impl Line {
     fn simple(&mut self, s: &ast::SimpleCommand, depth: usize) {
         use ast::CommandPrefixOrSuffixItem as I;
         let mut argv = Vec::new();
-        let prefix = s.prefix.iter().flat_map(|p| &p.0).map(|i| (true, i.clone()));
+        let prefix = s
+            .prefix
+            .iter()
+            .flat_map(|p| &p.0)
+            .map(|i| (true, i.clone()));
         let name = s.word_or_name.clone().map(|w| (false, I::Word(w)));
-        let suffix = s.suffix.iter().flat_map(|p| &p.0).map(|i| (false, i.clone()));
+        let suffix = s
+            .suffix
+            .iter()
+            .flat_map(|p| &p.0)
+            .map(|i| (false, i.clone()));
         let items: Vec<(bool, I)> = prefix.chain(name).chain(suffix).collect();
         for (in_prefix, item) in &items {
             match item {
@@ -763,9 +813,12 @@ impl Line {
             }
             return;
         }
-        let interpreter = INTERPRETERS
-            .iter()
-            .any(|i| name == *i || name.strip_prefix(i).is_some_and(|v| v.starts_with(['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '.', '-'])));
+        let interpreter = INTERPRETERS.iter().any(|i| {
+            name == *i
+                || name.strip_prefix(i).is_some_and(|v| {
+                    v.starts_with(['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '.', '-'])
+                })
+        });
         if interpreter {
             let gives_code = name.ends_with("awk")
                 || args.iter().any(|a| {
@@ -803,9 +856,14 @@ impl Line {
             "git" => {
                 for (k, a) in args.iter().enumerate() {
                     let global = args[..k].iter().all(|b| b.starts_with('-'));
-                    let dangerous = ["--exec-path", "--upload-pack", "--receive-pack", "--config-env"]
-                        .iter()
-                        .any(|d| a.starts_with(d));
+                    let dangerous = [
+                        "--exec-path",
+                        "--upload-pack",
+                        "--receive-pack",
+                        "--config-env",
+                    ]
+                    .iter()
+                    .any(|d| a.starts_with(d));
                     if dangerous
                         || (global && (*a == "-c" || *a == "config" || a.starts_with("-c")))
                     {

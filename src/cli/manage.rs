@@ -374,7 +374,10 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
         } else {
             format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
         };
-        let flag = if has_hidden(&what) {
+        // Inputs are stored as JSON, where control characters are already escaped: look at
+        // the strings themselves.
+        let decoded = serde_json::from_str::<serde_json::Value>(&r.input).ok();
+        let flag = if has_hidden(&what) || decoded.as_ref().is_some_and(holds_hidden) {
             " ⚠ holds control characters or invisible Unicode, shown escaped"
         } else {
             ""
@@ -391,6 +394,16 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
         );
     }
     Ok(exit::ACHIEVED)
+}
+
+/// Whether any string in a JSON value holds control characters or invisible Unicode.
+fn holds_hidden(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => has_hidden(s),
+        serde_json::Value::Array(a) => a.iter().any(holds_hidden),
+        serde_json::Value::Object(o) => o.values().any(holds_hidden),
+        _ => false,
+    }
 }
 
 pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {

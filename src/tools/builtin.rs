@@ -63,7 +63,11 @@ fn target(ctx: &ToolContext, typed: &str) -> Result<(PathBuf, String), ToolError
 }
 
 /// Check where an opened file really is: inside the workspace, whatever raced.
-fn opened_inside(ctx: &ToolContext, file: &std::fs::File, typed: &str) -> Result<PathBuf, ToolError> {
+fn opened_inside(
+    ctx: &ToolContext,
+    file: &std::fs::File,
+    typed: &str,
+) -> Result<PathBuf, ToolError> {
     match real_path(file) {
         Some(real) if real.starts_with(&ctx.workspace) => Ok(real),
         _ => Err(ToolError::Invalid(format!(
@@ -90,7 +94,13 @@ fn read_beneath(ctx: &ToolContext, typed: &str) -> Result<Vec<u8>, ToolError> {
 
 /// Why a write to this real path needs a rule: inside `.git`, or a file with other hard
 /// links (writing it would change a file elsewhere).
-fn special_write(ctx: &ToolContext, tool: &str, rel: &str, typed: &str, links: u64) -> Result<(), ToolError> {
+fn special_write(
+    ctx: &ToolContext,
+    tool: &str,
+    rel: &str,
+    typed: &str,
+    links: u64,
+) -> Result<(), ToolError> {
     if in_git(rel) && !ctx.rules.allows(tool, rel) {
         return Err(ToolError::Invalid(format!(
             "{typed} is inside .git, which file tools do not write (git does); an approval \
@@ -123,13 +133,19 @@ fn write_beneath(
     }
     special_write(ctx, tool, &rel, typed, 1)?;
     let dir = workspace_dir(&ctx.workspace)?;
-    if let Some(parent) = Path::new(&rel).parent().filter(|p| !p.as_os_str().is_empty()) {
+    if let Some(parent) = Path::new(&rel)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
         dir.create_dir_all(parent)
             .map_err(|e| io_error("create the folders of", typed, e))?;
     }
     let existed = dir.exists(&rel);
     let mut file = dir
-        .open_with(&rel, cap_std::fs::OpenOptions::new().write(true).create(true))
+        .open_with(
+            &rel,
+            cap_std::fs::OpenOptions::new().write(true).create(true),
+        )
         .map_err(|e| io_error("write", typed, e))?
         .into_std();
     let real = opened_inside(ctx, &file, typed)?;
@@ -335,7 +351,10 @@ impl Tool for EditFile {
         refuse_protected(ctx, &path, &input.path)?;
         let bytes = read_beneath(ctx, &input.path)?;
         let text = String::from_utf8(bytes).map_err(|_| {
-            ToolError::Failed(format!("{} is not UTF-8 text; edit_file edits text", input.path))
+            ToolError::Failed(format!(
+                "{} is not UTF-8 text; edit_file edits text",
+                input.path
+            ))
         })?;
         let at: Vec<usize> = text
             .match_indices(&input.old_string)

@@ -385,9 +385,10 @@ mod tests {
 
     #[test]
     fn a_bad_rule_names_file_and_line() {
-        let e = parse("prompt = \"hi\"\n[approval_rules]\nallow = [\"ok\",\n  \"run_command(x\"]\n")
-            .unwrap_err()
-            .to_string();
+        let e =
+            parse("prompt = \"hi\"\n[approval_rules]\nallow = [\"ok\",\n  \"run_command(x\"]\n")
+                .unwrap_err()
+                .to_string();
         assert!(e.starts_with("goals/x.toml:4:"), "{e}");
         assert!(e.contains("approval_rules.allow"), "{e}");
     }
