@@ -308,6 +308,9 @@ fn the_filesystem_servers_write_tool_is_held_back_by_the_approval_policy() {
     let m = Mcp::new();
     m.env.write("notes.txt", "from the workspace");
     let goal = m.goal(&[m.filesystem()], "approval = \"never\"");
+    // Its read tools are `read` only because this server's annotations are trusted.
+    let text = std::fs::read_to_string(&goal).unwrap();
+    std::fs::write(&goal, format!("{text}trust_annotations = true\n")).unwrap();
     let ws = m.env.ws();
     let script = m.env.script(json!([
         {"tool_calls": [

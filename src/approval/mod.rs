@@ -114,6 +114,11 @@ impl Gate {
         }
     }
 
+    /// The rules this gate judges by.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
     fn decided(
         events: &Events,
         id: &str,
@@ -141,7 +146,7 @@ impl Gate {
         events: &Events,
         cancel: &CancellationToken,
     ) -> Answer {
-        let arg = main_argument(tool, input);
+        let arg = main_argument(tool, input, &self.workspace);
         let remembered = self
             .always
             .lock()
@@ -194,10 +199,10 @@ impl Gate {
                 let by = "approval mode never".to_string();
                 Self::decided(events, id, tool, "denied", by, None);
                 let missing = self.rules.unallowed(tool, &arg);
-                let what = if tool == "run_command" && missing.len() == 1 && missing[0] != arg {
-                    format!("`{}` (a part of the command line `{arg}`)", missing[0])
-                } else {
+                let what = if missing.is_empty() {
                     format!("`{tool}({arg})`")
+                } else {
+                    missing.join("; ")
                 };
                 Answer::Deny(refusal(&format!(
                     "approval mode `never` denies what no rule allows, and no rule allows {what}"
@@ -347,7 +352,10 @@ impl Gate {
                 if row.always
                     && let Ok(mut a) = self.always.lock()
                 {
-                    a.push((tool.to_string(), main_argument(tool, input)));
+                    a.push((
+                        tool.to_string(),
+                        main_argument(tool, input, &self.workspace),
+                    ));
                 }
                 Self::decided(
                     events,

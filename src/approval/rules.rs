@@ -1,9 +1,24 @@
 //! Approval rules: `tool` or `tool(pattern)`, the pattern a glob on the call's main argument
-//! (the command line for `run_command`, the workspace-relative path for file tools, the
-//! compact JSON input otherwise). A command line is split at `&&`, `||`, `;`, `|`, `&`,
-//! newlines, `$(…)`, backticks and brackets, and every part is judged: an allow rule must
-//! allow every part; one part that a deny or ask rule matches is enough.
+//! (the command line for `run_command`, the resolved workspace-relative path for file tools,
+//! the compact JSON input otherwise).
+//!
+//! Command lines are judged on a real shell parse (`brush-parser`). An allow rule allows a
+//! line only when every command in it is a plain command of literal words (quotes resolved)
+//! joined by `&&`, `||`, `;`, `|` or newlines, and a rule allows each. Redirection (except to
+//! `/dev/null`), substitutions, expanding heredocs, assignment prefixes, subshells and groups,
+//! `&`, and commands that run commands are never allowed by a rule: the approval mode decides.
+//! Deny and ask rules match each command's normalized name (basename, quotes and escapes
+//! resolved) with its arguments, also behind wrappers (`command`, `env`, `xargs`, …),
+//! assignments and inside `bash -c '…'` or `eval`. When a line runs something such rules
+//! cannot see (a computed command name, code for an interpreter, `find -delete`, a line that
+//! does not parse), a deny or ask rule on the tool makes the line ask. Deny rules on commands
+//! are a tripwire; the sandbox is the guarantee.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use brush_parser::ast;
+use brush_parser::word::WordPiece;
 use globset::{GlobBuilder, GlobMatcher};
 use serde_json::Value;
 
@@ -98,35 +113,87 @@ impl Rules {
     }
 
     /// What the rules say of a call: deny beats ask beats allow; `None` when no rule decides.
+    /// A line that runs what deny or ask rules cannot see answers `Ask` with the first such
+    /// rule of the tool.
     pub fn judge(&self, tool: &str, arg: &str) -> Option<(Verdict, &Rule)> {
-        let parts = parts(tool, arg);
-        fn any<'r>(rules: &'r [Rule], tool: &str, parts: &[String]) -> Option<&'r Rule> {
-            rules
+        if tool != "run_command" {
+            let any = |r: &Rule| r.matches(tool, arg);
+            if let Some(r) = self.deny.iter().find(|r| any(r)) {
+                return Some((Verdict::Deny, r));
+            }
+            if let Some(r) = self.ask.iter().find(|r| any(r)) {
+                return Some((Verdict::Ask, r));
+            }
+            return self
+                .allow
                 .iter()
-                .find(|r| parts.iter().any(|p| r.matches(tool, p)))
+                .find(|r| any(r))
+                .map(|r| (Verdict::Allow, r));
         }
-        if let Some(r) = any(&self.deny, tool, &parts) {
+        let line = Line::of(arg);
+        let tripwire = |r: &Rule| {
+            r.tool.is_match(tool)
+                && match &r.pattern {
+                    None => true,
+                    Some(p) => line.seen.iter().any(|s| p.is_match(s)),
+                }
+        };
+        if let Some(r) = self.deny.iter().find(|r| tripwire(r)) {
             return Some((Verdict::Deny, r));
         }
-        if let Some(r) = any(&self.ask, tool, &parts) {
+        if let Some(r) = self.ask.iter().find(|r| tripwire(r)) {
             return Some((Verdict::Ask, r));
         }
+        if line.hidden.is_some()
+            && let Some(r) = self
+                .deny
+                .iter()
+                .chain(&self.ask)
+                .find(|r| r.tool.is_match(tool))
+        {
+            return Some((Verdict::Ask, r));
+        }
+        if line.never.is_some() {
+            return None;
+        }
         let mut last = None;
-        for p in &parts {
+        for p in &line.plain {
             last = Some(self.allow.iter().find(|r| r.matches(tool, p))?);
         }
         last.map(|r| (Verdict::Allow, r))
     }
-}
 
-impl Rules {
-    /// The parts of a call's argument that no allow rule covers, for telling the model
-    /// which part of a command line was the problem.
+    /// What keeps a call from being allowed by a rule, for telling the model which part was
+    /// the problem: each command no allow rule covers, or why no rule can allow the line.
+    /// Empty when there is nothing finer to say than the whole call.
     pub fn unallowed(&self, tool: &str, arg: &str) -> Vec<String> {
-        parts(tool, arg)
-            .into_iter()
+        if tool != "run_command" {
+            return Vec::new();
+        }
+        let line = Line::of(arg);
+        if let Some(why) = line.never {
+            return vec![format!("`{arg}`: it has {why}, and no rule can allow that")];
+        }
+        let missing: Vec<String> = line
+            .plain
+            .iter()
             .filter(|p| !self.allow.iter().any(|r| r.matches(tool, p)))
-            .collect()
+            .map(|p| format!("`{p}`"))
+            .collect();
+        if line.plain.len() > 1 {
+            missing
+                .into_iter()
+                .map(|m| format!("{m} (a part of the command line `{arg}`)"))
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Whether an allow rule names this call explicitly (and no deny rule matches): what
+    /// writes under `.git/` and to files with other hard links need.
+    pub fn allows(&self, tool: &str, arg: &str) -> bool {
+        matches!(self.judge(tool, arg), Some((Verdict::Allow, _)))
     }
 }
 
@@ -137,76 +204,689 @@ pub enum Verdict {
     Deny,
 }
 
-/// The parts of a command line that each must pass: split at every operator that starts
-/// another command. Quotes are not honoured, which can only make a part stricter.
-pub fn split_command(line: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut cur = String::new();
-    let chars: Vec<char> = line.chars().collect();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let two: String = chars[i..chars.len().min(i + 2)].iter().collect();
-        let sep = match two.as_str() {
-            "&&" | "||" | "$(" => 2,
-            _ if matches!(c, ';' | '|' | '&' | '\n' | '`' | '(' | ')' | '{' | '}') => 1,
-            _ => 0,
-        };
-        if sep > 0 {
-            parts.push(std::mem::take(&mut cur));
-            i += sep;
-        } else {
-            cur.push(c);
-            i += 1;
+/// Lines longer than this, or nested deeper, are not judged: no rule allows them.
+const MAX_LEN: usize = 32 * 1024;
+const MAX_DEPTH: usize = 6;
+const MAX_NESTING: usize = 64;
+
+/// What the rules see of a command line.
+#[derive(Debug, Default)]
+struct Line {
+    /// Each plain command with its literal words, shell-quoted where needed: what allow
+    /// rules judge.
+    plain: Vec<String>,
+    /// Why no rule can allow the line, if so.
+    never: Option<String>,
+    /// Every command the line would run, by normalized name and as written, with its
+    /// arguments: what deny and ask rules judge.
+    seen: Vec<String>,
+    /// What runs that deny rules cannot see, if anything.
+    hidden: Option<String>,
+}
+
+/// One word of a command: its literal value when it has one, and a best reading for deny
+/// rules (quotes resolved, expansions left as written).
+#[derive(Clone, Debug)]
+struct Arg {
+    literal: Option<String>,
+    loose: String,
+}
+
+impl Arg {
+    fn plain(s: &str) -> Arg {
+        Arg {
+            literal: Some(s.to_string()),
+            loose: s.to_string(),
         }
     }
-    parts.push(cur);
-    parts
-        .into_iter()
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-        .collect()
 }
 
-fn parts(tool: &str, arg: &str) -> Vec<String> {
-    if tool == "run_command" {
-        let p = split_command(arg);
-        if p.is_empty() { vec![String::new()] } else { p }
+fn options() -> brush_parser::ParserOptions {
+    brush_parser::ParserOptions::default()
+}
+
+/// How deeply brackets nest, a bound on the parser's recursion.
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    for c in text.chars() {
+        match c {
+            '(' | '{' | '[' | '`' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            ')' | '}' | ']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Shell-quote a word when it holds anything but plain characters.
+fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_alphanumeric() || "-_./=:,+@%^".contains(c));
+    if plain {
+        word.to_string()
     } else {
-        vec![arg.to_string()]
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
-/// The main argument of a call, which patterns match.
-pub fn main_argument(tool: &str, input: &Value) -> String {
+/// Up to `max` digits of `radix` from `it`, as a character.
+fn number(
+    it: &mut std::iter::Peekable<std::str::Chars<'_>>,
+    radix: u32,
+    max: usize,
+) -> Option<char> {
+    let mut digits = String::new();
+    while digits.len() < max
+        && let Some(c) = it.peek().copied().filter(|c| c.is_digit(radix))
+    {
+        digits.push(c);
+        it.next();
+    }
+    u32::from_str_radix(&digits, radix)
+        .ok()
+        .and_then(char::from_u32)
+}
+
+/// Decode the inside of `$'…'`.
+fn ansi_c(raw: &str) -> String {
+    let mut out = String::new();
+    let mut it = raw.chars().peekable();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        let Some(e) = it.next() else {
+            out.push('\\');
+            break;
+        };
+        let decoded = match e {
+            'a' => Some('\x07'),
+            'b' => Some('\x08'),
+            'e' | 'E' => Some('\x1b'),
+            'f' => Some('\x0c'),
+            'n' => Some('\n'),
+            'r' => Some('\r'),
+            't' => Some('\t'),
+            'v' => Some('\x0b'),
+            'x' => number(&mut it, 16, 2),
+            'u' => number(&mut it, 16, 4),
+            'U' => number(&mut it, 16, 8),
+            'c' => it.next().map(|c| char::from((c as u8) & 0x1f)),
+            '0'..='7' => {
+                let mut digits = e.to_string();
+                while digits.len() < 3
+                    && let Some(d) = it.peek().copied().filter(|c| c.is_digit(8))
+                {
+                    digits.push(d);
+                    it.next();
+                }
+                u32::from_str_radix(&digits, 8)
+                    .ok()
+                    .and_then(char::from_u32)
+            }
+            other => Some(other),
+        };
+        if let Some(d) = decoded {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// Commands that run the command in their arguments, with the options that take a value
+/// and how many operands come before the command.
+fn wrapper(name: &str) -> Option<(&'static [&'static str], usize)> {
+    let found: (&'static [&'static str], usize) = match name {
+        "command" | "builtin" | "nohup" | "setsid" | "unbuffer" | "pkexec" | "strace"
+        | "ltrace" | "unshare" | "nsenter" => (&["-o", "-e", "-p", "-s", "-u", "-t"], 0),
+        "exec" => (&["-a"], 0),
+        "nice" => (&["-n", "--adjustment"], 0),
+        "ionice" => (&["-c", "-n", "-p", "-t"], 0),
+        "time" => (&["-f", "-o", "--format", "--output"], 0),
+        "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
+        "sudo" | "doas" => (
+            &[
+                "-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R",
+            ],
+            0,
+        ),
+        "xargs" => (
+            &[
+                "-a",
+                "-d",
+                "-E",
+                "-I",
+                "-L",
+                "-n",
+                "-P",
+                "-s",
+                "--arg-file",
+                "--delimiter",
+                "--max-args",
+                "--max-procs",
+                "--max-chars",
+                "--max-lines",
+                "--replace",
+            ],
+            0,
+        ),
+        "stdbuf" => (&["-i", "-o", "-e"], 0),
+        "chrt" | "taskset" | "flock" | "chroot" | "sg" => (&["-c", "-w", "-E"], 1),
+        "watch" => (&["-n", "-d", "--interval"], 0),
+        "runuser" | "su" => (&["-u", "-g", "-G", "-s", "--shell", "--group"], 0),
+        _ => return None,
+    };
+    Some(found)
+}
+
+const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "busybox",
+];
+const INTERPRETERS: &[&str] = &[
+    "python",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "deno",
+    "bun",
+    "php",
+    "lua",
+    "luajit",
+    "tclsh",
+    "wish",
+    "Rscript",
+    "pwsh",
+    "osascript",
+    "jshell",
+    "groovy",
+    "julia",
+    "awk",
+    "gawk",
+    "mawk",
+    "nawk",
+    "irb",
+];
+
+fn basename(word: &str) -> &str {
+    word.rsplit('/').next().unwrap_or(word)
+}
+
+impl Line {
+    fn of(text: &str) -> Line {
+        let mut line = Line::default();
+        line.parse(text, 0);
+        if line.plain.is_empty() {
+            line.never("an empty command line");
+        }
+        line
+    }
+
+    fn never(&mut self, why: impl Into<String>) {
+        if self.never.is_none() {
+            self.never = Some(why.into());
+        }
+    }
+
+    fn hide(&mut self, why: impl Into<String>) {
+        let why = why.into();
+        self.never(why.clone());
+        if self.hidden.is_none() {
+            self.hidden = Some(why);
+        }
+    }
+
+    fn parse(&mut self, text: &str, depth: usize) {
+        if depth > MAX_DEPTH || text.len() > MAX_LEN || nesting(text) > MAX_NESTING {
+            self.hide("a line too long or too deeply nested to judge");
+            return;
+        }
+        let parsed = catch_unwind(AssertUnwindSafe(|| {
+            brush_parser::Parser::new(text.as_bytes(), &options()).parse_program()
+        }));
+        match parsed {
+            Ok(Ok(program)) => {
+                for list in &program.complete_commands {
+                    self.list(list, depth);
+                }
+            }
+            _ => self.hide("a line that does not parse"),
+        }
+    }
+
+    fn list(&mut self, list: &ast::CompoundList, depth: usize) {
+        for ast::CompoundListItem(and_or, sep) in &list.0 {
+            if matches!(sep, ast::SeparatorOperator::Async) {
+                self.never("`&` (a background job)");
+            }
+            for (_, pipeline) in and_or.iter() {
+                if pipeline.timed.is_some() {
+                    self.never("`time`, which runs a command");
+                }
+                for command in &pipeline.seq {
+                    self.command(command, depth);
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, command: &ast::Command, depth: usize) {
+        match command {
+            ast::Command::Simple(s) => self.simple(s, depth),
+            ast::Command::Compound(c, redirects) => {
+                self.never("a subshell, group or compound command");
+                for r in redirects.iter().flat_map(|r| &r.0) {
+                    self.redirect(r, depth);
+                }
+                self.compound(c, depth);
+            }
+            ast::Command::Function(_) => self.hide("a function definition"),
+            ast::Command::ExtendedTest(test, redirects) => {
+                self.never("`[[ … ]]`");
+                self.opaque_text(&test.to_string());
+                for r in redirects.iter().flat_map(|r| &r.0) {
+                    self.redirect(r, depth);
+                }
+            }
+        }
+    }
+
+    /// Text whose parts the rules do not walk: hidden when it can run a command.
+    fn opaque_text(&mut self, text: &str) {
+        if text.contains("$(") || text.contains('`') || text.contains("<(") || text.contains(">(") {
+            self.hide("a substitution inside an expression");
+        }
+    }
+
+    fn compound(&mut self, c: &ast::CompoundCommand, depth: usize) {
+        use ast::CompoundCommand as C;
+        match c {
+            C::BraceGroup(b) => self.list(&b.list, depth),
+            C::Subshell(s) => self.list(&s.list, depth),
+            C::ForClause(f) => {
+                for w in f.values.iter().flatten() {
+                    self.word(w, depth);
+                }
+                self.list(&f.body.list, depth);
+            }
+            C::WhileClause(w) | C::UntilClause(w) => {
+                self.list(&w.0, depth);
+                self.list(&w.1.list, depth);
+            }
+            C::IfClause(i) => {
+                self.list(&i.condition, depth);
+                self.list(&i.then, depth);
+                for e in i.elses.iter().flatten() {
+                    if let Some(c) = &e.condition {
+                        self.list(c, depth);
+                    }
+                    self.list(&e.body, depth);
+                }
+            }
+            C::CaseClause(c) => {
+                self.word(&c.value, depth);
+                for item in &c.cases {
+                    if let Some(l) = &item.cmd {
+                        self.list(l, depth);
+                    }
+                }
+            }
+            C::Arithmetic(_) | C::ArithmeticForClause(_) => self.opaque_text(&c.to_string()),
+            C::Coprocess(_) => self.hide("a coprocess"),
+        }
+    }
+
+    fn redirect(&mut self, r: &ast::IoRedirect, depth: usize) {
+        use ast::IoFileRedirectTarget as T;
+        match r {
+            ast::IoRedirect::File(_, _, target) => match target {
+                T::Filename(w) => {
+                    if self.word(w, depth).literal.as_deref() != Some("/dev/null") {
+                        self.never("a redirection to a file");
+                    }
+                }
+                T::Fd(_) => {}
+                T::Duplicate(w) => {
+                    let to = self.word(w, depth).literal;
+                    if !to.is_some_and(|t| t == "-" || t.chars().all(|c| c.is_ascii_digit())) {
+                        self.never("a redirection to a file");
+                    }
+                }
+                T::ProcessSubstitution(_, sub) => {
+                    self.never("a process substitution");
+                    self.list(&sub.list, depth);
+                }
+            },
+            ast::IoRedirect::OutputAndError(w, _) => {
+                if self.word(w, depth).literal.as_deref() != Some("/dev/null") {
+                    self.never("a redirection to a file");
+                }
+            }
+            ast::IoRedirect::HereString(_, w) => {
+                self.word(w, depth);
+            }
+            ast::IoRedirect::HereDocument(_, doc) => {
+                if doc.requires_expansion {
+                    self.never("a heredoc that expands");
+                    self.opaque_text(&doc.doc.value);
+                }
+            }
+        }
+    }
+
+    /// Read one word: record what its substitutions run, and give its literal value when it
+    /// has one.
+    fn word(&mut self, w: &ast::Word, depth: usize) -> Arg {
+        let Ok(pieces) = brush_parser::word::parse(&w.value, &options()) else {
+            self.hide("a word that does not parse");
+            return Arg {
+                literal: None,
+                loose: w.value.clone(),
+            };
+        };
+        let mut literal = Some(String::new());
+        let mut loose = String::new();
+        let mut stack: Vec<_> = pieces.into_iter().rev().collect();
+        while let Some(p) = stack.pop() {
+            let raw = w.value.get(p.start_index..p.end_index).unwrap_or("");
+            let text = match p.piece {
+                WordPiece::Text(t) => {
+                    if t.contains(['*', '?', '[', '{']) {
+                        literal = None;
+                    }
+                    Some(t)
+                }
+                WordPiece::SingleQuotedText(t) => Some(t),
+                WordPiece::AnsiCQuotedText(t) => Some(ansi_c(&t)),
+                WordPiece::EscapeSequence(e) => Some(e.chars().skip(1).collect()),
+                WordPiece::DoubleQuotedSequence(inner)
+                | WordPiece::GettextDoubleQuotedSequence(inner) => {
+                    stack.extend(inner.into_iter().rev());
+                    continue;
+                }
+                WordPiece::CommandSubstitution(inner)
+                | WordPiece::BackquotedCommandSubstitution(inner) => {
+                    self.never("a command substitution");
+                    self.parse(&inner, depth + 1);
+                    None
+                }
+                WordPiece::ArithmeticExpression(e) => {
+                    self.opaque_text(&e.value);
+                    None
+                }
+                WordPiece::TildeExpansion(_) | WordPiece::ParameterExpansion(_) => {
+                    self.opaque_text(raw);
+                    None
+                }
+            };
+            match text {
+                Some(t) => {
+                    loose.push_str(&t);
+                    if let Some(l) = &mut literal {
+                        l.push_str(&t);
+                    }
+                }
+                None => {
+                    loose.push_str(raw);
+                    literal = None;
+                }
+            }
+        }
+        Arg { literal, loose }
+    }
+
+    fn simple(&mut self, s: &ast::SimpleCommand, depth: usize) {
+        use ast::CommandPrefixOrSuffixItem as I;
+        let mut argv = Vec::new();
+        let prefix = s
+            .prefix
+            .iter()
+            .flat_map(|p| &p.0)
+            .map(|i| (true, i.clone()));
+        let name = s.word_or_name.clone().map(|w| (false, I::Word(w)));
+        let suffix = s
+            .suffix
+            .iter()
+            .flat_map(|p| &p.0)
+            .map(|i| (false, i.clone()));
+        let items: Vec<(bool, I)> = prefix.chain(name).chain(suffix).collect();
+        for (in_prefix, item) in &items {
+            match item {
+                I::IoRedirect(r) => self.redirect(r, depth),
+                I::Word(w) => argv.push(self.word(w, depth)),
+                I::AssignmentWord(_, w) => {
+                    if *in_prefix {
+                        self.never("an assignment prefix (`NAME=…`)");
+                        let value = w.value.split_once('=').map_or("", |(_, v)| v);
+                        self.word(&ast::Word::new(value), depth);
+                    } else {
+                        argv.push(self.word(w, depth));
+                    }
+                }
+                I::ProcessSubstitution(_, sub) => {
+                    self.never("a process substitution");
+                    self.list(&sub.list, depth);
+                }
+            }
+        }
+        if argv.is_empty() {
+            return;
+        }
+        if argv.iter().all(|a| a.literal.is_some()) {
+            let words: Vec<String> = argv
+                .iter()
+                .map(|a| quote(a.literal.as_deref().unwrap_or_default()))
+                .collect();
+            self.plain.push(words.join(" "));
+        } else {
+            self.never("an expansion (`$…`, `~`, a glob or braces)");
+        }
+        self.run(&argv, depth);
+    }
+
+    /// A command about to run with these words: what deny rules see, and what it runs.
+    fn run(&mut self, argv: &[Arg], depth: usize) {
+        let Some(first) = argv.first() else {
+            return;
+        };
+        let Some(written) = first.literal.as_deref() else {
+            self.hide(format!("a computed command name (`{}`)", first.loose));
+            return;
+        };
+        let name = basename(written);
+        let args: Vec<&str> = argv[1..].iter().map(|a| a.loose.as_str()).collect();
+        let rest = |head: &str| {
+            std::iter::once(head)
+                .chain(args.iter().copied())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        self.seen.push(rest(name));
+        if written != name {
+            self.seen.push(rest(written));
+        }
+        if name.is_empty() {
+            return;
+        }
+        if name == "env" {
+            self.never("`env`, which runs a command");
+            let mut i = 1;
+            while i < argv.len() {
+                let a = argv[i].loose.as_str();
+                if a == "-S" || a == "--split-string" {
+                    if let Some(s) = argv.get(i + 1) {
+                        self.parse(&s.loose, depth + 1);
+                    }
+                    return;
+                } else if let Some(s) = a.strip_prefix("--split-string=") {
+                    self.parse(s, depth + 1);
+                    return;
+                } else if ["-u", "-C", "--unset", "--chdir"].contains(&a) {
+                    i += 2;
+                } else if a.starts_with('-') || a.contains('=') {
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            return self.run(&argv[i.min(argv.len())..], depth);
+        }
+        if name == "eval" || name == "source" || name == "." || name == "trap" {
+            let what = format!("`{name}`, which runs code");
+            if name == "eval" || name == "trap" {
+                self.never(what);
+                let code: Vec<&str> = args.iter().copied().filter(|a| *a != "--").collect();
+                let code = if name == "trap" {
+                    code.first().copied().unwrap_or_default().to_string()
+                } else {
+                    code.join(" ")
+                };
+                self.parse(&code, depth + 1);
+            } else {
+                self.hide(what);
+            }
+            return;
+        }
+        if let Some((with_value, operands)) = wrapper(name) {
+            self.never(format!("`{name}`, which runs a command"));
+            if name == "watch" {
+                return self.parse(&args.join(" "), depth + 1);
+            }
+            let mut i = 1;
+            while i < argv.len() {
+                let a = argv[i].loose.as_str();
+                if a == "-c" && ["su", "runuser", "flock", "sg"].contains(&name) {
+                    if let Some(code) = argv.get(i + 1) {
+                        self.parse(&code.loose, depth + 1);
+                    }
+                    return;
+                }
+                if a == "--" {
+                    i += 1;
+                    break;
+                }
+                if !a.starts_with('-') || a == "-" {
+                    break;
+                }
+                i += if with_value.contains(&a) { 2 } else { 1 };
+            }
+            let inner = argv.get(i + operands..).unwrap_or_default();
+            if name == "xargs" {
+                // The arguments come from stdin: deny rules see that there are some.
+                let mut inner = inner.to_vec();
+                if inner.is_empty() {
+                    inner.push(Arg::plain("echo"));
+                }
+                inner.push(Arg::plain("…"));
+                return self.run(&inner, depth);
+            }
+            return self.run(inner, depth);
+        }
+        if SHELLS.contains(&name) {
+            let mut i = 1;
+            let mut code = false;
+            while i < argv.len() {
+                let a = argv[i].loose.as_str();
+                if a.starts_with('-') && !a.starts_with("--") && a.contains('c') {
+                    code = true;
+                }
+                if !a.starts_with(['-', '+']) {
+                    break;
+                }
+                i += 1;
+            }
+            if code {
+                self.never(format!("`{name} -c`, a shell given code"));
+                match argv.get(i) {
+                    Some(c) => match &c.literal {
+                        Some(l) => self.parse(l, depth + 1),
+                        None => self.hide("code for a shell that is computed"),
+                    },
+                    None => self.hide("a shell with code it reads elsewhere"),
+                }
+            }
+            return;
+        }
+        let interpreter = INTERPRETERS.iter().any(|i| {
+            name == *i
+                || name.strip_prefix(i).is_some_and(|v| {
+                    v.starts_with(['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '.', '-'])
+                })
+        });
+        if interpreter {
+            let gives_code = name.ends_with("awk")
+                || args.iter().any(|a| {
+                    ["--eval", "--exec", "--command", "-r", "-p", "--print"].contains(a)
+                        || (a.starts_with('-')
+                            && !a.starts_with("--")
+                            && a.contains(['c', 'e', 'E']))
+                });
+            if gives_code {
+                self.hide(format!("`{name}` given code to run"));
+            }
+            return;
+        }
+        match name {
+            "find" => {
+                let mut i = 1;
+                while i < argv.len() {
+                    let a = argv[i].loose.as_str();
+                    if ["-exec", "-execdir", "-ok", "-okdir"].contains(&a) {
+                        self.never(format!("`find {a}`, which runs a command"));
+                        let end = argv[i + 1..]
+                            .iter()
+                            .position(|w| w.loose == ";" || w.loose == "+")
+                            .map_or(argv.len(), |p| i + 1 + p);
+                        self.run(&argv[i + 1..end], depth);
+                        i = end;
+                    } else if a == "-delete" {
+                        self.hide("`find -delete`, which deletes files");
+                    } else if ["-fprint", "-fprint0", "-fprintf", "-fls"].contains(&a) {
+                        self.never(format!("`find {a}`, which writes a file"));
+                    }
+                    i += 1;
+                }
+            }
+            "git" => {
+                for (k, a) in args.iter().enumerate() {
+                    let global = args[..k].iter().all(|b| b.starts_with('-'));
+                    let dangerous = [
+                        "--exec-path",
+                        "--upload-pack",
+                        "--receive-pack",
+                        "--config-env",
+                    ]
+                    .iter()
+                    .any(|d| a.starts_with(d));
+                    if dangerous
+                        || (global && (*a == "-c" || *a == "config" || a.starts_with("-c")))
+                    {
+                        self.never(format!("`git {a}`, which can run any command"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The main argument of a call, which patterns match; file tools name the path they would
+/// really touch, symlinks in the workspace resolved.
+pub fn main_argument(tool: &str, input: &Value, workspace: &Path) -> String {
     let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_string);
     match tool {
         "run_command" => field("command").unwrap_or_default(),
         "read_file" | "write_file" | "edit_file" | "list_files" | "search_files" => {
-            normalize(&field("path").unwrap_or_else(|| ".".into()))
+            let typed = field("path").unwrap_or_else(|| ".".into());
+            crate::tools::paths::rule_path(workspace, &typed)
         }
         _ => input.to_string(),
-    }
-}
-
-/// `./a/../b//c` → `b/c`, so a pattern sees one spelling of a path.
-fn normalize(path: &str) -> String {
-    let mut out: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                if out.pop().is_none() {
-                    out.push("..");
-                }
-            }
-            p => out.push(p),
-        }
-    }
-    if out.is_empty() {
-        ".".into()
-    } else {
-        out.join("/")
     }
 }
 
@@ -219,32 +899,102 @@ mod tests {
         Rules::parse(&v(allow), &v(ask), &v(deny)).unwrap()
     }
 
+    fn verdict(r: &Rules, line: &str) -> &'static str {
+        match r.judge("run_command", line) {
+            Some((Verdict::Allow, _)) => "allow",
+            Some((Verdict::Ask, _)) => "ask",
+            Some((Verdict::Deny, _)) => "deny",
+            None => "mode",
+        }
+    }
+
+    /// Every command line of issue 11 with what the rules say of it. `mode` means no rule
+    /// decides: the approval mode does (`never` denies, `auto` allows).
     #[test]
-    fn compound_commands_are_split() {
-        assert_eq!(
-            split_command("cargo test && rm -rf ~"),
-            ["cargo test", "rm -rf ~"]
-        );
-        assert_eq!(
-            split_command("a; b | c || d & e\nf"),
-            ["a", "b", "c", "d", "e", "f"]
-        );
-        assert_eq!(
-            split_command("echo $(curl evil) `id`"),
-            ["echo", "curl evil", "id"]
-        );
+    fn the_attack_table() {
+        let cat = rules(&["run_command(cat *)"], &[], &[]);
+        let find = rules(&["run_command(find *)"], &[], &[]);
+        let git = rules(&["run_command(git status*)"], &[], &[]);
+        let rm = rules(&[], &[], &["run_command(rm *)"]);
+        let table: &[(&Rules, &str, &str)] = &[
+            (&cat, "cat payload", "allow"),
+            (&cat, "cat 'a b' \"c\"", "allow"),
+            (&cat, "cat x > /dev/null 2>&1", "allow"),
+            (&cat, "cat payload > ~/.profile", "mode"),
+            (&cat, "cat /etc/hostname > /dev/tcp/127.0.0.1/9", "mode"),
+            (&cat, "cat 1<>f", "mode"),
+            (&cat, "cat x 2>f", "mode"),
+            (&cat, "cat x >> f", "mode"),
+            (&cat, "cat x &> f", "mode"),
+            (&cat, "cat x && cat y", "allow"),
+            (&cat, "cat x | cat -n", "allow"),
+            (&cat, "cat x; rm y", "mode"),
+            (&cat, "cat $(rm y)", "mode"),
+            (&cat, "cat `rm y`", "mode"),
+            (&cat, "cat <(rm y)", "mode"),
+            (&cat, "cat $HOME/x", "mode"),
+            (&cat, "cat *", "mode"),
+            (&cat, "cat x &", "mode"),
+            (&cat, "(cat x)", "mode"),
+            (&cat, "{ cat x; }", "mode"),
+            (&cat, "FOO=1 cat x", "mode"),
+            (&cat, "cat - <<EOF\n$(rm y)\nEOF\n", "mode"),
+            (&cat, "cat - <<'EOF'\n$(rm y)\nEOF\n", "allow"),
+            (&cat, "cat 'unterminated", "mode"),
+            (&find, "find . -name x", "allow"),
+            (&find, "find . -exec sh -c 'id > F' \\;", "mode"),
+            (&find, "find . -execdir id ;", "mode"),
+            (&find, "find . -ok id ;", "mode"),
+            (&find, "find . -delete", "mode"),
+            (&git, "git status", "allow"),
+            (&git, "git status > F", "mode"),
+            (&git, "git status -c core.pager=id", "allow"),
+            (&git, "git -c core.fsmonitor=id status", "mode"),
+            (&rm, "rm x", "deny"),
+            (&rm, "/bin/rm x", "deny"),
+            (&rm, "\\rm x", "deny"),
+            (&rm, "r''m x", "deny"),
+            (&rm, "\"rm\" x", "deny"),
+            (&rm, "$'\\x72m' x", "deny"),
+            (&rm, "command rm x", "deny"),
+            (&rm, "env rm x", "deny"),
+            (&rm, "env -i FOO=1 rm x", "deny"),
+            (&rm, "eval rm x", "deny"),
+            (&rm, "FOO=1 rm x", "deny"),
+            (&rm, "rm\tx", "deny"),
+            (&rm, "bash -c 'rm x'", "deny"),
+            (&rm, "sh -ec 'echo; rm x'", "deny"),
+            (&rm, "echo x | xargs rm", "deny"),
+            (&rm, "xargs -n 1 rm < list", "deny"),
+            (&rm, "find . -delete", "ask"),
+            (&rm, "find . -exec rm {} ;", "deny"),
+            (&rm, "timeout 5 rm x", "deny"),
+            (&rm, "sudo -u me rm x", "deny"),
+            (&rm, "nohup nice -n 5 rm x", "deny"),
+            (&rm, "(rm x)", "deny"),
+            (&rm, "if true; then rm x; fi", "deny"),
+            (&rm, "echo $(rm x)", "deny"),
+            (&rm, "$CMD x", "ask"),
+            (&rm, "python3 -c 'import os; os.remove(\"x\")'", "ask"),
+            (&rm, "bash -c 'unterminated", "ask"),
+            (&rm, "ls", "mode"),
+            (&rm, "cat rm", "mode"),
+        ];
+        assert!(table.len() >= 30);
+        let wrong: Vec<String> = table
+            .iter()
+            .filter(|(r, line, want)| verdict(r, line) != *want)
+            .map(|(r, line, want)| format!("{line:?}: want {want}, got {}", verdict(r, line)))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
     #[test]
-    fn allow_needs_every_part() {
-        let r = rules(&["run_command(cargo test*)"], &[], &[]);
-        assert_eq!(
-            r.judge("run_command", "cargo test --all").unwrap().0,
-            Verdict::Allow
-        );
-        assert!(r.judge("run_command", "cargo test && rm -rf ~").is_none());
-        assert!(r.judge("run_command", "cargo test $(rm -rf ~)").is_none());
-        assert!(r.judge("run_command", "cargo test `rm -rf ~`").is_none());
+    fn ansi_c_quotes_decode() {
+        assert_eq!(ansi_c(r"\x72m"), "rm");
+        assert_eq!(ansi_c(r"\162m"), "rm");
+        assert_eq!(ansi_c(r"a\tb\\"), "a\tb\\");
+        assert_eq!(ansi_c(r"\u00e9"), "é");
     }
 
     #[test]
@@ -254,33 +1004,49 @@ mod tests {
             &["run_command(git push*)"],
             &["run_command(rm -rf*)"],
         );
-        assert_eq!(
-            r.judge("run_command", "ls && rm -rf /").unwrap().0,
-            Verdict::Deny
-        );
-        assert_eq!(
-            r.judge("run_command", "git push origin").unwrap().0,
-            Verdict::Ask
-        );
-        assert_eq!(r.judge("run_command", "ls").unwrap().0, Verdict::Allow);
+        assert_eq!(verdict(&r, "ls && rm -rf /"), "deny");
+        assert_eq!(verdict(&r, "git push origin"), "ask");
+        assert_eq!(verdict(&r, "ls"), "allow");
+        assert_eq!(verdict(&r, "ls > f"), "mode");
     }
 
     #[test]
-    fn file_patterns_see_normalized_paths() {
+    fn file_rules_judge_the_path() {
         let r = rules(&["write_file(src/**)"], &[], &["write_file(*.env)"]);
-        let arg = main_argument(
-            "write_file",
-            &serde_json::json!({"path": "./src/../src/a.rs"}),
-        );
-        assert_eq!(arg, "src/a.rs");
-        assert_eq!(r.judge("write_file", &arg).unwrap().0, Verdict::Allow);
+        assert_eq!(r.judge("write_file", "src/a.rs").unwrap().0, Verdict::Allow);
         assert_eq!(r.judge("write_file", "prod.env").unwrap().0, Verdict::Deny);
         assert!(r.judge("write_file", "README.md").is_none());
+        assert!(r.allows("write_file", "src/a.rs"));
+    }
+
+    #[test]
+    fn the_model_hears_what_no_rule_can_allow() {
+        let r = rules(&["run_command(cat *)"], &[], &[]);
+        let why = r.unallowed("run_command", "cat x > f").join(" ");
+        assert!(why.contains("redirection"), "{why}");
+        let why = r.unallowed("run_command", "cat x && ls").join(" ");
+        assert!(why.starts_with("`ls` (a part"), "{why}");
     }
 
     #[test]
     fn bad_rules_say_how_to_write_one() {
         let e = Rule::parse("run_command(cargo").unwrap_err().to_string();
         assert!(e.contains("tool(pattern)"), "{e}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+        #[test]
+        fn no_line_panics_the_matcher(line in r#"[ -~\t\n$'"`\\(){}<>|&;*]{0,80}"#) {
+            let r = rules(&["run_command(cat *)"], &["run_command(git *)"], &["run_command(rm *)"]);
+            let _ = r.judge("run_command", &line);
+            let _ = r.unallowed("run_command", &line);
+        }
+
+        #[test]
+        fn no_bytes_panic_the_matcher(line in proptest::string::string_regex("(?s).{0,60}").unwrap()) {
+            let r = rules(&["run_command(cat *)"], &[], &["run_command(rm *)"]);
+            let _ = r.judge("run_command", &line);
+        }
     }
 }

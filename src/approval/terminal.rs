@@ -1,5 +1,8 @@
 //! The terminal prompt: reads from the controlling terminal (`/dev/tty`), not stdin, one
 //! question at a time. For `write_file` and `edit_file` it shows a diff of what would change.
+//! Everything shown came from the model or a file, so it is shown escaped: a control
+//! character cannot move the cursor or erase what the person should see, and a command that
+//! holds control characters or invisible Unicode is flagged.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -7,6 +10,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::Judgement;
+use crate::trace::{escape, has_hidden};
 
 /// The controlling terminal, when a person is there.
 pub struct Terminal {
@@ -130,8 +134,20 @@ fn diff(path: &str, old: &str, new: &str) -> String {
         .to_string()
 }
 
-/// What the person is asked about: the tool and its input, or for file edits the diff.
+/// What the person is asked about: the tool and its input, or for file edits the diff;
+/// escaped for the terminal, with a warning when something was hidden in it.
 pub fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
+    let text = raw_description(tool, input, workspace);
+    let warning = if has_hidden(&text) {
+        "\n⚠ WARNING: this call contains control characters or invisible Unicode; they are \
+         shown escaped below. Read it with care."
+    } else {
+        ""
+    };
+    format!("{warning}{}", escape(&text))
+}
+
+fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
     let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or("");
     let current = |p: &str| {
         crate::tools::paths::resolve(workspace, p)
@@ -157,7 +173,10 @@ pub fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
                 diff(path, &old, &new)
             )
         }
-        "run_command" => format!("\n⚠ run_command wants to run:\n  {}", field("command")),
+        "run_command" => format!(
+            "\n⚠ run_command wants to run:\n  {}",
+            field("command").replace('\n', "\n  ")
+        ),
         _ => format!(
             "\n⚠ {tool} wants to run with:\n  {}",
             serde_json::to_string_pretty(input)

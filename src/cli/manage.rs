@@ -18,7 +18,7 @@ use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::store::{self, db::Db};
-use crate::trace::{Event, EventSink, HumanTrace};
+use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
 
 pub(super) fn db() -> Result<Db, Fail> {
     let db = Db::open(&store::home()).map_err(Fail::usage)?;
@@ -291,7 +291,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
                 out,
                 "  try {t} · {} {} · {} · {}ms",
                 if c.passed { '✓' } else { '✗' },
-                c.name,
+                escape(&c.name),
                 c.outcome,
                 c.duration_ms
             );
@@ -302,7 +302,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
                     }
                     let _ = writeln!(out, "    {path}{}:", if cut { " (last part)" } else { "" });
                     for l in tail.lines() {
-                        let _ = writeln!(out, "      {l}");
+                        let _ = writeln!(out, "      {}", escape(l));
                     }
                 }
             }
@@ -336,7 +336,7 @@ pub fn show(id: &str) -> Result<u8, Fail> {
             .unwrap_or_else(|| "—".into())
     );
     if let Some(e) = &run.error {
-        let _ = writeln!(out, "error: {e}");
+        let _ = writeln!(out, "error: {}", escape(e));
     }
     let notices = db.notices(id).map_err(Fail::usage)?;
     if !notices.is_empty() {
@@ -397,17 +397,36 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
         } else {
             format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
         };
+        // Inputs are stored as JSON, where control characters are already escaped: look at
+        // the strings themselves.
+        let decoded = serde_json::from_str::<serde_json::Value>(&r.input).ok();
+        let flag = if has_hidden(&what) || decoded.as_ref().is_some_and(holds_hidden) {
+            " ⚠ holds control characters or invisible Unicode, shown escaped"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
+            "{}  {}{flag}\n    goal {} · run {} · asked {} · denied at {} unless answered",
             r.id,
-            r.goal,
+            escape(&what),
+            escape(&r.goal),
             r.run_id,
             short(&r.created_at),
             short(&r.deadline)
         );
     }
     Ok(exit::ACHIEVED)
+}
+
+/// Whether any string in a JSON value holds control characters or invisible Unicode.
+fn holds_hidden(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => has_hidden(s),
+        serde_json::Value::Array(a) => a.iter().any(holds_hidden),
+        serde_json::Value::Object(o) => o.values().any(holds_hidden),
+        _ => false,
+    }
 }
 
 pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {

@@ -57,6 +57,10 @@ pub struct McpServer {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Whether the server's tool annotations are believed (`readOnlyHint` makes a tool
+    /// `read`); otherwise every tool of it is `exec`.
+    #[serde(default)]
+    pub trust_annotations: bool,
 }
 
 fn argv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -164,6 +168,40 @@ pub(super) fn check_notify(
     Ok(())
 }
 
+/// `[approval_rules]` as written, each rule with where it is, so that a bad one names its line.
+#[derive(Deserialize, Default)]
+struct SpannedRules {
+    #[serde(default)]
+    allow: Vec<toml::Spanned<String>>,
+    #[serde(default)]
+    ask: Vec<toml::Spanned<String>>,
+    #[serde(default)]
+    deny: Vec<toml::Spanned<String>>,
+}
+
+/// Check every rule of `[approval_rules]`; a bad one names the file and its line.
+pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> {
+    #[derive(Deserialize)]
+    struct Only {
+        #[serde(default)]
+        approval_rules: SpannedRules,
+    }
+    let Ok(only) = toml::from_str::<Only>(text) else {
+        return Ok(());
+    };
+    let rules = only.approval_rules;
+    for (key, list) in [("allow", rules.allow), ("ask", rules.ask), ("deny", rules.deny)] {
+        for r in list {
+            crate::approval::Rule::parse(r.get_ref()).map_err(|e| GoalFileError {
+                file: path.display().to_string(),
+                line: line_at(text, r.span().start),
+                message: format!("key `approval_rules.{key}`: {e}"),
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// The line where a top-level string key's text begins (a multi-line string's first
 /// newline is not part of it): where a template's line 1 is.
 fn text_line(text: &str, key: &str) -> Option<usize> {
@@ -204,6 +242,7 @@ impl GoalFile {
         };
         let mut settings: Settings = from_toml(path, text)?;
         check_notify(path, text, &settings.notify)?;
+        check_rules(path, text)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         settings.workspace = settings.workspace.map(|w| dir.join(w));
         let name = settings.name.clone().unwrap_or_else(|| {
@@ -329,6 +368,16 @@ mod tests {
 
     fn parse(text: &str) -> Result<GoalFile, GoalFileError> {
         GoalFile::parse(Path::new("goals/x.toml"), text)
+    }
+
+    #[test]
+    fn a_bad_rule_names_file_and_line() {
+        let e =
+            parse("prompt = \"hi\"\n[approval_rules]\nallow = [\"ok\",\n  \"run_command(x\"]\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
+        assert!(e.contains("approval_rules.allow"), "{e}");
     }
 
     #[test]

@@ -715,6 +715,7 @@ fn mcp_server(s: &str) -> Result<McpServer, String> {
         command,
         args: Vec::new(),
         env: Default::default(),
+        trust_annotations: false,
     })
 }
 

@@ -63,6 +63,37 @@ impl Endpoint {
     }
 }
 
+/// The HTTP client for model calls. Redirects are followed only within the same origin
+/// (scheme, host and port): the key headers must never reach another server, whichever
+/// protocol's header carries them.
+pub fn client() -> Result<reqwest::Client, ModelError> {
+    let policy = reqwest::redirect::Policy::custom(|attempt| {
+        let same_origin = attempt.previous().first().is_some_and(|first| {
+            let to = attempt.url();
+            first.scheme() == to.scheme()
+                && first.host_str() == to.host_str()
+                && first.port_or_known_default() == to.port_or_known_default()
+        });
+        if attempt.previous().len() > 5 {
+            attempt.error("more than 5 redirects")
+        } else if same_origin {
+            attempt.follow()
+        } else {
+            let to = attempt.url().to_string();
+            attempt.error(format!(
+                "the server redirected to another origin ({to}); model calls never follow a \
+                 redirect to another origin, so that the API key is not sent there. Point the \
+                 base URL at the final address"
+            ))
+        }
+    });
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(15))
+        .redirect(policy)
+        .build()
+        .map_err(|e| ModelError::Config(format!("cannot set up the HTTP client: {e}")))
+}
+
 /// Timeouts and retries.
 #[derive(Clone, Debug)]
 pub struct HttpOptions {
@@ -358,6 +389,14 @@ async fn attempt_once(
                 ep.url,
                 humantime::format_duration(opts.request_timeout)
             )));
+        }
+        Ok(Err(e)) if e.is_redirect() => {
+            return Err(Failure {
+                retryable: false,
+                wait: None,
+                message: format!("{}: {}", ep.url, plain(&e)),
+                status: None,
+            });
         }
         Ok(Err(e)) => {
             return Err(Failure::retry(format!(

@@ -199,12 +199,7 @@ pub fn from_spec(
             "model `{spec}` names no model after `{provider}:`"
         )));
     }
-    let client = || {
-        reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(15))
-            .build()
-            .map_err(|e| ModelError::Config(format!("cannot set up the HTTP client: {e}")))
-    };
+    let client = http::client;
     let base = |var: &str, default: &str| {
         opts.base_url
             .clone()

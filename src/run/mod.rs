@@ -222,6 +222,7 @@ impl RunSpec {
                     command: m.command.clone(),
                     args: m.args.clone(),
                     env: m.env.clone(),
+                    trust_annotations: m.trust_annotations,
                 })
                 .collect(),
             effective,

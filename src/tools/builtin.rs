@@ -1,5 +1,8 @@
 //! The built-in tools, all confined to the workspace: `read_file`, `write_file`, `edit_file`,
-//! `list_files`, `search_files` and `run_command`.
+//! `list_files`, `search_files` and `run_command`. Files are opened beneath the workspace
+//! (no symlink, however it flips, leads out); writes under `.git/` and to files with other
+//! hard links are refused unless a rule allows them; listing and search skip what a rule
+//! denies to read.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,7 +11,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::{relative, resolve};
+use super::paths::{in_git, real_path, relative, resolve, workspace_dir};
 use super::process::{self, Ending, read_capped};
 use super::{Registry, RegistryError, Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
@@ -50,6 +53,130 @@ fn refuse_protected(ctx: &ToolContext, path: &Path, rel: &str) -> Result<(), Too
         )));
     }
     Ok(())
+}
+
+/// The real target of a typed path and its workspace-relative spelling, which rules judge.
+fn target(ctx: &ToolContext, typed: &str) -> Result<(PathBuf, String), ToolError> {
+    let path = resolve(&ctx.workspace, typed)?;
+    let rel = relative(&ctx.workspace, &path);
+    Ok((path, rel))
+}
+
+/// Check where an opened file really is: inside the workspace, whatever raced.
+fn opened_inside(
+    ctx: &ToolContext,
+    file: &std::fs::File,
+    typed: &str,
+) -> Result<PathBuf, ToolError> {
+    match real_path(file) {
+        Some(real) if real.starts_with(&ctx.workspace) => Ok(real),
+        _ => Err(ToolError::Invalid(format!(
+            "{typed} leads outside the workspace; nothing outside it can be read or written"
+        ))),
+    }
+}
+
+/// Read a file beneath the workspace: no symlink leads out, even one that flips meanwhile.
+fn open_beneath(ctx: &ToolContext, typed: &str) -> Result<std::fs::File, ToolError> {
+    let (_, rel) = target(ctx, typed)?;
+    let dir = workspace_dir(&ctx.workspace)?;
+    let file = dir
+        .open(if rel.is_empty() { "." } else { rel.as_str() })
+        .map_err(|e| io_error("read", typed, e))?
+        .into_std();
+    opened_inside(ctx, &file, typed)?;
+    Ok(file)
+}
+
+fn read_beneath(ctx: &ToolContext, typed: &str) -> Result<Vec<u8>, ToolError> {
+    use std::io::Read;
+    let mut file = open_beneath(ctx, typed)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| io_error("read", typed, e))?;
+    Ok(bytes)
+}
+
+/// Why a write to this real path needs a rule: inside `.git`, or a file with other hard
+/// links (writing it would change a file elsewhere).
+fn special_write(
+    ctx: &ToolContext,
+    tool: &str,
+    rel: &str,
+    typed: &str,
+    links: u64,
+) -> Result<(), ToolError> {
+    if in_git(rel) && !ctx.rules.allows(tool, rel) {
+        return Err(ToolError::Invalid(format!(
+            "{typed} is inside .git, which file tools do not write (git does); an approval \
+             rule `{tool}({rel})` would allow it"
+        )));
+    }
+    if links > 1 && !ctx.rules.allows(tool, rel) {
+        return Err(ToolError::Invalid(format!(
+            "{typed} has {links} hard links: writing it would change the same file elsewhere, \
+             so it is refused; an approval rule `{tool}({rel})` would allow it"
+        )));
+    }
+    Ok(())
+}
+
+/// Write a whole file beneath the workspace, after the checks a write needs; says whether
+/// it existed, and where it is.
+fn write_beneath(
+    ctx: &ToolContext,
+    tool: &str,
+    typed: &str,
+    content: &[u8],
+) -> Result<(bool, String), ToolError> {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let (path, rel) = target(ctx, typed)?;
+    refuse_protected(ctx, &path, typed)?;
+    if rel.is_empty() || path.is_dir() {
+        return Err(ToolError::Invalid(format!("{typed} is a folder")));
+    }
+    special_write(ctx, tool, &rel, typed, 1)?;
+    let dir = workspace_dir(&ctx.workspace)?;
+    if let Some(parent) = Path::new(&rel)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        dir.create_dir_all(parent)
+            .map_err(|e| io_error("create the folders of", typed, e))?;
+    }
+    let existed = dir.exists(&rel);
+    let mut file = dir
+        .open_with(
+            &rel,
+            cap_std::fs::OpenOptions::new().write(true).create(true),
+        )
+        .map_err(|e| io_error("write", typed, e))?
+        .into_std();
+    let real = opened_inside(ctx, &file, typed)?;
+    let meta = file.metadata().map_err(|e| io_error("write", typed, e))?;
+    let real_rel = relative(&ctx.workspace, &real);
+    let checked = refuse_protected(ctx, &real, typed)
+        .and_then(|()| special_write(ctx, tool, &real_rel, typed, meta.nlink()));
+    if let Err(e) = checked {
+        if !existed {
+            let _ = dir.remove_file(&rel);
+        }
+        return Err(e);
+    }
+    file.set_len(0)
+        .and_then(|()| file.write_all(content))
+        .map_err(|e| io_error("write", typed, e))?;
+    Ok((existed, real_rel))
+}
+
+/// Whether a rule denies reading this workspace-relative path (by `read_file` or the tool
+/// that lists it): listing and search skip it.
+fn read_denied(ctx: &ToolContext, tool: &str, rel: &str) -> bool {
+    use crate::approval::rules::Verdict;
+    [tool, "read_file"]
+        .iter()
+        .any(|t| matches!(ctx.rules.judge(t, rel), Some((Verdict::Deny, _))))
 }
 
 fn is_binary(bytes: &[u8]) -> bool {
@@ -97,11 +224,11 @@ impl Tool for ReadFile {
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let input: ReadInput = parse(input)?;
-        let path = resolve(&ctx.workspace, &input.path)?;
+        let file = open_beneath(ctx, &input.path)?;
         let first = input.offset.unwrap_or(1);
         let limit = input.limit.unwrap_or(PAGE_LINES);
         // Only the page is held, whatever the file's size.
-        let page = tokio::task::spawn_blocking(move || super::page::read_page(&path, first, limit))
+        let page = tokio::task::spawn_blocking(move || super::page::read_page(file, first, limit))
             .await
             .map_err(|e| ToolError::Failed(format!("reading {} failed: {e}", input.path)))?
             .map_err(|e| io_error("read", &input.path, e))?;
@@ -178,24 +305,11 @@ impl Tool for WriteFile {
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let input: WriteInput = parse(input)?;
-        let path = resolve(&ctx.workspace, &input.path)?;
-        refuse_protected(ctx, &path, &input.path)?;
-        if path.is_dir() {
-            return Err(ToolError::Invalid(format!("{} is a folder", input.path)));
-        }
-        let existed = path.exists();
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| io_error("create the folders of", &input.path, e))?;
-        }
-        tokio::fs::write(&path, input.content.as_bytes())
-            .await
-            .map_err(|e| io_error("write", &input.path, e))?;
+        let (existed, rel) =
+            write_beneath(ctx, "write_file", &input.path, input.content.as_bytes())?;
         Ok(format!(
-            "{} {} ({} bytes)",
+            "{} {rel} ({} bytes)",
             if existed { "overwrote" } else { "created" },
-            relative(&ctx.workspace, &path),
             input.content.len()
         ))
     }
@@ -246,11 +360,15 @@ impl Tool for EditFile {
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let input: EditInput = parse(input)?;
-        let path = resolve(&ctx.workspace, &input.path)?;
+        let (path, _) = target(ctx, &input.path)?;
         refuse_protected(ctx, &path, &input.path)?;
-        let text = tokio::fs::read_to_string(&path)
-            .await
-            .map_err(|e| io_error("read", &input.path, e))?;
+        let bytes = read_beneath(ctx, &input.path)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            ToolError::Failed(format!(
+                "{} is not UTF-8 text; edit_file edits text",
+                input.path
+            ))
+        })?;
         let at: Vec<usize> = text
             .match_indices(&input.old_string)
             .map(|(i, _)| i)
@@ -268,9 +386,7 @@ impl Tool for EditFile {
                     input.new_string,
                     &text[one + input.old_string.len()..]
                 );
-                tokio::fs::write(&path, edited)
-                    .await
-                    .map_err(|e| io_error("write", &input.path, e))?;
+                write_beneath(ctx, "edit_file", &input.path, edited.as_bytes())?;
                 Ok(format!(
                     "edited {} at line {}",
                     input.path,
@@ -364,12 +480,15 @@ impl Tool for ListFiles {
         let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
         let matcher = glob_matcher(input.pattern.as_deref())?;
         let ws = ctx.workspace.clone();
+        let ctx = ctx.clone();
         let listed = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let mut more = 0usize;
             for p in walk(&ws, &root) {
                 let rel = relative(&ws, &p);
-                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel)) {
+                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel))
+                    || read_denied(&ctx, "list_files", &rel)
+                {
                     continue;
                 }
                 if out.len() < MAX_LISTED {
@@ -442,15 +561,19 @@ impl Tool for SearchFiles {
         let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
         let matcher = glob_matcher(input.glob.as_deref())?;
         let ws = ctx.workspace.clone();
+        let dir = workspace_dir(&ws)?;
+        let ctx = ctx.clone();
         let found = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let mut more = 0usize;
             for p in walk(&ws, &root) {
                 let rel = relative(&ws, &p);
-                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel)) {
+                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel))
+                    || read_denied(&ctx, "search_files", &rel)
+                {
                     continue;
                 }
-                let Ok(bytes) = std::fs::read(&p) else {
+                let Ok(bytes) = dir.read(&rel) else {
                     continue;
                 };
                 if is_binary(&bytes) {

@@ -1,7 +1,9 @@
 //! MCP tools: the servers a goal names, started over stdio with the official SDK (`rmcp`),
 //! initialized, their tools listed (every page) and offered to the model as `SERVER__TOOL`
 //! through the same schema gate as every tool; calls with a timeout and cancellation; risk
-//! from annotations (`readOnlyHint` → read, else exec); stderr into the run's folder; and
+//! `exec`, or from annotations (`readOnlyHint` → read) when the server is trusted with
+//! `trust_annotations`, since the MCP specification calls them untrusted hints; stderr into
+//! the run's folder; and
 //! every server's process group shut down when the run ends, whatever ends it.
 
 use std::collections::BTreeMap;
@@ -33,6 +35,8 @@ pub struct ServerSpec {
     pub command: Vec<String>,
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// Believe the server's annotations: `readOnlyHint` makes a tool `read`.
+    pub trust_annotations: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,8 +117,9 @@ impl Servers {
                 Ok((server, list)) => {
                     let server = Arc::new(server);
                     for t in list {
-                        let risk = match t.annotations.as_ref().and_then(|a| a.read_only_hint) {
-                            Some(true) => Risk::Read,
+                        let read_only = t.annotations.as_ref().and_then(|a| a.read_only_hint);
+                        let risk = match read_only {
+                            Some(true) if spec.trust_annotations => Risk::Read,
                             _ => Risk::Exec,
                         };
                         tools.push(Arc::new(McpTool {

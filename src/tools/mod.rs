@@ -48,6 +48,9 @@ pub struct ToolContext {
     pub protected: Arc<Vec<PathBuf>>,
     /// Extra environment for processes (`SUP_WORKSPACE`, …).
     pub env: Arc<Vec<(String, String)>>,
+    /// The run's approval rules: file tools write under `.git/` or to hard-linked files, and
+    /// list what a rule denies to read, only as they say.
+    pub rules: Arc<crate::approval::Rules>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,6 @@
 //! them), and counts the rest. A file of any size costs a few hundred kilobytes.
 
 use std::io::Read;
-use std::path::Path;
 
 /// Bytes of one page at most; a page that would be longer is cut with a note.
 pub const MAX_PAGE_BYTES: usize = 256 * 1024;
@@ -25,9 +24,8 @@ pub struct Page {
     pub size: u64,
 }
 
-/// Read lines `first..first + limit` of `path` (`first` from 1).
-pub fn read_page(path: &Path, first: usize, limit: usize) -> std::io::Result<Page> {
-    let mut file = std::fs::File::open(path)?;
+/// Read lines `first..first + limit` of an open file (`first` from 1).
+pub fn read_page(mut file: std::fs::File, first: usize, limit: usize) -> std::io::Result<Page> {
     let size = file.metadata()?.len();
     let last = first.saturating_add(limit).saturating_sub(1);
     let mut page = Vec::new();

@@ -1,9 +1,72 @@
 //! Confinement of file tools to the workspace: a path that resolves outside it — through
 //! `..`, as an absolute path, or through a symlink — is refused before anything is touched.
+//! Files are opened beneath the workspace with `cap-std` (`openat2` with `RESOLVE_BENEATH`
+//! where the kernel has it), so a symlink flipped between the check and the open cannot lead
+//! out; what rules judge is the resolved path.
 
 use std::path::{Component, Path, PathBuf};
 
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+
 use super::ToolError;
+
+/// The workspace as a directory handle that nothing opened through can escape.
+pub fn workspace_dir(workspace: &Path) -> Result<Dir, ToolError> {
+    Dir::open_ambient_dir(workspace, ambient_authority()).map_err(|e| {
+        ToolError::Failed(format!(
+            "cannot open the workspace {}: {e}",
+            workspace.display()
+        ))
+    })
+}
+
+/// The path an opened file really has, from the kernel (`/proc/self/fd`); what a racing
+/// symlink cannot fake.
+pub fn real_path(file: &std::fs::File) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+/// The path rules judge for a typed path: where it really leads, relative to the workspace,
+/// symlinks resolved; the lexically normalized typed path when it leads nowhere inside (the
+/// tools refuse those anyway).
+pub fn rule_path(workspace: &Path, rel: &str) -> String {
+    match resolve(workspace, rel) {
+        Ok(real) if real == workspace => ".".into(),
+        Ok(real) => relative(workspace, &real),
+        Err(_) => normalize(rel),
+    }
+}
+
+/// `./a/../b//c` → `b/c`, so a pattern sees one spelling of a path.
+fn normalize(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if out.pop().is_none() {
+                    out.push("..");
+                }
+            }
+            p => out.push(p),
+        }
+    }
+    if out.is_empty() {
+        ".".into()
+    } else {
+        out.join("/")
+    }
+}
+
+/// Whether a workspace-relative path is inside `.git`, which only git writes.
+pub fn in_git(rel: &str) -> bool {
+    Path::new(rel)
+        .components()
+        .next()
+        .is_some_and(|c| c.as_os_str() == ".git")
+}
 
 /// Resolve `rel` inside `workspace` (which must be canonical). The result is the real path
 /// of the deepest existing ancestor joined with the components that do not exist yet.
@@ -90,5 +153,9 @@ mod tests {
         assert!(resolve(&ws, "out/x").is_err());
         std::os::unix::fs::symlink(ws.join("a"), ws.join("in")).unwrap();
         assert_eq!(resolve(&ws, "in/f").unwrap(), ws.join("a/f"));
+        assert_eq!(rule_path(&ws, "./in/../in/f"), "a/f");
+        assert_eq!(rule_path(&ws, "."), ".");
+        assert_eq!(rule_path(&ws, "../x"), "../x");
+        assert!(in_git(".git/hooks/pre-commit") && !in_git("src/.git"));
     }
 }

@@ -1,5 +1,7 @@
 //! The human trace: one line per event on stderr, icons ▶ (model) ⚙ (tool call) ✓/✗ (result)
-//! ◆ (outcome). Streamed text is shown as it arrives.
+//! ◆ (outcome). Streamed text is shown as it arrives. Whatever came from a model, a tool or
+//! a file reaches the terminal with its control characters and invisible Unicode escaped
+//! (`escape`), so it cannot move the cursor, erase lines or hide text.
 
 use std::io::Write;
 use std::sync::Mutex;
@@ -34,6 +36,41 @@ impl HumanTrace {
             }),
         }
     }
+}
+
+/// Characters that change what a terminal shows without showing themselves: bidirectional
+/// overrides, zero-width characters, tag characters and the like.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}'
+        | '\u{e0000}'..='\u{e007f}')
+}
+
+/// Whether text holds control characters (other than newline and tab) or invisible Unicode.
+pub fn has_hidden(text: &str) -> bool {
+    text.chars()
+        .any(|c| (c.is_control() && c != '\n' && c != '\t') || invisible(c))
+}
+
+/// `text` safe for a terminal: control characters other than newline and tab, and invisible
+/// Unicode, written as escapes (`\r`, `\x1b`, `\u{202e}`).
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() || invisible(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The first line of `text`, at most `max` characters, with a mark when cut.
@@ -247,7 +284,7 @@ impl EventSink for HumanTrace {
                 let _ = write!(err, "  ");
                 state.streaming = true;
             }
-            let _ = write!(err, "{}", text.replace('\n', "\n  "));
+            let _ = write!(err, "{}", escape(text).replace('\n', "\n  "));
             let _ = err.flush();
             return;
         }
@@ -262,7 +299,18 @@ impl EventSink for HumanTrace {
             let _ = writeln!(err);
         }
         if let Some(line) = self.line(event) {
-            let _ = writeln!(err, "{line}");
+            let _ = writeln!(err, "{}", escape(&line));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn escapes_what_a_terminal_would_obey() {
+        let text = "a\r\x1b[2K\u{202e}b\nc\t\u{7f}";
+        assert_eq!(super::escape(text), "a\\r\\x1b[2K\\u{202e}b\nc\t\\x7f");
+        assert!(super::has_hidden(text));
+        assert!(!super::has_hidden("plain\ttext\n"));
     }
 }

@@ -6,7 +6,7 @@ mod event;
 mod human;
 
 pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
-pub use human::{HumanTrace, one_line, usd};
+pub use human::{HumanTrace, escape, has_hidden, one_line, usd};
 
 use std::io::Write;
 use std::sync::Mutex;

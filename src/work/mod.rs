@@ -396,6 +396,7 @@ impl Work<'_> {
             output_name: self.output_name(call),
             protected: self.protected.clone(),
             env: self.env.clone(),
+            rules: Arc::new(self.gate.map(|g| g.rules().clone()).unwrap_or_default()),
         };
         // Tools that run processes time out on their own and report what they printed;
         // this is the backstop for every other tool.

@@ -1,0 +1,722 @@
+//! Issue 11 as a hostile model plays it, through the binary: allow rules that a redirection
+//! or a command-running command cannot stretch, deny rules that spellings cannot dodge, paths
+//! judged by where they really lead (symlinks, hard links, `.git`, a link flipped while the
+//! tools read), a terminal that shows what is true, credentials that never follow a redirect
+//! to another origin, MCP annotations taken as hints, and a bad rule in a goal file.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::fake_server::{FakeServer, Reply, Turn, anthropic_json, openai_json};
+use common::{Env, Run};
+use serde_json::{Value, json};
+
+fn exists(env: &Env, f: &str) -> bool {
+    env.ws.path().join(f).exists()
+}
+
+fn calls(list: &[(&str, &str, Value)]) -> Value {
+    let calls: Vec<Value> = list
+        .iter()
+        .map(|(id, name, input)| json!({"id": id, "name": name, "input": input}))
+        .collect();
+    json!([{"tool_calls": calls}, {"text": "done"}])
+}
+
+fn command(id: &str, line: &str) -> (String, String, Value) {
+    (id.into(), "run_command".into(), json!({"command": line}))
+}
+
+fn run_commands(env: &Env, lines: &[(String, String, Value)], args: &[&str]) -> Run {
+    let list: Vec<(&str, &str, Value)> = lines
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.clone()))
+        .collect();
+    let run = env.run_json(calls(&list), args);
+    assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
+    run
+}
+
+#[test]
+fn allow_rules_never_stretch_to_redirections_or_commands_that_run_commands() {
+    let env = Env::new();
+    env.write("payload", "PAYLOAD\n");
+    let lines = [
+        command("plain", "cat payload"),
+        command("to-null", "cat payload > /dev/null 2>&1"),
+        command("redirect", "cat payload > f1"),
+        command("append-home", "cat payload >> ~/f2"),
+        command("read-write", "cat 1<>f3"),
+        command("stderr", "cat x 2>f4"),
+        command("tcp", "cat payload > /dev/tcp/127.0.0.1/9"),
+        command(
+            "find-exec",
+            "find . -name payload -exec sh -c 'touch f5' \\;",
+        ),
+        command("find-delete", "find . -name payload -delete"),
+        command("git-redirect", "git status > f6"),
+        command("git-c", "git -c core.pager='touch f7' status"),
+        command("subst", "cat $(touch f8)"),
+        command("background", "cat payload & touch f9"),
+    ];
+    let run = run_commands(
+        &env,
+        &lines,
+        &[
+            "--approval",
+            "never",
+            "--allow",
+            "run_command(cat *)",
+            "--allow",
+            "run_command(find *)",
+            "--allow",
+            "run_command(git status*)",
+            "--allow",
+            "run_command(git *)",
+        ],
+    );
+    for id in ["plain", "to-null"] {
+        let r = run.tool_result(id);
+        assert_eq!(r["is_error"], false, "{id}: {r}");
+        assert!(r["content"].as_str().unwrap().contains("PAYLOAD") || id == "to-null");
+    }
+    for (id, _, _) in &lines[2..] {
+        let r = run.tool_result(id);
+        let c = r["content"].as_str().unwrap();
+        assert!(c.starts_with("Denied:"), "{id} must be denied: {c}");
+    }
+    let redirect = run.tool_result("redirect")["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        redirect.contains("redirection"),
+        "the model hears why: {redirect}"
+    );
+    for f in ["f1", "f3", "f4", "f5", "f6", "f7", "f8", "f9"] {
+        assert!(!exists(&env, f), "{f} was written");
+    }
+    assert!(exists(&env, "payload"), "find -delete ran");
+}
+
+#[test]
+fn deny_rules_see_through_every_spelling_of_a_command() {
+    let env = Env::new();
+    let spellings = [
+        "rm x0",
+        "/bin/rm x1",
+        "\\rm x2",
+        "r''m x3",
+        "\"rm\" x4",
+        "$'\\x72m' x5",
+        "command rm x6",
+        "env rm x7",
+        "eval rm x8",
+        "FOO=1 rm x9",
+        "rm\tx10",
+        "bash -c 'rm x11'",
+        "echo x12 | xargs rm",
+        "find . -name x13 -delete",
+        "(rm x14)",
+        "timeout 5 rm x15",
+        "X=rm; $X x16",
+        "python3 -c 'import os; os.remove(\"x17\")'",
+    ];
+    let mut lines = Vec::new();
+    for (i, line) in spellings.iter().enumerate() {
+        env.write(&format!("x{i}"), "keep me");
+        lines.push(command(&format!("c{i}"), line));
+    }
+    lines.push(command("other", "touch allowed.txt"));
+    let run = run_commands(
+        &env,
+        &lines,
+        &[
+            "--approval",
+            "auto",
+            "--deny",
+            "run_command(rm *)",
+            "--approval-timeout",
+            "1s",
+        ],
+    );
+    for (i, line) in spellings.iter().enumerate() {
+        assert!(exists(&env, &format!("x{i}")), "`{line}` deleted x{i}");
+        assert_eq!(
+            run.tool_result(&format!("c{i}"))["is_error"],
+            true,
+            "{line}"
+        );
+    }
+    assert!(exists(&env, "allowed.txt"), "auto still allows the rest");
+}
+
+fn symlink(target: &str, link: &Path) {
+    std::os::unix::fs::symlink(target, link).unwrap();
+}
+
+#[test]
+fn an_allow_rule_on_a_folder_does_not_reach_through_a_symlink_into_git() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.ws.path().join(".git/hooks")).unwrap();
+    std::fs::create_dir_all(env.ws.path().join("src")).unwrap();
+    symlink("../.git/hooks", &env.ws.path().join("src/hooks"));
+    let run = env.run_json(
+        calls(&[
+            (
+                "hook",
+                "write_file",
+                json!({"path": "src/hooks/pre-commit", "content": "#!/bin/sh\nid\n"}),
+            ),
+            (
+                "code",
+                "write_file",
+                json!({"path": "src/main.rs", "content": "fn main() {}\n"}),
+            ),
+        ]),
+        &["--approval", "never", "--allow", "write_file(src/**)"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.tool_result("hook")["is_error"], true);
+    assert!(
+        !exists(&env, ".git/hooks/pre-commit"),
+        "a git hook was written"
+    );
+    assert_eq!(run.tool_result("code")["is_error"], false);
+}
+
+#[test]
+fn a_deny_rule_on_a_file_holds_through_a_symlink_to_it() {
+    let env = Env::new();
+    env.write(".env", "TOKEN=1\n");
+    symlink(".env", &env.ws.path().join("notes.txt"));
+    let run = env.run_json(
+        calls(&[
+            (
+                "w",
+                "write_file",
+                json!({"path": "notes.txt", "content": "TOKEN=evil\n"}),
+            ),
+            (
+                "e",
+                "edit_file",
+                json!({"path": "notes.txt", "old_string": "1", "new_string": "2"}),
+            ),
+        ]),
+        &[
+            "--approval",
+            "auto",
+            "--deny",
+            "write_file(.env)",
+            "--deny",
+            "edit_file(.env)",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["w", "e"] {
+        let c = run.tool_result(id)["content"].as_str().unwrap().to_string();
+        assert!(c.starts_with("Denied:"), "{id}: {c}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join(".env")).unwrap(),
+        "TOKEN=1\n"
+    );
+}
+
+#[test]
+fn search_and_list_skip_what_a_rule_denies_to_read() {
+    let env = Env::new();
+    env.write("secrets/key.txt", "password = hunter2\n");
+    env.write("app.txt", "password = see the vault\n");
+    let run = env.run_json(
+        calls(&[
+            (
+                "search",
+                "search_files",
+                json!({"pattern": "password", "path": "."}),
+            ),
+            ("list", "list_files", json!({})),
+            ("read", "read_file", json!({"path": "secrets/key.txt"})),
+        ]),
+        &["--approval", "auto", "--deny", "*(secrets/**)"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let search = run.tool_result("search")["content"].as_str().unwrap();
+    assert!(search.contains("app.txt"), "{search}");
+    assert!(!search.contains("hunter2"), "{search}");
+    let list = run.tool_result("list")["content"].as_str().unwrap();
+    assert!(
+        list.contains("app.txt") && !list.contains("secrets"),
+        "{list}"
+    );
+    assert_eq!(run.tool_result("read")["is_error"], true);
+    assert!(!run.stdout.contains("hunter2"));
+}
+
+#[test]
+fn a_hard_link_to_a_file_elsewhere_is_not_rewritten() {
+    let env = Env::new();
+    let outside = env.home.path().join("outside.txt");
+    std::fs::write(&outside, "outside\n").unwrap();
+    std::fs::hard_link(&outside, env.ws.path().join("linked.txt")).unwrap();
+    let run = env.run_json(
+        calls(&[
+            (
+                "w",
+                "write_file",
+                json!({"path": "linked.txt", "content": "rewritten\n"}),
+            ),
+            (
+                "e",
+                "edit_file",
+                json!({"path": "linked.txt", "old_string": "outside", "new_string": "edited"}),
+            ),
+        ]),
+        &["--approval", "auto"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["w", "e"] {
+        let c = run.tool_result(id)["content"].as_str().unwrap().to_string();
+        assert!(c.contains("hard link"), "{id}: {c}");
+    }
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "outside\n");
+}
+
+#[test]
+fn file_tools_write_under_git_only_when_a_rule_allows_it() {
+    let env = Env::new();
+    env.write(".git/config", "[core]\n");
+    let run = env.run_json(
+        calls(&[
+            ("w", "write_file", json!({"path": ".git/config", "content": "[core]\nfsmonitor = touch pwned\n"})),
+            ("e", "edit_file", json!({"path": "./.git/config", "old_string": "[core]", "new_string": "[core]\nfsmonitor = x"})),
+            ("new", "write_file", json!({"path": ".git/hooks/post-checkout", "content": "id"})),
+        ]),
+        &["--approval", "auto"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["w", "e", "new"] {
+        let c = run.tool_result(id)["content"].as_str().unwrap().to_string();
+        assert!(c.contains(".git"), "{id}: {c}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+    assert!(!exists(&env, ".git/hooks/post-checkout"));
+    // A rule that names the file lets it through.
+    let run = env.run_json(
+        calls(&[(
+            "w",
+            "write_file",
+            json!({"path": ".git/config", "content": "[user]\n"}),
+        )]),
+        &["--approval", "auto", "--allow", "write_file(.git/config)"],
+    );
+    assert_eq!(run.tool_result("w")["is_error"], false, "{}", run.stdout);
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join(".git/config")).unwrap(),
+        "[user]\n"
+    );
+}
+
+#[test]
+fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
+    // `d` and `dw` flip between a real folder of the workspace and a symlink to a folder
+    // outside it, between any check and any open.
+    let env = Env::new();
+    let home = env.home.path();
+    for (dir, text) in [
+        ("outside", "OUTSIDE-SECRET\n"),
+        ("outside-w", "untouched\n"),
+    ] {
+        std::fs::create_dir(home.join(dir)).unwrap();
+        std::fs::write(home.join(dir).join("x"), text).unwrap();
+    }
+    env.write("d/x", "INSIDE\n");
+    env.write("dw/x", "inside\n");
+    let ws = env.ws();
+    symlink(
+        &home.join("outside").display().to_string(),
+        &ws.join(".d-link"),
+    );
+    symlink(
+        &home.join("outside-w").display().to_string(),
+        &ws.join(".dw-link"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let stop = stop.clone();
+        let ws = ws.clone();
+        std::thread::spawn(move || {
+            let mut flips = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for d in ["d", "dw"] {
+                    let (name, real, link) = (
+                        ws.join(d),
+                        ws.join(format!(".{d}-real")),
+                        ws.join(format!(".{d}-link")),
+                    );
+                    // A tool may create `dw` meanwhile: errors only skip a flip.
+                    let _ = std::fs::rename(&name, &real)
+                        .and_then(|()| std::fs::rename(&link, &name))
+                        .and_then(|()| std::fs::rename(&name, &link));
+                    let _ = std::fs::rename(&real, &name);
+                }
+                flips += 1;
+            }
+            flips
+        })
+    };
+    let reads: Vec<Value> = (0..1000)
+        // Inputs differ, so that no call repeats another.
+        .map(|i| json!({"id": format!("r{i}"), "name": "read_file", "input": {"path": "d/x", "limit": i + 1}}))
+        .collect();
+    let writes: Vec<Value> = (0..100)
+        .map(|i| json!({"id": format!("w{i}"), "name": "write_file", "input": {"path": "dw/x", "content": format!("WRITTEN {i}\n")}}))
+        .collect();
+    let turns = json!([{"tool_calls": reads}, {"tool_calls": writes}, {"text": "done"}]);
+    let run = env.run_json(turns, &["--approval", "auto", "--max-steps", "5"]);
+    stop.store(true, Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    assert_eq!(run.code, 0, "{}", run.result());
+    let results = run.of_type("tool_result");
+    let reads: Vec<&str> = results
+        .iter()
+        .filter(|r| r["name"] == "read_file")
+        .map(|r| r["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(reads.len(), 1000);
+    let leaked = reads
+        .iter()
+        .filter(|c| c.contains("OUTSIDE-SECRET"))
+        .count();
+    let inside = reads.iter().filter(|c| c.contains("INSIDE")).count();
+    let written = results
+        .iter()
+        .filter(|r| r["name"] == "write_file" && r["is_error"] == false)
+        .count();
+    eprintln!(
+        "{flips} flips; of 1000 reads {inside} read inside, {leaked} outside; {written} of 100 \
+         writes done"
+    );
+    assert_eq!(leaked, 0, "reads outside the workspace");
+    assert!(inside > 0, "no read got through: the test shows nothing");
+    assert_eq!(
+        std::fs::read_to_string(home.join("outside-w/x")).unwrap(),
+        "untouched\n",
+        "a write landed outside the workspace"
+    );
+}
+
+/// Run `sup` on a pseudo-terminal that is its controlling terminal; returns the child, the
+/// terminal's writer and everything it has printed so far.
+fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex<Vec<u8>>>) {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = env.sup();
+    cmd.env_remove("SUP_APPROVAL")
+        .args(args)
+        .stdin(slave.try_clone().unwrap())
+        .stdout(Stdio::piped())
+        .stderr(slave.try_clone().unwrap());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop(slave);
+    let master = std::fs::File::from(pty.master);
+    let reader = master.try_clone().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut reader = reader;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    (child, master, seen)
+}
+
+fn text_of(seen: &Mutex<Vec<u8>>) -> String {
+    String::from_utf8_lossy(&seen.lock().unwrap()).into_owned()
+}
+
+const HIDDEN: &str = "touch pwned.txt\r\x1b[2K\x1b[1A\x1b[2K  cargo test --all";
+
+#[test]
+fn the_prompt_shows_a_hidden_command_escaped_and_flags_it() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"name": "run_command", "input": {"command": HIDDEN}}]},
+        {"text": "done"}
+    ]));
+    let args: Vec<String> = vec![
+        "run".into(),
+        "work".into(),
+        "--model".into(),
+        format!("script:{}", script.display()),
+    ];
+    let (child, mut term, seen) = on_a_terminal(&env, &args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text_of(&seen).contains("Allow?") {
+        assert!(Instant::now() < deadline, "no prompt: {}", text_of(&seen));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let shown = text_of(&seen);
+    assert!(
+        shown.contains(r"touch pwned.txt\r\x1b[2K\x1b[1A\x1b[2K  cargo test --all"),
+        "{shown}"
+    );
+    assert!(shown.contains("control characters"), "{shown}");
+    assert!(
+        !seen.lock().unwrap().contains(&0x1b),
+        "a raw ESC reached the terminal"
+    );
+    term.write_all(b"n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+    assert!(!exists(&env, "pwned.txt"));
+}
+
+#[test]
+fn sup_show_and_the_trace_escape_what_the_model_said() {
+    let env = Env::new();
+    let evil = "\x1b]0;pwned\x07\x1b[2J\x1b[31mred\u{202e}txt.exe";
+    let run = env.human(
+        &["run", "work"],
+        json!([
+            {"text": evil, "tool_calls": [{"id": "c", "name": "run_command", "input": {"command": format!("printf '\\033[2Jcleared' # {evil}")}}]},
+            {"text": evil}
+        ]),
+        &["--approval", "auto"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        !run.stderr.contains('\x1b'),
+        "the trace passed ESC: {:?}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(r"\x1b[31mred\u{202e}"),
+        "{}",
+        run.stderr
+    );
+    let id = run
+        .stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("run "))
+        .expect("a run id")
+        .to_string();
+    let out = env.sup().args(["show", &id]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!out.stdout.contains(&0x1b), "sup show passed ESC");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains(r"\x1b[31mred"), "{shown}");
+    assert!(!shown.contains('\u{202e}'), "{shown}");
+}
+
+#[test]
+fn sup_approvals_escapes_a_waiting_command() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"name": "run_command", "input": {"command": HIDDEN}}]},
+        {"text": "done"}
+    ]));
+    let mut child = env
+        .sup()
+        .args([
+            "run",
+            "work",
+            "--json",
+            "--approval",
+            "queue",
+            "--approval-timeout",
+            "30s",
+        ])
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let out = env.sup().arg("approvals").output().unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains("run_command") {
+            break out.stdout;
+        }
+        assert!(Instant::now() < deadline, "the request never showed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = String::from_utf8_lossy(&listed).into_owned();
+    let id = text.split_whitespace().next().unwrap().to_string();
+    let _ = env
+        .sup()
+        .args(["deny", &id, "--reason", "hidden text"])
+        .output();
+    let _ = child.wait();
+    assert!(!listed.contains(&0x1b), "sup approvals passed ESC: {text}");
+    assert!(text.contains(r"\r\u001b[2K"), "{text}");
+    assert!(text.contains("control characters"), "{text}");
+    assert!(!exists(&env, "pwned.txt"));
+}
+
+#[test]
+fn model_credentials_never_follow_a_redirect_to_another_origin() {
+    for (model, key_var, base_var, header) in [
+        (
+            "openai:gpt-test",
+            "OPENAI_API_KEY",
+            "OPENAI_BASE_URL",
+            "authorization",
+        ),
+        (
+            "anthropic:claude-test",
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_BASE_URL",
+            "x-api-key",
+        ),
+    ] {
+        let env = Env::new();
+        let turn = Turn::text("from the other origin");
+        let other = FakeServer::start(vec![openai_json(&turn), anthropic_json(&turn)]);
+        let first = FakeServer::start(vec![
+            Reply::json(307, json!({})).header("location", &format!("{}/steal", other.url)),
+        ]);
+        let base = if key_var.starts_with("OPENAI") {
+            format!("{}/v1", first.url)
+        } else {
+            first.url.clone()
+        };
+        let out = env
+            .sup()
+            .args(["run", "hi", "--model", model])
+            .env(base_var, base)
+            .env(key_var, "sk-secret-key-that-stays-home")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(first.requests().len(), 1, "{model}: {stderr}");
+        assert!(first.requests()[0].header(header).is_some());
+        for r in other.requests() {
+            assert!(
+                r.header(header).is_none(),
+                "{model}: the key reached the other origin"
+            );
+        }
+        assert!(
+            other.requests().is_empty(),
+            "{model}: the redirect was followed"
+        );
+        assert_eq!(out.status.code(), Some(4), "{model}: {stderr}");
+        assert!(stderr.contains("redirect"), "{model}: {stderr}");
+        assert!(!stderr.contains("sk-secret-key"), "{stderr}");
+    }
+}
+
+/// The npm-installed filesystem server (see tests/mcp.rs).
+fn filesystem_server() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    if !dir.join("node_modules/.bin/mcp-server-filesystem").exists() {
+        let status = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm is needed to install the MCP test servers");
+        assert!(status.success(), "npm ci in tests/mcp failed");
+    }
+    dir.join("node_modules/.bin/mcp-server-filesystem")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn mcp_read_only_hints_count_only_for_a_trusted_server() {
+    for trusted in [false, true] {
+        let env = Env::new();
+        env.write("notes.txt", "from the workspace");
+        let ws = env.ws();
+        let goal = env.home.path().join("mcp.toml");
+        std::fs::write(
+            &goal,
+            format!(
+                "prompt = \"read\"\napproval = \"never\"\n[[mcp]]\nname = \"fs\"\ncommand = {}\n{}",
+                serde_json::to_string(&[filesystem_server(), ws.display().to_string()]).unwrap(),
+                if trusted {
+                    "trust_annotations = true\n"
+                } else {
+                    ""
+                }
+            ),
+        )
+        .unwrap();
+        let script = env.script(json!([
+            {"tool_calls": [{"id": "read", "name": "fs__read_text_file", "input": {"path": ws.join("notes.txt")}}]},
+            {"text": "done"}
+        ]));
+        let out = env
+            .sup()
+            .env_remove("SUP_APPROVAL")
+            .args(["goal", "--json", "--file"])
+            .arg(&goal)
+            .arg("--model")
+            .arg(format!("script:{}", script.display()))
+            .output()
+            .unwrap();
+        let run = Run::new(out);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let read = run.tool_result("read");
+        if trusted {
+            assert_eq!(read["content"], "from the workspace", "{read}");
+        } else {
+            assert!(
+                read["content"].as_str().unwrap().starts_with("Denied"),
+                "an untrusted readOnlyHint is exec: {read}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_malformed_rule_in_a_goal_file_names_the_file_and_line() {
+    let env = Env::new();
+    let goal = env.home.path().join("bad.toml");
+    std::fs::write(
+        &goal,
+        "prompt = \"p\"\n[approval_rules]\nallow = [\n  \"read_file\",\n  \"run_command(cargo test\",\n]\n",
+    )
+    .unwrap();
+    let out = env
+        .sup()
+        .args(["goal", "--file"])
+        .arg(&goal)
+        .args(["--model", "script:none.json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:5:", goal.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("approval_rules.allow"), "{stderr}");
+}
