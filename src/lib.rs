@@ -6,6 +6,7 @@ pub mod approval;
 pub mod cli;
 pub mod model;
 pub mod schedule;
+pub mod serve;
 pub mod store;
 pub mod tools;
 pub mod trace;

@@ -6,15 +6,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use chrono::Utc;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::run::{execute, launch_fail};
 use super::{Fail, exit};
 use crate::schedule::daemon::{self, SystemClock};
-use crate::schedule::goals::{self, ScheduledGoal};
+use crate::schedule::goals::ScheduledGoal;
+use crate::schedule::overview;
 use crate::store::{self, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace};
 use crate::verify::launch::{Overrides, RunSpec};
@@ -26,36 +26,17 @@ fn db() -> Result<Db, Fail> {
     Ok(db)
 }
 
-/// A goal file of the folder, loaded or with its error.
-type Loaded = (PathBuf, Result<ScheduledGoal, String>);
-
-fn goal_files(dir: &Path) -> Result<Vec<Loaded>, Fail> {
-    let loaded = goals::load_dir(dir)
-        .with_context(|| format!("cannot read the goals folder {}", dir.display()))
-        .map_err(Fail::usage)?;
-    Ok(loaded
-        .into_iter()
-        .map(|(p, r)| (p, r.map_err(|e| e.to_string())))
-        .collect())
-}
-
 /// The goal named `name` in `dir`.
 fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
-    let mut broken = None;
-    for (path, g) in goal_files(dir)? {
-        match g {
-            Ok(g) if g.file.name == name => return Ok(g),
-            Err(e) if path.file_stem().is_some_and(|s| s == name) => broken = Some(e),
-            _ => {}
-        }
-    }
-    Err(Fail::usage(anyhow!(broken.unwrap_or_else(|| format!(
-        "no goal `{name}` in {}; `sup goals --goals DIR` lists them",
-        dir.display()
-    )))))
+    overview::find(dir, name).map_err(Fail::usage)
 }
 
-pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> Result<u8, Fail> {
+pub async fn daemon(
+    goals: PathBuf,
+    max_concurrent: usize,
+    grace: Duration,
+    serve: Option<std::net::SocketAddr>,
+) -> Result<u8, Fail> {
     if !goals.is_dir() {
         return Err(Fail::usage(anyhow!(
             "the goals folder {} does not exist; pass --goals DIR",
@@ -68,6 +49,10 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
     let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
     let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
     let mut hup = signal(SignalKind::hangup()).map_err(Fail::usage)?;
+    let console = match serve {
+        Some(addr) => Some(super::serve::start(addr, goals.clone(), shutdown.clone()).await?),
+        None => None,
+    };
     let stop = shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -104,9 +89,12 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
             }
         },
     };
-    daemon::run(cfg, shutdown, reload_rx)
-        .await
-        .map_err(Fail::usage)?;
+    let ran = daemon::run(cfg, shutdown.clone(), reload_rx).await;
+    shutdown.cancel();
+    if let Some(console) = console {
+        let _ = console.await;
+    }
+    ran.map_err(Fail::usage)?;
     Ok(exit::ACHIEVED)
 }
 
@@ -119,40 +107,7 @@ fn short(t: &str) -> String {
 pub fn goals(dir: &Path, json_out: bool) -> Result<u8, Fail> {
     let db = db()?;
     let now = Utc::now();
-    let mut rows = Vec::new();
-    for (path, g) in goal_files(dir)? {
-        let row = match g {
-            Err(e) => json!({"file": path.display().to_string(), "error": e}),
-            Ok(g) => {
-                let stats = db.goal_stats(&g.file.name).map_err(Fail::usage)?;
-                let next: Vec<String> = g
-                    .schedule
-                    .as_ref()
-                    .map(|s| {
-                        s.upcoming(now, 3)
-                            .into_iter()
-                            .map(|t| t.with_timezone(&s.tz).to_rfc3339())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                json!({
-                    "name": g.file.name,
-                    "file": path.display().to_string(),
-                    "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
-                    "timezone": g.schedule.as_ref().map(|s| s.tz.name().to_string()),
-                    "next": next,
-                    "paused": stats.paused,
-                    "skipped": stats.skipped,
-                    "missed": stats.missed,
-                    "last": stats.last.map(|r| json!({
-                        "run_id": r.id, "status": r.status, "stop_reason": r.stop_reason,
-                        "started_at": r.started_at, "trigger": r.trigger,
-                    })),
-                })
-            }
-        };
-        rows.push(row);
-    }
+    let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::Value::Array(rows));
@@ -390,26 +345,10 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
 pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {
     let db = db()?;
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
-    let (status, verb) = if approve {
-        ("approved", "sup approve")
-    } else {
-        ("denied", "sup deny")
-    };
+    let verb = if approve { "sup approve" } else { "sup deny" };
     let by = format!("{user} (via {verb})");
-    if db
-        .decide_approval(id, status, always, reason.as_deref(), &by)
-        .map_err(Fail::usage)?
-    {
-        println!("{id}: {status}");
-        return Ok(exit::ACHIEVED);
-    }
-    let why = match db.approval(id).map_err(Fail::usage)? {
-        Some(r) => format!(
-            "approval request {id} is no longer waiting: it was {} by {}",
-            r.status.replace('_', " "),
-            r.decided_by.unwrap_or_else(|| "someone".into())
-        ),
-        None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
-    };
-    Err(Fail::usage(anyhow!(why)))
+    let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)
+        .map_err(Fail::usage)?;
+    println!("{id}: {status}");
+    Ok(exit::ACHIEVED)
 }

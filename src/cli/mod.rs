@@ -3,6 +3,7 @@
 
 mod manage;
 mod run;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,6 +67,18 @@ enum Command {
         /// At shutdown, how long running goals get to finish before they are cancelled.
         #[arg(long, default_value = "30s", value_parser = duration)]
         grace: Duration,
+        /// Also serve the web console on this address (as `sup serve --listen`).
+        #[arg(long, value_name = "ADDR")]
+        serve: Option<std::net::SocketAddr>,
+    },
+    /// The web console: runs, live transcripts, approvals and goals in a browser. Off
+    /// loopback it needs SUP_SERVE_TOKEN.
+    Serve {
+        /// IP:PORT to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
     },
     /// The goals of a folder: schedules, next occurrences, last results, file errors.
     Goals {
@@ -306,7 +319,7 @@ pub fn main() -> ExitCode {
         }
     };
     // The daemon logs each occurrence fired and finished; other commands only trouble.
-    let default_level = if matches!(cli.command, Command::Daemon { .. }) {
+    let default_level = if matches!(cli.command, Command::Daemon { .. } | Command::Serve { .. }) {
         "info"
     } else {
         "warn"
@@ -337,7 +350,9 @@ pub fn main() -> ExitCode {
                 goals,
                 max_concurrent,
                 grace,
-            } => manage::daemon(goals, max_concurrent, grace).await,
+                serve,
+            } => manage::daemon(goals, max_concurrent, grace, serve).await,
+            Command::Serve { listen, goals } => serve::serve(listen, goals).await,
             Command::Goals { goals, json } => manage::goals(&goals, json),
             Command::Runs {
                 goal,

@@ -5,3 +5,4 @@
 pub mod cron;
 pub mod daemon;
 pub mod goals;
+pub mod overview;

@@ -4,6 +4,7 @@
 //! outputs.
 
 pub mod db;
+pub mod query;
 
 use std::fs::File;
 use std::io::Write;
