@@ -294,7 +294,7 @@ fn kept_outputs_are_linked_and_nothing_outside_the_run_folder_is_served() {
             {"tool_calls": [{"id": "c1", "name": "run_command", "input": {"command": "seq 1 5000"}}]},
             {"text": "ok"}
         ]),
-        &["--output-cap", "100"],
+        &["--output-cap", "256"],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let id = r.result()["run_id"].as_str().unwrap();
@@ -339,7 +339,15 @@ fn a_live_transcript_streams_new_events_until_the_run_ends() {
     assert!(stream.body.contains("tick-4"), "{}", stream.body);
     assert!(stream.body.contains("all ticks done"), "{}", stream.body);
     assert!(stream.body.trim_end().ends_with("data: end"), "{}", stream.body);
-    assert_eq!(stream.body.matches("echo tick-4").count(), 1, "once: {}", stream.body);
+    assert_eq!(
+        stream
+            .body
+            .matches("⚙ run_command {&quot;command&quot;:&quot;echo tick-4")
+            .count(),
+        1,
+        "once: {}",
+        stream.body
+    );
     assert!(child.wait().unwrap().success());
     // Reconnecting with Last-Event-ID resumes after that event.
     let ids: Vec<&str> = stream
@@ -621,11 +629,10 @@ fn browser_end_to_end() {
          schedule = \"* * * * * *\"\ntimezone = \"UTC\"\ntries = 1\n",
     )
     .unwrap();
-    let grow: Vec<Value> = (1..=24)
+    let grow: Vec<Value> = (1..=60)
         .map(|i| json!({"delay_ms": 400, "tool_calls": [{"id": format!("c{i}"), "name": "run_command", "input": {"command": format!("echo growing-{i}")}}]}))
         .chain([json!({"text": "grown"})])
         .collect();
-    let (mut grow, grow_id, _o0) = spawn_json(scripted(&env, json!(grow), &[]));
     let queued = |file: &str, then: &str| {
         spawn_json(scripted(
             &env,
@@ -639,6 +646,8 @@ fn browser_end_to_end() {
     let mut cmd = env.sup();
     cmd.args(["daemon", "--serve", "127.0.0.1:0", "--goals"]).arg(&dir);
     let c = console(cmd);
+    // Long enough (about 25 s) to be still going when the browser opens it.
+    let (mut grow, grow_id, _o0) = spawn_json(scripted(&env, json!(grow), &[]));
     let shots = root.join("target/web-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let reason = "not on Fridays";

@@ -100,7 +100,7 @@ pub async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: Next) ->
     h.insert("content-security-policy", HeaderValue::from_static(CSP));
     h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
