@@ -20,7 +20,8 @@ const ctx = await chromium.launchPersistentContext(profile, {
 const page = ctx.pages()[0] ?? (await ctx.newPage());
 page.setDefaultTimeout(20000);
 const shot = (name) => page.screenshot({ path: join(cfg.shots, `${name}.png`), fullPage: true });
-const step = (what) => console.log(`· ${what}`);
+const t0 = Date.now();
+const step = (what) => console.log(`· ${((Date.now() - t0) / 1000).toFixed(1)}s ${what}`);
 // Nothing is loaded from another site.
 const foreign = [];
 page.on("request", (r) => { if (!r.url().startsWith(cfg.base)) foreign.push(r.url()); });
