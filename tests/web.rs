@@ -31,7 +31,11 @@ impl Drop for Console {
 
 /// Start `cmd` (whose stderr says `listening on http://ADDR`) and wait for the address.
 fn console(mut cmd: Command) -> Console {
-    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let mut child = cmd
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
     let addr = loop {
@@ -50,7 +54,8 @@ fn console(mut cmd: Command) -> Console {
 
 fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
     let mut cmd = env.sup();
-    cmd.args(["serve", "--listen", listen, "--goals"]).arg(goals);
+    cmd.args(["serve", "--listen", listen, "--goals"])
+        .arg(goals);
     for (k, v) in extra {
         cmd.env(k, v);
     }
@@ -86,8 +91,8 @@ fn dechunk(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut rest = body;
     while let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..i]).unwrap().trim(), 16)
-            .unwrap_or(0);
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&rest[..i]).unwrap().trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -120,7 +125,14 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &s
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
@@ -148,7 +160,10 @@ fn get(addr: &str, path: &str, cookie: Option<&str>) -> Resp {
 
 /// `name="csrf" value="…"` of a page.
 fn csrf_of(page: &str) -> String {
-    let i = page.find("name=\"csrf\" value=\"").expect("a form with a CSRF token") + 19;
+    let i = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
     page[i..i + page[i..].find('"').unwrap()].to_string()
 }
 
@@ -171,7 +186,10 @@ fn sign_in(addr: &str, name: &str, token: Option<&str>) -> String {
     );
     assert_eq!(r.status, 303, "{}", r.body);
     assert_eq!(r.header("location"), Some("/approvals"));
-    format!("sup_session={}", r.cookie("sup_session").expect("a session cookie"))
+    format!(
+        "sup_session={}",
+        r.cookie("sup_session").expect("a session cookie")
+    )
 }
 
 fn goals_dir(env: &Env) -> PathBuf {
@@ -182,7 +200,11 @@ fn goals_dir(env: &Env) -> PathBuf {
 
 /// A running command started with `--json`: its child and its run id (from `run_started`).
 fn spawn_json(mut cmd: Command) -> (Child, String, BufReader<ChildStdout>) {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -248,9 +270,17 @@ fn runs_are_listed_filtered_and_paginated_and_a_transcript_is_escaped() {
 
     let all = get(&c.addr, "/runs", None);
     assert_eq!(all.status, 200);
-    assert!(all.body.contains(&plain_id) && all.body.contains(&goal_id), "{}", all.body);
+    assert!(
+        all.body.contains(&plain_id) && all.body.contains(&goal_id),
+        "{}",
+        all.body
+    );
     assert!(all.body.contains("3 runs"), "{}", all.body);
-    assert!(all.header("content-security-policy").unwrap().contains("default-src 'none'"));
+    assert!(
+        all.header("content-security-policy")
+            .unwrap()
+            .contains("default-src 'none'")
+    );
 
     let other = get(&c.addr, "/runs?goal=other", None);
     assert!(other.body.contains(&goal_id) && !other.body.contains(&plain_id));
@@ -260,24 +290,45 @@ fn runs_are_listed_filtered_and_paginated_and_a_transcript_is_escaped() {
     assert!(achieved.body.contains("3 runs"), "{}", achieved.body);
 
     let p1 = get(&c.addr, "/runs?per=2", None);
-    assert!(p1.body.contains("page 1 of 2") && p1.body.contains("older →"), "{}", p1.body);
+    assert!(
+        p1.body.contains("page 1 of 2") && p1.body.contains("older →"),
+        "{}",
+        p1.body
+    );
     assert!(!p1.body.contains(&plain_id), "the oldest run is on page 2");
     let p2 = get(&c.addr, "/runs?per=2&page=2", None);
     assert!(p2.body.contains(&plain_id) && p2.body.contains("← newer"));
-    assert!(!p2.body.contains(second.result()["run_id"].as_str().unwrap()));
+    assert!(
+        !p2.body
+            .contains(second.result()["run_id"].as_str().unwrap())
+    );
 
     let page = get(&c.addr, &format!("/runs/{plain_id}"), None);
     assert_eq!(page.status, 200);
-    assert!(!page.body.contains(evil), "markup from the model is escaped");
+    assert!(
+        !page.body.contains(evil),
+        "markup from the model is escaped"
+    );
     assert!(page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
     assert!(!page.body.contains('\u{1b}') && page.body.contains("\\u{1b}"));
-    assert!(page.body.contains("⚙ run_command"), "the trace's lines: {}", page.body);
-    assert!(page.body.contains("echo &lt;b&gt;hi&lt;/b&gt;"), "arguments, escaped");
+    assert!(
+        page.body.contains("⚙ run_command"),
+        "the trace's lines: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("echo &lt;b&gt;hi&lt;/b&gt;"),
+        "arguments, escaped"
+    );
     assert!(page.body.contains("◆ Done"), "{}", page.body);
     assert!(page.body.contains("data-live=\"0\""));
     let goal_page = get(&c.addr, &format!("/runs/{goal_id}"), None);
     assert!(goal_page.body.contains("✓ true"), "{}", goal_page.body);
-    assert!(goal_page.body.contains("Goal achieved"), "{}", goal_page.body);
+    assert!(
+        goal_page.body.contains("Goal achieved"),
+        "{}",
+        goal_page.body
+    );
     assert_eq!(get(&c.addr, "/runs/no-such-run", None).status, 404);
     assert_eq!(get(&c.addr, "/", None).status, 303);
     let css = get(&c.addr, "/static/style.css", None);
@@ -301,16 +352,27 @@ fn kept_outputs_are_linked_and_nothing_outside_the_run_folder_is_served() {
     std::fs::write(env.home.path().join("secret.txt"), "do not serve").unwrap();
     let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
     let page = get(&c.addr, &format!("/runs/{id}"), None);
-    let i = page.body.find("/files/outputs/").expect("a link to the kept output");
+    let i = page
+        .body
+        .find("/files/outputs/")
+        .expect("a link to the kept output");
     let href = &page.body[page.body[..i].rfind('"').unwrap() + 1..];
     let href = &href[..href.find('"').unwrap()];
     let file = get(&c.addr, href, None);
     assert_eq!(file.status, 200);
     assert!(file.body.contains("4999\n5000"), "the whole output is kept");
-    assert!(file.header("content-type").unwrap().starts_with("text/plain"));
+    assert!(
+        file.header("content-type")
+            .unwrap()
+            .starts_with("text/plain")
+    );
     let transcript = get(&c.addr, &format!("/runs/{id}/files/transcript.jsonl"), None);
     assert!(transcript.body.contains("run_started"));
-    for bad in ["../../secret.txt", "..%2F..%2Fsecret.txt", "%2e%2e/%2e%2e/secret.txt"] {
+    for bad in [
+        "../../secret.txt",
+        "..%2F..%2Fsecret.txt",
+        "%2e%2e/%2e%2e/secret.txt",
+    ] {
         let r = get(&c.addr, &format!("/runs/{id}/files/{bad}"), None);
         assert_ne!(r.status, 200, "{bad}");
         assert!(!r.body.contains("do not serve"), "{bad}");
@@ -334,11 +396,20 @@ fn a_live_transcript_streams_new_events_until_the_run_ends() {
     // The stream from where the page stopped: each later event once, then `end`.
     let stream = get(&c.addr, &format!("/runs/{id}/events?from={from}"), None);
     assert_eq!(stream.status, 200);
-    assert!(stream.header("content-type").unwrap().starts_with("text/event-stream"));
+    assert!(
+        stream
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     assert!(stream.body.contains("event: line"), "{}", stream.body);
     assert!(stream.body.contains("tick-4"), "{}", stream.body);
     assert!(stream.body.contains("all ticks done"), "{}", stream.body);
-    assert!(stream.body.trim_end().ends_with("data: end"), "{}", stream.body);
+    assert!(
+        stream.body.trim_end().ends_with("data: end"),
+        "{}",
+        stream.body
+    );
     assert_eq!(
         stream
             .body
@@ -363,7 +434,12 @@ fn a_live_transcript_streams_new_events_until_the_run_ends() {
         &[("Last-Event-ID", last_but_one)],
         "",
     );
-    assert_eq!(again.body.matches("event: line").count(), 1, "{}", again.body);
+    assert_eq!(
+        again.body.matches("event: line").count(),
+        1,
+        "{}",
+        again.body
+    );
     let done = get(&c.addr, &format!("/runs/{id}"), None);
     assert!(done.body.contains("data-live=\"0\"") && done.body.contains("all ticks done"));
 }
@@ -383,9 +459,7 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     let rows = pending(&env, 2);
     assert_eq!(rows.len(), 2, "{rows:?}");
     let req = |run: &str| {
-        rows.iter()
-            .find(|r| r["run_id"] == run)
-            .unwrap()["id"]
+        rows.iter().find(|r| r["run_id"] == run).unwrap()["id"]
             .as_str()
             .unwrap()
             .to_string()
@@ -396,7 +470,12 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     let anon = get(&c.addr, "/approvals", None);
     assert_eq!(anon.status, 200);
     assert!(anon.body.contains(&yes_req) && anon.body.contains(&no_req));
-    assert!(anon.body.contains("write_file wants to create approved.txt"), "{}", anon.body);
+    assert!(
+        anon.body
+            .contains("write_file wants to create approved.txt"),
+        "{}",
+        anon.body
+    );
     assert!(anon.body.contains("+hello"), "the diff: {}", anon.body);
     assert!(anon.body.contains("Sign in"), "no forms without a name");
 
@@ -406,9 +485,19 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     assert_eq!(r.status, 403);
     let cookie = sign_in(&c.addr, "alice", None);
     let page = get(&c.addr, "/approvals", Some(&cookie));
-    assert!(page.body.contains("signed in as <b>alice</b>"), "{}", page.body);
+    assert!(
+        page.body.contains("signed in as <b>alice</b>"),
+        "{}",
+        page.body
+    );
     let csrf = csrf_of(&page.body);
-    let r = http(&c.addr, "POST", &approve, &[("Cookie", &cookie)], "csrf=wrong");
+    let r = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie)],
+        "csrf=wrong",
+    );
     assert_eq!(r.status, 403);
     assert!(r.body.contains("CSRF"), "{}", r.body);
     let r = http(&c.addr, "POST", &approve, &[("Cookie", &cookie)], "");
@@ -429,7 +518,10 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
         &c.addr,
         "POST",
         &approve,
-        &[("Cookie", &cookie), ("Origin", &format!("http://{}", c.addr))],
+        &[
+            ("Cookie", &cookie),
+            ("Origin", &format!("http://{}", c.addr)),
+        ],
         &format!("csrf={csrf}"),
     );
     assert_eq!(r.status, 303, "{}", r.body);
@@ -452,17 +544,38 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     let t = read_jsonl(&run_dir(&env, &no_id).join("transcript.jsonl"));
     let msgs = tool_messages(&t);
     let told = msgs[0].to_string();
-    assert!(told.contains("not on Fridays <b>") && told.contains("web:alice"), "{told}");
+    assert!(
+        told.contains("not on Fridays <b>") && told.contains("web:alice"),
+        "{told}"
+    );
 
     let page = get(&c.addr, "/approvals", Some(&cookie));
     assert!(page.body.contains("No approval requests are waiting."));
-    assert!(page.body.contains("web:alice"), "who answered: {}", page.body);
-    assert!(page.body.contains("not on Fridays &lt;b&gt;"), "{}", page.body);
-    let again = http(&c.addr, "POST", &approve, &[("Cookie", &cookie)], &format!("csrf={csrf}"));
+    assert!(
+        page.body.contains("web:alice"),
+        "who answered: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("not on Fridays &lt;b&gt;"),
+        "{}",
+        page.body
+    );
+    let again = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
     assert_eq!(again.status, 409, "{}", again.body);
     assert!(again.body.contains("no longer waiting"));
     let run_page = get(&c.addr, &format!("/runs/{no_id}"), None);
-    assert!(run_page.body.contains("not on Fridays &lt;b&gt;"), "{}", run_page.body);
+    assert!(
+        run_page.body.contains("not on Fridays &lt;b&gt;"),
+        "{}",
+        run_page.body
+    );
 }
 
 #[test]
@@ -476,24 +589,47 @@ fn goals_show_schedules_and_file_errors_and_are_paused_resumed_and_run_now() {
          schedule = \"30 2 * * *\"\ntimezone = \"Asia/Shanghai\"\ntries = 1\n",
     )
     .unwrap();
-    std::fs::write(dir.join("broken.toml"), "prompt = \"x\"\nschedule = \"0 9 * *\"\n").unwrap();
+    std::fs::write(
+        dir.join("broken.toml"),
+        "prompt = \"x\"\nschedule = \"0 9 * *\"\n",
+    )
+    .unwrap();
     let c = serve(&env, &dir, &[], "127.0.0.1:0");
     let page = get(&c.addr, "/goals", None);
     assert_eq!(page.status, 200);
     assert!(page.body.contains("30 2 * * *") && page.body.contains("Asia/Shanghai"));
-    assert!(page.body.contains("T02:30:00+08:00"), "next occurrences: {}", page.body);
-    assert!(page.body.contains("broken.toml:2:"), "FILE:LINE: {}", page.body);
+    assert!(
+        page.body.contains("T02:30:00+08:00"),
+        "next occurrences: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("broken.toml:2:"),
+        "FILE:LINE: {}",
+        page.body
+    );
     assert!(page.body.contains("never run"));
 
     let cookie = sign_in(&c.addr, "bob", None);
     let csrf = csrf_of(&get(&c.addr, "/goals", Some(&cookie)).body);
     let paused = || {
-        let out = env.sup().args(["goals", "--json", "--goals"]).arg(&dir).output().unwrap();
+        let out = env
+            .sup()
+            .args(["goals", "--json", "--goals"])
+            .arg(&dir)
+            .output()
+            .unwrap();
         let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
         rows.iter().find(|r| r["name"] == "nightly").unwrap()["paused"] == true
     };
     let post = |path: &str, csrf: &str| {
-        http(&c.addr, "POST", path, &[("Cookie", &cookie)], &format!("csrf={csrf}"))
+        http(
+            &c.addr,
+            "POST",
+            path,
+            &[("Cookie", &cookie)],
+            &format!("csrf={csrf}"),
+        )
     };
     assert_eq!(post("/goals/nightly/pause", "forged").status, 403);
     assert!(!paused());
@@ -516,14 +652,21 @@ fn goals_show_schedules_and_file_errors_and_are_paused_resumed_and_run_now() {
         if let Some(r) = rows.into_iter().find(|r| r["status"] != "running") {
             break r;
         }
-        assert!(started.elapsed() < Duration::from_secs(20), "run now started no run");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "run now started no run"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(run["goal"], "nightly");
     assert_eq!(run["trigger"], "manual");
     assert_eq!(run["status"], "achieved");
     let page = get(&c.addr, "/goals", None);
-    assert!(page.body.contains("badge achieved"), "last verdict: {}", page.body);
+    assert!(
+        page.body.contains("badge achieved"),
+        "last verdict: {}",
+        page.body
+    );
 }
 
 #[test]
@@ -539,7 +682,10 @@ fn off_loopback_a_token_is_required_to_start_and_to_sign_in() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("SUP_SERVE_TOKEN") && err.contains("127.0.0.1"), "{err}");
+    assert!(
+        err.contains("SUP_SERVE_TOKEN") && err.contains("127.0.0.1"),
+        "{err}"
+    );
     let out = env
         .sup()
         .args(["serve", "--listen", "0.0.0.0:0", "--goals"])
@@ -557,7 +703,10 @@ fn off_loopback_a_token_is_required_to_start_and_to_sign_in() {
     assert_eq!(r.status, 303);
     assert_eq!(r.header("location"), Some("/signin?next=/runs%3Fgoal%3Dx"));
     assert_eq!(get(&addr, "/approvals", None).status, 303);
-    assert_eq!(http(&addr, "POST", "/goals/x/pause", &[], "csrf=x").status, 401);
+    assert_eq!(
+        http(&addr, "POST", "/goals/x/pause", &[], "csrf=x").status,
+        401
+    );
     let page = get(&addr, "/signin", None);
     assert!(page.body.contains("type=\"password\" name=\"token\""));
     let pre = page.cookie("sup_signin").unwrap();
@@ -576,7 +725,13 @@ fn off_loopback_a_token_is_required_to_start_and_to_sign_in() {
     assert!(r.body.contains("signed in as <b>carol</b>"));
     // Signing out ends the session.
     let csrf = csrf_of(&r.body);
-    let out = http(&addr, "POST", "/signout", &[("Cookie", &cookie)], &format!("csrf={csrf}"));
+    let out = http(
+        &addr,
+        "POST",
+        "/signout",
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
     assert_eq!(out.status, 303);
     assert_eq!(get(&addr, "/runs", Some(&cookie)).status, 303);
 }
@@ -644,11 +799,11 @@ fn browser_end_to_end() {
     let (mut no, no_id, _o2) = queued("denied.txt", "left it");
     assert_eq!(pending(&env, 2).len(), 2);
     let mut cmd = env.sup();
-    cmd.args(["daemon", "--serve", "127.0.0.1:0", "--goals"]).arg(&dir);
+    cmd.args(["daemon", "--serve", "127.0.0.1:0", "--goals"])
+        .arg(&dir);
     let c = console(cmd);
     // Still going when the browser opens it (two minutes); killed once the browser is done.
-    let (mut grow, grow_id, _o0) =
-        spawn_json(scripted(&env, json!(grow), &["--max-steps", "400"]));
+    let (mut grow, grow_id, _o0) = spawn_json(scripted(&env, json!(grow), &["--max-steps", "400"]));
     let shots = root.join("target/web-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let reason = "not on Fridays";
@@ -678,11 +833,27 @@ fn browser_end_to_end() {
     assert!(!env.ws.path().join("denied.txt").exists());
     let t = read_jsonl(&run_dir(&env, &no_id).join("transcript.jsonl"));
     let told = tool_messages(&t)[0].to_string();
-    assert!(told.contains(reason) && told.contains("web:alice"), "{told}");
-    let out = env.sup().args(["goals", "--json", "--goals"]).arg(&dir).output().unwrap();
+    assert!(
+        told.contains(reason) && told.contains("web:alice"),
+        "{told}"
+    );
+    let out = env
+        .sup()
+        .args(["goals", "--json", "--goals"])
+        .arg(&dir)
+        .output()
+        .unwrap();
     let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows[0]["paused"], true);
-    for shot in ["signin", "runs", "run-live", "approvals", "run-approved", "run-denied", "goals"] {
+    for shot in [
+        "signin",
+        "runs",
+        "run-live",
+        "approvals",
+        "run-approved",
+        "run-denied",
+        "goals",
+    ] {
         assert!(shots.join(format!("{shot}.png")).exists(), "{shot}.png");
     }
 }
@@ -715,6 +886,10 @@ fn figures() {
     db.conn().execute_batch("COMMIT").unwrap();
     let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
     for (what, path) in [
+        (
+            "/static/style.css (HTTP alone, for scale)",
+            "/static/style.css",
+        ),
         ("/runs (page 1 of 200)", "/runs"),
         ("/runs?page=150", "/runs?page=150"),
         ("/runs?goal=g7&status=failed", "/runs?goal=g7&status=failed"),
@@ -755,7 +930,10 @@ fn figures() {
     )
     .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut file = std::fs::OpenOptions::new().append(true).open(&transcript).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&transcript)
+        .unwrap();
     let mut lat = Vec::new();
     let mut buf = [0u8; 65536];
     std::thread::sleep(Duration::from_millis(200));
@@ -785,7 +963,12 @@ fn rusqlite_params(id: &str, i: usize) -> (String, String, &'static str, String,
         id.to_string(),
         format!("g{}", i % 20),
         statuses[i % 4],
-        format!("2026-01-01T{:02}:{:02}:{:02}Z", i / 3600 % 24, i / 60 % 60, i % 60),
+        format!(
+            "2026-01-01T{:02}:{:02}:{:02}Z",
+            i / 3600 % 24,
+            i / 60 % 60,
+            i % 60
+        ),
         format!("/runs/{id}"),
     )
 }

@@ -50,12 +50,12 @@ pub fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewError> {
             _ => {}
         }
     }
-    Err(broken.map(OverviewError::Broken).unwrap_or_else(|| {
-        OverviewError::NoGoal {
+    Err(broken
+        .map(OverviewError::Broken)
+        .unwrap_or_else(|| OverviewError::NoGoal {
             name: name.to_string(),
             dir: dir.display().to_string(),
-        }
-    }))
+        }))
 }
 
 /// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
 
-use super::pages::{Viewer, error_page, layout};
+use super::pages::{PageError, Viewer, error_page, layout};
 use super::{Session, State};
 
 /// The shortest token accepted.
@@ -31,7 +31,11 @@ fn random() -> String {
 
 /// Equal, in time that does not depend on where they differ.
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -83,10 +87,7 @@ pub async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: Next) ->
                     .path_and_query()
                     .map(|p| p.as_str())
                     .unwrap_or("/");
-                let to = format!(
-                    "/signin?next={}",
-                    form_urlencoded_component(next)
-                );
+                let to = format!("/signin?next={}", form_urlencoded_component(next));
                 Redirect::to(&to).into_response()
             } else {
                 error_page(StatusCode::UNAUTHORIZED, "Sign in first.")
@@ -98,7 +99,10 @@ pub async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: Next) ->
     };
     let h = resp.headers_mut();
     h.insert("content-security-policy", HeaderValue::from_static(CSP));
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     if !h.contains_key(header::CACHE_CONTROL) {
@@ -123,15 +127,15 @@ pub(crate) fn authorize(
     viewer: &Viewer,
     headers: &HeaderMap,
     csrf: &str,
-) -> Result<Session, Response> {
+) -> Result<Session, PageError> {
     let Some(session) = &viewer.0 else {
-        return Err(error_page(
+        return Err(PageError::new(
             StatusCode::FORBIDDEN,
             "Sign in first: answers are recorded with the name you give.",
         ));
     };
     if !same_origin(headers) || !same(csrf, &session.csrf) {
-        return Err(error_page(
+        return Err(PageError::new(
             StatusCode::FORBIDDEN,
             "This form did not come from this console's page (CSRF check failed). Reload the \
              page and try again.",
@@ -269,8 +273,8 @@ pub async fn signout(
     headers: HeaderMap,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    if let Err(r) = authorize(&viewer, &headers, &f.csrf) {
-        return r;
+    if let Err(e) = authorize(&viewer, &headers, &f.csrf) {
+        return e.into_response();
     }
     if let (Some(id), Ok(mut s)) = (cookie(&headers, SESSION), state.sessions.lock()) {
         s.remove(id);

@@ -93,18 +93,33 @@ pub(crate) fn error_page(status: StatusCode, text: &str) -> Response {
     (status, page).into_response()
 }
 
-fn db_error(e: DbError) -> Response {
+/// A page that could not be made: its status and what to tell the person.
+pub(crate) struct PageError(pub StatusCode, pub String);
+
+impl PageError {
+    pub fn new(status: StatusCode, text: impl Into<String>) -> Self {
+        PageError(status, text.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        error_page(self.0, &self.1)
+    }
+}
+
+fn db_error(e: DbError) -> PageError {
     match e {
-        DbError::NoRun(_) => error_page(StatusCode::NOT_FOUND, &e.to_string()),
-        e => error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        DbError::NoRun(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
+        e => PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
 /// Run `f` on the store, off the async threads.
 async fn with_db<T: Send + 'static>(
     state: &Arc<State>,
-    f: impl FnOnce(&Db) -> Result<T, Response> + Send + 'static,
-) -> Result<T, Response> {
+    f: impl FnOnce(&Db) -> Result<T, PageError> + Send + 'static,
+) -> Result<T, PageError> {
     let home = state.cfg.home.clone();
     tokio::task::spawn_blocking(move || {
         let db = Db::open(&home).map_err(db_error)?;
@@ -114,9 +129,9 @@ async fn with_db<T: Send + 'static>(
     })
     .await
     .unwrap_or_else(|e| {
-        Err(error_page(
+        Err(PageError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("the page failed: {e}"),
+            format!("the page failed: {e}"),
         ))
     })
 }
@@ -207,7 +222,7 @@ pub async fn runs(
     .await;
     let (rows, total, goals) = match loaded {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let pages = total.div_ceil(u64::from(per)).max(1);
     let body = html! {
@@ -334,7 +349,7 @@ pub async fn run(
     .await;
     let (run, checks) = match loaded {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let transcript = FsPath::new(&run.dir).join("transcript.jsonl");
     let (text, offset) = read_lines(&transcript, 0);
@@ -408,7 +423,7 @@ pub async fn run_events(
     let rid = id.clone();
     let run = match with_db(&state, move |db| db.run(&rid).map_err(db_error)).await {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let from = headers
         .get("last-event-id")
@@ -471,7 +486,8 @@ impl Tail {
             }
             self.offset = end;
             if self.done {
-                self.queued.push_back(Sse::default().event("end").data("end"));
+                self.queued
+                    .push_back(Sse::default().event("end").data("end"));
                 continue;
             }
             if !self.queued.is_empty() {
@@ -479,7 +495,7 @@ impl Tail {
             }
             // Every second without news: has the run ended without a result (killed)?
             self.polls += 1;
-            if self.polls % 20 == 0 {
+            if self.polls.is_multiple_of(20) {
                 let id = self.id.clone();
                 let running = with_db(&self.state, move |db| {
                     db.run(&id).map(|r| r.status == "running").map_err(db_error)
@@ -506,7 +522,7 @@ pub async fn run_file(
 ) -> Response {
     let run = match with_db(&state, move |db| db.run(&id).map_err(db_error)).await {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let not_found = || error_page(StatusCode::NOT_FOUND, "No such file kept for this run.");
     let (Ok(dir), Ok(full)) = (
@@ -547,7 +563,9 @@ pub async fn approvals(
                     .map(|r| PathBuf::from(r.workspace))
                     .unwrap_or_else(|_| PathBuf::from("."));
                 let input: Value = serde_json::from_str(&p.input).unwrap_or(Value::Null);
-                describe(&p.tool, &input, &workspace).trim_start().to_string()
+                describe(&p.tool, &input, &workspace)
+                    .trim_start()
+                    .to_string()
             };
             waiting.push((p, what));
         }
@@ -557,7 +575,7 @@ pub async fn approvals(
     .await;
     let (waiting, answered) = match loaded {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let body = html! {
         h2 { "Waiting" }
@@ -640,7 +658,7 @@ pub async fn answer(
 ) -> Response {
     let session = match authorize(&viewer, &headers, &f.csrf) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let approve = match verb.as_str() {
         "approve" => true,
@@ -656,25 +674,22 @@ pub async fn answer(
     let done = with_db(&state, move |db| {
         record_answer(db, &id, approve, always, reason.as_deref(), &by).map_err(|e| match e {
             AnswerError::Db(e) => db_error(e),
-            AnswerError::NoRequest(_) => error_page(StatusCode::NOT_FOUND, &e.to_string()),
-            AnswerError::NotWaiting { .. } => error_page(StatusCode::CONFLICT, &e.to_string()),
+            AnswerError::NoRequest(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
+            AnswerError::NotWaiting { .. } => PageError::new(StatusCode::CONFLICT, e.to_string()),
         })
     })
     .await;
     match done {
         Ok(_) => Redirect::to("/approvals").into_response(),
-        Err(r) => r,
+        Err(e) => e.into_response(),
     }
 }
 
-pub async fn goals(
-    Ext(state): Ext<Arc<State>>,
-    Extension(viewer): Extension<Viewer>,
-) -> Response {
+pub async fn goals(Ext(state): Ext<Arc<State>>, Extension(viewer): Extension<Viewer>) -> Response {
     let dir = state.cfg.goals_dir.clone();
     let loaded = with_db(&state, move |db| {
         let rows = overview::overview(&dir, db, Utc::now())
-            .map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))?;
+            .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let mut out = Vec::new();
         for r in rows {
             let paused_skips = match r["name"].as_str() {
@@ -688,7 +703,7 @@ pub async fn goals(
     .await;
     let rows = match loaded {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let body = html! {
@@ -758,8 +773,8 @@ pub async fn goal_action(
     headers: HeaderMap,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    if let Err(r) = authorize(&viewer, &headers, &f.csrf) {
-        return r;
+    if let Err(e) = authorize(&viewer, &headers, &f.csrf) {
+        return e.into_response();
     }
     let dir = state.cfg.goals_dir.clone();
     let goal = name.clone();
@@ -767,22 +782,22 @@ pub async fn goal_action(
     let found = with_db(&state, move |db| {
         overview::find(&dir, &goal).map_err(|e| match e {
             overview::OverviewError::NoGoal { .. } => {
-                error_page(StatusCode::NOT_FOUND, &e.to_string())
+                PageError::new(StatusCode::NOT_FOUND, e.to_string())
             }
-            e => error_page(StatusCode::CONFLICT, &e.to_string()),
+            e => PageError::new(StatusCode::CONFLICT, e.to_string()),
         })?;
         match v.as_str() {
             "pause" | "resume" => db.set_paused(&goal, v == "pause").map_err(db_error),
             "trigger" => Ok(()),
-            _ => Err(error_page(
+            _ => Err(PageError::new(
                 StatusCode::NOT_FOUND,
                 "Run now, pause or resume, nothing else.",
             )),
         }
     })
     .await;
-    if let Err(r) = found {
-        return r;
+    if let Err(e) = found {
+        return e.into_response();
     }
     if verb == "trigger" {
         // A run of its own process, as `sup trigger NAME` would start it: recorded as manual.

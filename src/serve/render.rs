@@ -30,7 +30,10 @@ fn capped(s: &str) -> String {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}\n… (cut here; the whole text is in the run folder)", clean(&s[..end]))
+    format!(
+        "{}\n… (cut here; the whole text is in the run folder)",
+        clean(&s[..end])
+    )
 }
 
 /// The CSS class of an event and what is folded under its line.
@@ -66,14 +69,15 @@ fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
         }
         Event::WorkFinished { .. } => ("stop", None),
         Event::Check { report, .. } => (
-            if report.passed { "check ok" } else { "check err" },
+            if report.passed {
+                "check ok"
+            } else {
+                "check err"
+            },
             (!report.output_tail.trim().is_empty())
                 .then(|| ("output (last part)", report.output_tail.clone())),
         ),
-        Event::Result { answer, .. } => (
-            "outcome",
-            answer.as_ref().map(|a| ("answer", a.clone())),
-        ),
+        Event::Result { answer, .. } => ("outcome", answer.as_ref().map(|a| ("answer", a.clone()))),
         Event::TextDelta { .. } | Event::Message { .. } | Event::TryFinished { .. } => ("", None),
     }
 }

@@ -93,6 +93,9 @@ const MIGRATIONS: &[&str] = &[
         paused INTEGER NOT NULL DEFAULT 0,
         last_occurrence TEXT
     );",
+    // 2: the newest runs first, by status (the web console's pages, orphan sweeps).
+    "CREATE INDEX runs_started ON runs (started_at, id);
+    CREATE INDEX runs_status ON runs (status, started_at);",
 ];
 
 /// A time as the store keeps it: RFC 3339, UTC, whole seconds unless sub-second.

@@ -20,7 +20,8 @@ fn sqlite(_db: &Db, source: rusqlite::Error) -> DbError {
     }
 }
 
-/// One page of runs (`offset`, `limit`) and how many match in all.
+/// One page of runs (`offset`, `limit`) and how many match in all. Only the conditions
+/// given are in the SQL, so SQLite can use the goal, status and time indexes.
 pub fn runs_page(
     db: &Db,
     filter: &RunFilter,
@@ -28,23 +29,35 @@ pub fn runs_page(
     limit: u32,
 ) -> Result<(Vec<RunRow>, u64), DbError> {
     let conn = db.conn();
+    let mut conds = Vec::new();
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(g) = filter.goal {
+        args.push(g);
+        conds.push(format!("goal = ?{}", args.len()));
+    }
+    if let Some(s) = filter.status {
+        args.push(s);
+        conds.push(format!("status = ?{}", args.len()));
+    }
+    let filter_sql = if conds.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conds.join(" AND "))
+    };
     let total: u64 = conn
         .query_row(
-            "SELECT count(*) FROM runs WHERE (?1 IS NULL OR goal = ?1) AND (?2 IS NULL OR status = ?2)",
-            params![filter.goal, filter.status],
+            &format!("SELECT count(*) FROM runs {filter_sql}"),
+            rusqlite::params_from_iter(&args),
             |r| r.get(0),
         )
         .map_err(|e| sqlite(db, e))?;
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT id FROM runs WHERE (?1 IS NULL OR goal = ?1) AND (?2 IS NULL OR status = ?2)
-             ORDER BY started_at DESC, id DESC LIMIT ?3 OFFSET ?4",
-        )
+        .prepare_cached(&format!(
+            "SELECT id FROM runs {filter_sql} ORDER BY started_at DESC, id DESC LIMIT {limit} OFFSET {offset}"
+        ))
         .map_err(|e| sqlite(db, e))?;
     let ids: Vec<String> = stmt
-        .query_map(params![filter.goal, filter.status, limit, offset], |r| {
-            r.get(0)
-        })
+        .query_map(rusqlite::params_from_iter(&args), |r| r.get(0))
         .and_then(Iterator::collect)
         .map_err(|e| sqlite(db, e))?;
     let runs = ids
