@@ -10,6 +10,7 @@ pub mod notify;
 pub mod redact;
 pub mod run;
 pub mod schedule;
+pub mod serve;
 pub mod store;
 pub mod template;
 pub mod tools;

@@ -3,6 +3,7 @@
 //! answers each call with allow, deny (with who or which rule, and why) or quit; nothing that
 //! needed a yes runs without one, and a run with no terminal never waits on a prompt.
 
+pub mod answer;
 pub mod rules;
 mod terminal;
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use chrono::Utc;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::run::{execute, invocation, run_fail};
@@ -17,6 +16,7 @@ use crate::config::Settings;
 use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
+use crate::schedule::overview;
 use crate::store::{self, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
 
@@ -42,21 +42,15 @@ pub(super) fn goal_files(dir: &Path) -> Result<Vec<Loaded>, Fail> {
 
 /// The goal named `name` in `dir`.
 fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
-    let mut broken = None;
-    for (path, g) in goal_files(dir)? {
-        match g {
-            Ok(g) if g.file.name == name => return Ok(g),
-            Err(e) if path.file_stem().is_some_and(|s| s == name) => broken = Some(e),
-            _ => {}
-        }
-    }
-    Err(Fail::usage(anyhow!(broken.unwrap_or_else(|| format!(
-        "no goal `{name}` in {}; `sup goals --goals DIR` lists them",
-        dir.display()
-    )))))
+    overview::find(dir, name).map_err(Fail::usage)
 }
 
-pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> Result<u8, Fail> {
+pub async fn daemon(
+    goals: PathBuf,
+    max_concurrent: usize,
+    grace: Duration,
+    serve: Option<std::net::SocketAddr>,
+) -> Result<u8, Fail> {
     if !goals.is_dir() {
         return Err(Fail::usage(anyhow!(
             "the goals folder {} does not exist; pass --goals DIR",
@@ -69,6 +63,10 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
     let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
     let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
     let mut hup = signal(SignalKind::hangup()).map_err(Fail::usage)?;
+    let console = match serve {
+        Some(addr) => Some(super::serve::start(addr, goals.clone(), shutdown.clone()).await?),
+        None => None,
+    };
     let stop = shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -98,9 +96,12 @@ pub async fn daemon(goals: PathBuf, max_concurrent: usize, grace: Duration) -> R
         clock: Arc::new(SystemClock),
         defaults: invocation(Settings::default())?,
     };
-    daemon::run(cfg, shutdown, reload_rx)
-        .await
-        .map_err(Fail::usage)?;
+    let ran = daemon::run(cfg, shutdown.clone(), reload_rx).await;
+    shutdown.cancel();
+    if let Some(console) = console {
+        let _ = console.await;
+    }
+    ran.map_err(Fail::usage)?;
     Ok(exit::ACHIEVED)
 }
 
@@ -113,40 +114,7 @@ fn short(t: &str) -> String {
 pub fn goals(dir: &Path, json_out: bool) -> Result<u8, Fail> {
     let db = db()?;
     let now = Utc::now();
-    let mut rows = Vec::new();
-    for (path, g) in goal_files(dir)? {
-        let row = match g {
-            Err(e) => json!({"file": path.display().to_string(), "error": e}),
-            Ok(g) => {
-                let stats = db.goal_stats(&g.file.name).map_err(Fail::usage)?;
-                let next: Vec<String> = g
-                    .schedule
-                    .as_ref()
-                    .map(|s| {
-                        s.upcoming(now, 3)
-                            .into_iter()
-                            .map(|t| t.with_timezone(&s.tz).to_rfc3339())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                json!({
-                    "name": g.file.name,
-                    "file": path.display().to_string(),
-                    "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
-                    "timezone": g.schedule.as_ref().map(|s| s.tz.name().to_string()),
-                    "next": next,
-                    "paused": stats.paused,
-                    "skipped": stats.skipped,
-                    "missed": stats.missed,
-                    "last": stats.last.map(|r| json!({
-                        "run_id": r.id, "status": r.status, "stop_reason": r.stop_reason,
-                        "started_at": r.started_at, "trigger": r.trigger,
-                    })),
-                })
-            }
-        };
-        rows.push(row);
-    }
+    let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::Value::Array(rows));
@@ -432,26 +400,10 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
 pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {
     let db = db()?;
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
-    let (status, verb) = if approve {
-        ("approved", "sup approve")
-    } else {
-        ("denied", "sup deny")
-    };
+    let verb = if approve { "sup approve" } else { "sup deny" };
     let by = format!("{user} (via {verb})");
-    if db
-        .decide_approval(id, status, always, reason.as_deref(), &by)
-        .map_err(Fail::usage)?
-    {
-        println!("{id}: {status}");
-        return Ok(exit::ACHIEVED);
-    }
-    let why = match db.approval(id).map_err(Fail::usage)? {
-        Some(r) => format!(
-            "approval request {id} is no longer waiting: it was {} by {}",
-            r.status.replace('_', " "),
-            r.decided_by.unwrap_or_else(|| "someone".into())
-        ),
-        None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
-    };
-    Err(Fail::usage(anyhow!(why)))
+    let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)
+        .map_err(Fail::usage)?;
+    println!("{id}: {status}");
+    Ok(exit::ACHIEVED)
 }

@@ -6,6 +6,7 @@ mod manage;
 mod run;
 mod service;
 mod status;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,11 +82,23 @@ enum Command {
         /// on daemons that have all of them.
         #[arg(long, value_delimiter = ',')]
         tags: Vec<String>,
+        /// Also serve the web console on this address (as `sup serve --listen`).
+        #[arg(long, value_name = "ADDR")]
+        serve: Option<std::net::SocketAddr>,
     },
     /// The fleet sharing a --store: each daemon, its last renewal and what it runs.
     Daemons {
         #[arg(long)]
         json: bool,
+    },
+    /// The web console: runs, live transcripts, approvals and goals in a browser. Off
+    /// loopback it needs SUP_SERVE_TOKEN.
+    Serve {
+        /// IP:PORT to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value = "goals")]
+        goals: PathBuf,
     },
     /// The goals of a folder: schedules, next occurrences, last results, file errors.
     Goals {
@@ -223,7 +236,7 @@ pub fn main() -> ExitCode {
         }
     };
     // The daemon logs each occurrence fired and finished; other commands only trouble.
-    let default_level = if matches!(cli.command, Command::Daemon { .. }) {
+    let default_level = if matches!(cli.command, Command::Daemon { .. } | Command::Serve { .. }) {
         "info"
     } else {
         "warn"
@@ -258,11 +271,13 @@ pub fn main() -> ExitCode {
                 goals,
                 max_concurrent,
                 grace,
+                serve,
                 ..
-            } => manage::daemon(goals, max_concurrent, grace).await,
+            } => manage::daemon(goals, max_concurrent, grace, serve).await,
             Command::Daemons { .. } => Err(Fail::usage(anyhow::anyhow!(
                 "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
             ))),
+            Command::Serve { listen, goals } => serve::serve(listen, goals).await,
             Command::Goals { goals, json } => manage::goals(&goals, json),
             Command::Runs {
                 goal,

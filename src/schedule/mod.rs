@@ -6,3 +6,4 @@ pub mod cron;
 pub mod daemon;
 pub mod fleet;
 pub mod goals;
+pub mod overview;

@@ -109,6 +109,9 @@ const MIGRATIONS: &[&str] = &[
         detail TEXT NOT NULL
     );
     CREATE INDEX notifications_run ON notifications (run_id);",
+    // 3: the newest runs first, by status (the web console's pages, orphan sweeps).
+    "CREATE INDEX runs_started ON runs (started_at, id);
+    CREATE INDEX runs_status ON runs (status, started_at);",
 ];
 
 /// A time as the store keeps it: RFC 3339, UTC, whole seconds unless sub-second.

@@ -5,6 +5,7 @@
 
 pub mod db;
 pub mod pg;
+pub mod query;
 
 use std::fs::File;
 use std::io::Write;

@@ -97,7 +97,8 @@ fn n_tries(n: u32) -> String {
 }
 
 impl HumanTrace {
-    fn line(&self, event: &Event) -> Option<String> {
+    /// The line (or lines) this event shows as, without streamed text.
+    pub fn line(&self, event: &Event) -> Option<String> {
         Some(match event {
             Event::RunStarted {
                 run_id,

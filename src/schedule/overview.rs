@@ -1,0 +1,99 @@
+//! The goals of a folder as people see them (`sup goals`, the web console): each goal file
+//! loaded or with its error, its schedule and time zone, next occurrences, paused or not,
+//! skipped and missed counts, and its last run; and finding one goal by name.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use super::goals::{self, ScheduledGoal};
+use crate::store::db::{Db, DbError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OverviewError {
+    #[error("cannot read the goals folder {path}: {source}")]
+    Folder {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("no goal `{name}` in {dir}; `sup goals --goals DIR` lists them")]
+    NoGoal { name: String, dir: String },
+    /// The goal's file is broken: the message names the file, line and key.
+    #[error("{0}")]
+    Broken(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// A goal file of the folder, loaded or with its error.
+pub type Loaded = (PathBuf, Result<ScheduledGoal, String>);
+
+pub fn goal_files(dir: &Path) -> Result<Vec<Loaded>, OverviewError> {
+    let loaded = goals::load_dir(dir).map_err(|source| OverviewError::Folder {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    Ok(loaded
+        .into_iter()
+        .map(|(p, r)| (p, r.map_err(|e| e.to_string())))
+        .collect())
+}
+
+/// The goal named `name` in `dir`.
+pub fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewError> {
+    let mut broken = None;
+    for (path, g) in goal_files(dir)? {
+        match g {
+            Ok(g) if g.file.name == name => return Ok(g),
+            Err(e) if path.file_stem().is_some_and(|s| s == name) => broken = Some(e),
+            _ => {}
+        }
+    }
+    Err(broken
+        .map(OverviewError::Broken)
+        .unwrap_or_else(|| OverviewError::NoGoal {
+            name: name.to_string(),
+            dir: dir.display().to_string(),
+        }))
+}
+
+/// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken
+/// file, else name, file, schedule, timezone, next (3), paused, skipped, missed, last.
+pub fn overview(dir: &Path, db: &Db, now: DateTime<Utc>) -> Result<Vec<Value>, OverviewError> {
+    let mut rows = Vec::new();
+    for (path, g) in goal_files(dir)? {
+        let row = match g {
+            Err(e) => json!({"file": path.display().to_string(), "error": e}),
+            Ok(g) => {
+                let stats = db.goal_stats(&g.file.name)?;
+                let next: Vec<String> = g
+                    .schedule
+                    .as_ref()
+                    .map(|s| {
+                        s.upcoming(now, 3)
+                            .into_iter()
+                            .map(|t| t.with_timezone(&s.tz).to_rfc3339())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                json!({
+                    "name": g.file.name,
+                    "file": path.display().to_string(),
+                    "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
+                    "timezone": g.schedule.as_ref().map(|s| s.tz.name().to_string()),
+                    "next": next,
+                    "paused": stats.paused,
+                    "skipped": stats.skipped,
+                    "missed": stats.missed,
+                    "last": stats.last.map(|r| json!({
+                        "run_id": r.id, "status": r.status, "stop_reason": r.stop_reason,
+                        "started_at": r.started_at, "trigger": r.trigger,
+                    })),
+                })
+            }
+        };
+        rows.push(row);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,122 @@
+//! A transcript as HTML: each event as the terminal trace shows it (the same renderer), with
+//! what the trace cuts short — arguments, whole results, check output, the answer — folded
+//! under it. Control characters are made visible and everything is escaped by maud.
+
+use maud::{Markup, html};
+
+use crate::trace::{Event, HumanTrace};
+
+/// The most of one detail shown on the page (the whole output stays in the run folder).
+const DETAIL_CAP: usize = 64 * 1024;
+
+/// Control characters (but newline and tab) as visible escapes, as the terminal shows them.
+pub fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn capped(s: &str) -> String {
+    if s.len() <= DETAIL_CAP {
+        return clean(s);
+    }
+    let mut end = DETAIL_CAP;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}\n… (cut here; the whole text is in the run folder)",
+        clean(&s[..end])
+    )
+}
+
+/// The CSS class of an event and what is folded under its line.
+fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
+    match event {
+        Event::RunStarted { prompt, .. } => ("start", Some(("prompt", prompt.clone()))),
+        Event::Notice { .. } => ("notice", None),
+        Event::TryStarted { .. } => ("try", None),
+        Event::StepStarted { .. } => ("step", None),
+        Event::ModelText { .. } => ("model", None),
+        Event::ToolCall { input, .. } => (
+            "call",
+            Some((
+                "arguments",
+                serde_json::to_string_pretty(input).unwrap_or_default(),
+            )),
+        ),
+        Event::ToolResult {
+            content, is_error, ..
+        } => {
+            let class = if *is_error { "result err" } else { "result ok" };
+            let long = content.trim_end().lines().nth(1).is_some() || content.chars().count() > 120;
+            (class, long.then(|| ("whole result", content.clone())))
+        }
+        Event::StepFinished { .. } => ("tokens", None),
+        Event::ApprovalRequested { input, .. } => ("wait", Some(("request", input.clone()))),
+        Event::Approval { decision, .. } => {
+            if decision == "allowed" || decision == "approved" {
+                ("approval ok", None)
+            } else {
+                ("approval err", None)
+            }
+        }
+        Event::WorkFinished { .. } => ("stop", None),
+        Event::Check { report, .. } => (
+            if report.passed {
+                "check ok"
+            } else {
+                "check err"
+            },
+            (!report.output_tail.trim().is_empty())
+                .then(|| ("output (last part)", report.output_tail.clone())),
+        ),
+        Event::Result { answer, .. } => ("outcome", answer.as_ref().map(|a| ("answer", a.clone()))),
+        Event::TextDelta { .. } | Event::Message { .. } | Event::TryFinished { .. } => ("", None),
+    }
+}
+
+/// One event as HTML, or nothing for events the trace does not show.
+pub fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
+    let line = trace.line(event)?;
+    let (class, detail) = parts(event);
+    Some(html! {
+        div class={ "ev " (class) } {
+            pre.line { (clean(&line)) }
+            @if let Some((label, text)) = detail {
+                details { summary { (label) } pre { (capped(&text)) } }
+            }
+        }
+    })
+}
+
+/// The events of a transcript's text; lines that do not parse are left out.
+pub fn events(text: &str) -> impl Iterator<Item = Event> + '_ {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markup_and_control_characters_from_a_run_are_escaped() {
+        let trace = HumanTrace::to(false, Box::new(std::io::sink()));
+        let e = Event::ModelText {
+            step: 1,
+            text: "<script>alert(1)</script>\u{1b}[2J".into(),
+        };
+        let html = event(&trace, &e).unwrap().into_string();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+        assert!(!html.contains('\u{1b}'), "{html}");
+        assert!(html.contains("\\u{1b}"), "{html}");
+    }
+}

@@ -1,0 +1,979 @@
+//! The web console through the binary: `sup serve` on 127.0.0.1 with a free port, spoken to
+//! over plain HTTP — every page and action, the token and host rules, CSRF rejection, live
+//! transcripts over server-sent events — and, in Debian's Chromium driven by playwright-core
+//! (`tests/web/e2e.mjs`), a person's path through `sup daemon --serve`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Env, read_jsonl, tool_messages};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "a-long-enough-secret-token";
+
+/// A console (or daemon with one) running as a child process; killed when dropped.
+struct Console {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `cmd` (whose stderr says `listening on http://ADDR`) and wait for the address.
+fn console(mut cmd: Command) -> Console {
+    let mut child = cmd
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            panic!("the console did not start: {}", seen.join("\n"));
+        };
+        if let Some(a) = line.split("listening on http://").nth(1) {
+            break a.trim().to_string();
+        }
+        seen.push(line);
+    };
+    // Keep reading its log, so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Console { child, addr }
+}
+
+fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
+    let mut cmd = env.sup();
+    cmd.args(["serve", "--listen", listen, "--goals"])
+        .arg(goals);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    console(cmd)
+}
+
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The value of cookie `name` this response sets.
+    fn cookie(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("set-cookie"))
+            .filter_map(|(_, v)| v.split(';').next()?.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
+fn dechunk(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&rest[..i]).unwrap().trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&rest[i + 2..i + 2 + size]);
+        rest = &rest[i + 2 + size + 2..];
+    }
+    out
+}
+
+/// One HTTP/1.1 request with `Host: 127.0.0.1` unless given.
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"))
+    {
+        body = dechunk(&body);
+    }
+    Resp {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+fn get(addr: &str, path: &str, cookie: Option<&str>) -> Resp {
+    match cookie {
+        Some(c) => http(addr, "GET", path, &[("Cookie", c)], ""),
+        None => http(addr, "GET", path, &[], ""),
+    }
+}
+
+/// `name="csrf" value="…"` of a page.
+fn csrf_of(page: &str) -> String {
+    let i = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
+    page[i..i + page[i..].find('"').unwrap()].to_string()
+}
+
+/// Sign in as `name` (with `token` when given); returns the session cookie header value.
+fn sign_in(addr: &str, name: &str, token: Option<&str>) -> String {
+    let page = get(addr, "/signin", None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    let pre = page.cookie("sup_signin").expect("a sign-in cookie");
+    assert_eq!(csrf_of(&page.body), pre);
+    let mut form = format!("name={name}&csrf={pre}&next=/approvals");
+    if let Some(t) = token {
+        form.push_str(&format!("&token={t}"));
+    }
+    let r = http(
+        addr,
+        "POST",
+        "/signin",
+        &[("Cookie", &format!("sup_signin={pre}"))],
+        &form,
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(r.header("location"), Some("/approvals"));
+    format!(
+        "sup_session={}",
+        r.cookie("sup_session").expect("a session cookie")
+    )
+}
+
+fn goals_dir(env: &Env) -> PathBuf {
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A running command started with `--json`: its child and its run id (from `run_started`).
+fn spawn_json(mut cmd: Command) -> (Child, String, BufReader<ChildStdout>) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let first: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("{line}"));
+    assert_eq!(first["type"], "run_started", "{line}");
+    (child, first["run_id"].as_str().unwrap().to_string(), out)
+}
+
+fn scripted(env: &Env, turns: Value, args: &[&str]) -> Command {
+    let script = env.script(turns);
+    let mut cmd = env.sup();
+    cmd.args(["run", "do the work", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .args(args);
+    cmd
+}
+
+fn write_turns(file: &str, then: &str) -> Value {
+    json!([
+        {"tool_calls": [{"id": "w1", "name": "write_file", "input": {"path": file, "content": "hello\n"}}]},
+        {"text": then}
+    ])
+}
+
+fn pending(env: &Env, n: usize) -> Vec<Value> {
+    let started = Instant::now();
+    loop {
+        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if rows.len() >= n || started.elapsed() > Duration::from_secs(20) {
+            return rows;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_dir(env: &Env, id: &str) -> PathBuf {
+    env.home.path().join("runs").join(id)
+}
+
+#[test]
+fn runs_are_listed_filtered_and_paginated_and_a_transcript_is_escaped() {
+    let env = Env::new();
+    let evil = "<script>alert(1)</script>";
+    let plain = env.run_json(
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "run_command", "input": {"command": "echo <b>hi</b>"}}]},
+            {"text": format!("done {evil} \u{1b}[2J")}
+        ]),
+        &[],
+    );
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    let plain_id = plain.result()["run_id"].as_str().unwrap().to_string();
+    let second = env.run_json(json!([{"text": "second"}]), &[]);
+    let goal = env.json(
+        &["goal", "make it", "--name", "other", "--check-cmd", "true"],
+        json!([{"text": "made"}]),
+        &[],
+    );
+    assert_eq!(goal.code, 0, "{}", goal.stderr);
+    let goal_id = goal.result()["run_id"].as_str().unwrap().to_string();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+
+    let all = get(&c.addr, "/runs", None);
+    assert_eq!(all.status, 200);
+    assert!(
+        all.body.contains(&plain_id) && all.body.contains(&goal_id),
+        "{}",
+        all.body
+    );
+    assert!(all.body.contains("3 runs"), "{}", all.body);
+    assert!(
+        all.header("content-security-policy")
+            .unwrap()
+            .contains("default-src 'none'")
+    );
+
+    let other = get(&c.addr, "/runs?goal=other", None);
+    assert!(other.body.contains(&goal_id) && !other.body.contains(&plain_id));
+    let none = get(&c.addr, "/runs?status=failed", None);
+    assert!(none.body.contains("No runs."), "{}", none.body);
+    let achieved = get(&c.addr, "/runs?status=achieved&goal=", None);
+    assert!(achieved.body.contains("3 runs"), "{}", achieved.body);
+
+    let p1 = get(&c.addr, "/runs?per=2", None);
+    assert!(
+        p1.body.contains("page 1 of 2") && p1.body.contains("older →"),
+        "{}",
+        p1.body
+    );
+    assert!(!p1.body.contains(&plain_id), "the oldest run is on page 2");
+    let p2 = get(&c.addr, "/runs?per=2&page=2", None);
+    assert!(p2.body.contains(&plain_id) && p2.body.contains("← newer"));
+    assert!(
+        !p2.body
+            .contains(second.result()["run_id"].as_str().unwrap())
+    );
+
+    let page = get(&c.addr, &format!("/runs/{plain_id}"), None);
+    assert_eq!(page.status, 200);
+    assert!(
+        !page.body.contains(evil),
+        "markup from the model is escaped"
+    );
+    assert!(page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(!page.body.contains('\u{1b}') && page.body.contains("\\u{1b}"));
+    assert!(
+        page.body.contains("⚙ run_command"),
+        "the trace's lines: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("echo &lt;b&gt;hi&lt;/b&gt;"),
+        "arguments, escaped"
+    );
+    assert!(page.body.contains("◆ Done"), "{}", page.body);
+    assert!(page.body.contains("data-live=\"0\""));
+    let goal_page = get(&c.addr, &format!("/runs/{goal_id}"), None);
+    assert!(goal_page.body.contains("✓ true"), "{}", goal_page.body);
+    assert!(
+        goal_page.body.contains("Goal achieved"),
+        "{}",
+        goal_page.body
+    );
+    assert_eq!(get(&c.addr, "/runs/no-such-run", None).status, 404);
+    assert_eq!(get(&c.addr, "/", None).status, 303);
+    let css = get(&c.addr, "/static/style.css", None);
+    assert!(css.status == 200 && css.body.contains(".transcript"));
+    let js = get(&c.addr, "/static/live.js", None);
+    assert!(js.status == 200 && js.body.contains("EventSource"));
+}
+
+#[test]
+fn kept_outputs_are_linked_and_nothing_outside_the_run_folder_is_served() {
+    let env = Env::new();
+    let r = env.run_json(
+        json!([
+            {"tool_calls": [{"id": "c1", "name": "run_command", "input": {"command": "seq 1 5000"}}]},
+            {"text": "ok"}
+        ]),
+        &["--output-cap", "256"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let id = r.result()["run_id"].as_str().unwrap();
+    std::fs::write(env.home.path().join("secret.txt"), "do not serve").unwrap();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let page = get(&c.addr, &format!("/runs/{id}"), None);
+    let i = page
+        .body
+        .find("/files/outputs/")
+        .expect("a link to the kept output");
+    let href = &page.body[page.body[..i].rfind('"').unwrap() + 1..];
+    let href = &href[..href.find('"').unwrap()];
+    let file = get(&c.addr, href, None);
+    assert_eq!(file.status, 200);
+    assert!(file.body.contains("4999\n5000"), "the whole output is kept");
+    assert!(
+        file.header("content-type")
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let transcript = get(&c.addr, &format!("/runs/{id}/files/transcript.jsonl"), None);
+    assert!(transcript.body.contains("run_started"));
+    for bad in [
+        "../../secret.txt",
+        "..%2F..%2Fsecret.txt",
+        "%2e%2e/%2e%2e/secret.txt",
+    ] {
+        let r = get(&c.addr, &format!("/runs/{id}/files/{bad}"), None);
+        assert_ne!(r.status, 200, "{bad}");
+        assert!(!r.body.contains("do not serve"), "{bad}");
+    }
+}
+
+#[test]
+fn a_live_transcript_streams_new_events_until_the_run_ends() {
+    let env = Env::new();
+    let turns: Vec<Value> = (1..=4)
+        .map(|i| json!({"delay_ms": 500, "tool_calls": [{"id": format!("c{i}"), "name": "run_command", "input": {"command": format!("echo tick-{i}")}}]}))
+        .chain([json!({"text": "all ticks done", "delay_ms": 500})])
+        .collect();
+    let (mut child, id, _out) = spawn_json(scripted(&env, json!(turns), &[]));
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let page = get(&c.addr, &format!("/runs/{id}"), None);
+    assert!(page.body.contains("data-live=\"1\""), "{}", page.body);
+    assert!(!page.body.contains("all ticks done"));
+    let i = page.body.find("/events?from=").unwrap() + 13;
+    let from = &page.body[i..i + page.body[i..].find('"').unwrap()];
+    // The stream from where the page stopped: each later event once, then `end`.
+    let stream = get(&c.addr, &format!("/runs/{id}/events?from={from}"), None);
+    assert_eq!(stream.status, 200);
+    assert!(
+        stream
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    assert!(stream.body.contains("event: line"), "{}", stream.body);
+    assert!(stream.body.contains("tick-4"), "{}", stream.body);
+    assert!(stream.body.contains("all ticks done"), "{}", stream.body);
+    assert!(
+        stream.body.trim_end().ends_with("data: end"),
+        "{}",
+        stream.body
+    );
+    assert_eq!(
+        stream
+            .body
+            .matches("⚙ run_command {&quot;command&quot;:&quot;echo tick-4")
+            .count(),
+        1,
+        "once: {}",
+        stream.body
+    );
+    assert!(child.wait().unwrap().success());
+    // Reconnecting with Last-Event-ID resumes after that event.
+    let ids: Vec<&str> = stream
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .collect();
+    let last_but_one = ids[ids.len() - 2];
+    let again = http(
+        &c.addr,
+        "GET",
+        &format!("/runs/{id}/events?from=0"),
+        &[("Last-Event-ID", last_but_one)],
+        "",
+    );
+    assert_eq!(
+        again.body.matches("event: line").count(),
+        1,
+        "{}",
+        again.body
+    );
+    let done = get(&c.addr, &format!("/runs/{id}"), None);
+    assert!(done.body.contains("data-live=\"0\"") && done.body.contains("all ticks done"));
+}
+
+#[test]
+fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
+    let env = Env::new();
+    let queued = |file: &str, then: &str| {
+        spawn_json(scripted(
+            &env,
+            write_turns(file, then),
+            &["--approval", "queue"],
+        ))
+    };
+    let (mut yes, yes_id, _o1) = queued("approved.txt", "wrote it");
+    let (mut no, no_id, _o2) = queued("denied.txt", "left it");
+    let rows = pending(&env, 2);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let req = |run: &str| {
+        rows.iter().find(|r| r["run_id"] == run).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (yes_req, no_req) = (req(&yes_id), req(&no_id));
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+
+    let anon = get(&c.addr, "/approvals", None);
+    assert_eq!(anon.status, 200);
+    assert!(anon.body.contains(&yes_req) && anon.body.contains(&no_req));
+    assert!(
+        anon.body
+            .contains("write_file wants to create approved.txt"),
+        "{}",
+        anon.body
+    );
+    assert!(anon.body.contains("+hello"), "the diff: {}", anon.body);
+    assert!(anon.body.contains("Sign in"), "no forms without a name");
+
+    let approve = format!("/approvals/{yes_req}/approve");
+    // Without a session, with a wrong token, from another site: refused, still waiting.
+    let r = http(&c.addr, "POST", &approve, &[], "csrf=x");
+    assert_eq!(r.status, 403);
+    let cookie = sign_in(&c.addr, "alice", None);
+    let page = get(&c.addr, "/approvals", Some(&cookie));
+    assert!(
+        page.body.contains("signed in as <b>alice</b>"),
+        "{}",
+        page.body
+    );
+    let csrf = csrf_of(&page.body);
+    let r = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie)],
+        "csrf=wrong",
+    );
+    assert_eq!(r.status, 403);
+    assert!(r.body.contains("CSRF"), "{}", r.body);
+    let r = http(&c.addr, "POST", &approve, &[("Cookie", &cookie)], "");
+    assert!(r.status >= 400, "no token at all: {}", r.status);
+    let r = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie), ("Origin", "http://evil.example")],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 403, "another origin");
+    let r = http(&c.addr, "GET", &approve, &[("Cookie", &cookie)], "");
+    assert_eq!(r.status, 405, "a GET changes nothing");
+    assert_eq!(pending(&env, 2).len(), 2, "nothing was answered yet");
+
+    let r = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[
+            ("Cookie", &cookie),
+            ("Origin", &format!("http://{}", c.addr)),
+        ],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let r = http(
+        &c.addr,
+        "POST",
+        &format!("/approvals/{no_req}/deny"),
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}&reason=not+on+Fridays+%3Cb%3E"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(yes.wait().unwrap().success());
+    assert!(no.wait().unwrap().success());
+    assert!(env.ws.path().join("approved.txt").exists());
+    assert!(!env.ws.path().join("denied.txt").exists());
+
+    let t = read_jsonl(&run_dir(&env, &yes_id).join("transcript.jsonl"));
+    let by = t.iter().find(|e| e["type"] == "approval").unwrap()["by"].clone();
+    assert!(by.as_str().unwrap().starts_with("web:alice"), "{by}");
+    let t = read_jsonl(&run_dir(&env, &no_id).join("transcript.jsonl"));
+    let msgs = tool_messages(&t);
+    let told = msgs[0].to_string();
+    assert!(
+        told.contains("not on Fridays <b>") && told.contains("web:alice"),
+        "{told}"
+    );
+
+    let page = get(&c.addr, "/approvals", Some(&cookie));
+    assert!(page.body.contains("No approval requests are waiting."));
+    assert!(
+        page.body.contains("web:alice"),
+        "who answered: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("not on Fridays &lt;b&gt;"),
+        "{}",
+        page.body
+    );
+    let again = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(again.body.contains("no longer waiting"));
+    let run_page = get(&c.addr, &format!("/runs/{no_id}"), None);
+    assert!(
+        run_page.body.contains("not on Fridays &lt;b&gt;"),
+        "{}",
+        run_page.body
+    );
+}
+
+#[test]
+fn goals_show_schedules_and_file_errors_and_are_paused_resumed_and_run_now() {
+    let env = Env::new();
+    let dir = goals_dir(&env);
+    std::fs::write(dir.join("nightly.json"), r#"[{"text": "night work done"}]"#).unwrap();
+    std::fs::write(
+        dir.join("nightly.toml"),
+        "prompt = \"work\"\nmodel = \"script:nightly.json\"\nworkspace = \"..\"\n\
+         schedule = \"30 2 * * *\"\ntimezone = \"Asia/Shanghai\"\ntries = 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("broken.toml"),
+        "prompt = \"x\"\nschedule = \"0 9 * *\"\n",
+    )
+    .unwrap();
+    let c = serve(&env, &dir, &[], "127.0.0.1:0");
+    let page = get(&c.addr, "/goals", None);
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("30 2 * * *") && page.body.contains("Asia/Shanghai"));
+    assert!(
+        page.body.contains("T02:30:00+08:00"),
+        "next occurrences: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("broken.toml:2:"),
+        "FILE:LINE: {}",
+        page.body
+    );
+    assert!(page.body.contains("never run"));
+
+    let cookie = sign_in(&c.addr, "bob", None);
+    let csrf = csrf_of(&get(&c.addr, "/goals", Some(&cookie)).body);
+    let paused = || {
+        let out = env
+            .sup()
+            .args(["goals", "--json", "--goals"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        rows.iter().find(|r| r["name"] == "nightly").unwrap()["paused"] == true
+    };
+    let post = |path: &str, csrf: &str| {
+        http(
+            &c.addr,
+            "POST",
+            path,
+            &[("Cookie", &cookie)],
+            &format!("csrf={csrf}"),
+        )
+    };
+    assert_eq!(post("/goals/nightly/pause", "forged").status, 403);
+    assert!(!paused());
+    assert_eq!(post("/goals/nightly/pause", &csrf).status, 303);
+    assert!(paused());
+    let page = get(&c.addr, "/goals", Some(&cookie));
+    assert!(page.body.contains("badge paused") && page.body.contains("Resume"));
+    assert_eq!(post("/goals/nightly/resume", &csrf).status, 303);
+    assert!(!paused());
+    assert_eq!(post("/goals/nowhere/pause", &csrf).status, 404);
+    assert_eq!(post("/goals/broken/pause", &csrf).status, 409);
+
+    let r = post("/goals/nightly/trigger", &csrf);
+    assert_eq!(r.status, 303);
+    assert_eq!(r.header("location"), Some("/runs?goal=nightly"));
+    let started = Instant::now();
+    let run = loop {
+        let out = env.sup().args(["runs", "--json"]).output().unwrap();
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if let Some(r) = rows.into_iter().find(|r| r["status"] != "running") {
+            break r;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "run now started no run"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(run["goal"], "nightly");
+    assert_eq!(run["trigger"], "manual");
+    assert_eq!(run["status"], "achieved");
+    let page = get(&c.addr, "/goals", None);
+    assert!(
+        page.body.contains("badge achieved"),
+        "last verdict: {}",
+        page.body
+    );
+}
+
+#[test]
+fn off_loopback_a_token_is_required_to_start_and_to_sign_in() {
+    let env = Env::new();
+    let dir = goals_dir(&env);
+    let out = env
+        .sup()
+        .args(["serve", "--listen", "0.0.0.0:0", "--goals"])
+        .arg(&dir)
+        .env_remove("SUP_SERVE_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SUP_SERVE_TOKEN") && err.contains("127.0.0.1"),
+        "{err}"
+    );
+    let out = env
+        .sup()
+        .args(["serve", "--listen", "0.0.0.0:0", "--goals"])
+        .arg(&dir)
+        .env("SUP_SERVE_TOKEN", "short")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("too short"));
+
+    let c = serve(&env, &dir, &[("SUP_SERVE_TOKEN", TOKEN)], "0.0.0.0:0");
+    let port = c.addr.rsplit(':').next().unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let r = get(&addr, "/runs?goal=x", None);
+    assert_eq!(r.status, 303);
+    assert_eq!(r.header("location"), Some("/signin?next=/runs%3Fgoal%3Dx"));
+    assert_eq!(get(&addr, "/approvals", None).status, 303);
+    assert_eq!(
+        http(&addr, "POST", "/goals/x/pause", &[], "csrf=x").status,
+        401
+    );
+    let page = get(&addr, "/signin", None);
+    assert!(page.body.contains("type=\"password\" name=\"token\""));
+    let pre = page.cookie("sup_signin").unwrap();
+    let wrong = http(
+        &addr,
+        "POST",
+        "/signin",
+        &[("Cookie", &format!("sup_signin={pre}"))],
+        &format!("name=eve&csrf={pre}&token=not-the-token-at-all"),
+    );
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.cookie("sup_session").is_none());
+    let cookie = sign_in(&addr, "carol", Some(TOKEN));
+    let r = get(&addr, "/runs", Some(&cookie));
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("signed in as <b>carol</b>"));
+    // Signing out ends the session.
+    let csrf = csrf_of(&r.body);
+    let out = http(
+        &addr,
+        "POST",
+        "/signout",
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(out.status, 303);
+    assert_eq!(get(&addr, "/runs", Some(&cookie)).status, 303);
+}
+
+#[test]
+fn on_loopback_only_localhost_is_answered_and_sign_in_needs_its_own_form() {
+    let env = Env::new();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let r = http(&c.addr, "GET", "/runs", &[("Host", "evil.example")], "");
+    assert_eq!(r.status, 403, "DNS rebinding: {}", r.body);
+    let r = http(&c.addr, "GET", "/runs", &[("Host", "localhost:7878")], "");
+    assert_eq!(r.status, 200);
+    // A sign-in posted from elsewhere (no sign-in cookie of ours) is refused.
+    let r = http(&c.addr, "POST", "/signin", &[], "name=mallory&csrf=abc");
+    assert_eq!(r.status, 403);
+    assert!(r.cookie("sup_session").is_none());
+    let page = get(&c.addr, "/signin", None);
+    let pre = page.cookie("sup_signin").unwrap();
+    let r = http(
+        &c.addr,
+        "POST",
+        "/signin",
+        &[("Cookie", &format!("sup_signin={pre}"))],
+        &format!("name=%07&csrf={pre}"),
+    );
+    assert_eq!(r.status, 400, "a control character is no name");
+}
+
+/// A person's path in Debian's Chromium: the runs page, a transcript growing, an approval
+/// that lets a run finish, a denial whose reason reaches the model, a paused goal the daemon
+/// skips. Needs /usr/bin/chromium and `npm ci` in tests/web.
+#[test]
+fn browser_end_to_end() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "/usr/bin/chromium is missing: install Debian's Chromium (`apt-get install -y chromium`) \
+         to run the browser tests"
+    );
+    assert!(
+        root.join("tests/web/node_modules/playwright-core").exists(),
+        "tests/web/node_modules is missing: run `npm ci` in tests/web"
+    );
+    let env = Env::new();
+    let dir = goals_dir(&env);
+    std::fs::write(dir.join("tick.json"), r#"[{"text": "tick"}]"#).unwrap();
+    std::fs::write(
+        dir.join("tick.toml"),
+        "prompt = \"tick\"\nmodel = \"script:tick.json\"\nworkspace = \"..\"\n\
+         schedule = \"* * * * * *\"\ntimezone = \"UTC\"\ntries = 1\n",
+    )
+    .unwrap();
+    let grow: Vec<Value> = (1..=300)
+        .map(|i| json!({"delay_ms": 400, "tool_calls": [{"id": format!("c{i}"), "name": "run_command", "input": {"command": format!("echo growing-{i}")}}]}))
+        .chain([json!({"text": "grown"})])
+        .collect();
+    let queued = |file: &str, then: &str| {
+        spawn_json(scripted(
+            &env,
+            write_turns(file, then),
+            &["--approval", "queue"],
+        ))
+    };
+    let (mut yes, yes_id, _o1) = queued("approved.txt", "wrote it");
+    let (mut no, no_id, _o2) = queued("denied.txt", "left it");
+    assert_eq!(pending(&env, 2).len(), 2);
+    let mut cmd = env.sup();
+    cmd.args(["daemon", "--serve", "127.0.0.1:0", "--goals"])
+        .arg(&dir);
+    let c = console(cmd);
+    // Still going when the browser opens it (two minutes); killed once the browser is done.
+    let (mut grow, grow_id, _o0) = spawn_json(scripted(&env, json!(grow), &["--max-steps", "400"]));
+    let shots = root.join("target/web-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let reason = "not on Fridays";
+    let cfg = json!({
+        "base": format!("http://{}", c.addr),
+        "shots": shots,
+        "grow": grow_id, "yes": yes_id, "no": no_id,
+        "goal": "tick", "reason": reason, "name": "alice",
+    });
+    let out = Command::new("node")
+        .arg(root.join("tests/web/e2e.mjs"))
+        .arg(cfg.to_string())
+        .current_dir(root.join("tests/web"))
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the browser test failed:\n{said}");
+    let _ = grow.kill();
+    let _ = grow.wait();
+    assert!(yes.wait().unwrap().success());
+    assert!(no.wait().unwrap().success());
+    assert!(env.ws.path().join("approved.txt").exists());
+    assert!(!env.ws.path().join("denied.txt").exists());
+    let t = read_jsonl(&run_dir(&env, &no_id).join("transcript.jsonl"));
+    let told = tool_messages(&t)[0].to_string();
+    assert!(
+        told.contains(reason) && told.contains("web:alice"),
+        "{told}"
+    );
+    let out = env
+        .sup()
+        .args(["goals", "--json", "--goals"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["paused"], true);
+    for shot in [
+        "signin",
+        "runs",
+        "run-live",
+        "approvals",
+        "run-approved",
+        "run-denied",
+        "goals",
+    ] {
+        assert!(shots.join(format!("{shot}.png")).exists(), "{shot}.png");
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Figures (`cargo test --release --test web figures -- --ignored --nocapture`): the runs
+/// page with 10,000 runs in the store, and how soon a written transcript event reaches a
+/// live page's event stream.
+#[test]
+#[ignore]
+fn figures() {
+    let env = Env::new();
+    let db = sup::store::db::Db::open(env.home.path()).unwrap();
+    db.conn().execute_batch("BEGIN").unwrap();
+    for i in 0..10_000 {
+        let id = format!("20260101-{i:06}-aaaaaaaa");
+        db.conn()
+            .execute(
+                "INSERT INTO runs (id, goal, trigger, status, stop_reason, tries, steps, input_tokens,
+                     output_tokens, started_at, ended_at, pid, model, workspace, dir)
+                 VALUES (?1, ?2, 'schedule', ?3, 'final', 1, 3, 1200, 300, ?4, ?4, 1, 'script:x', '/w', ?5)",
+                rusqlite_params(&id, i),
+            )
+            .unwrap();
+    }
+    db.conn().execute_batch("COMMIT").unwrap();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    for (what, path) in [
+        (
+            "/static/style.css (HTTP alone, for scale)",
+            "/static/style.css",
+        ),
+        ("/runs (page 1 of 200)", "/runs"),
+        ("/runs?page=150", "/runs?page=150"),
+        ("/runs?goal=g7&status=failed", "/runs?goal=g7&status=failed"),
+    ] {
+        let times: Vec<Duration> = (0..30)
+            .map(|_| {
+                let t = Instant::now();
+                let r = get(&c.addr, path, None);
+                assert_eq!(r.status, 200);
+                t.elapsed()
+            })
+            .collect();
+        let worst = *times.iter().max().unwrap();
+        println!(
+            "figure: {what} with 10,000 runs: median {:.1} ms, worst {:.1} ms (30 requests)",
+            median(times).as_secs_f64() * 1e3,
+            worst.as_secs_f64() * 1e3
+        );
+    }
+
+    // A live transcript: append an event, time until the stream delivers it.
+    let dir = env.home.path().join("runs/live-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    let transcript = dir.join("transcript.jsonl");
+    std::fs::write(&transcript, "").unwrap();
+    db.conn()
+        .execute(
+            "INSERT INTO runs (id, goal, trigger, status, started_at, pid, model, workspace, dir)
+             VALUES ('live-run', 'g', 'manual', 'running', '2026-01-01T00:00:00Z', ?1, 'script:x', '/w', ?2)",
+            (std::process::id(), dir.to_str().unwrap()),
+        )
+        .unwrap();
+    let mut s = TcpStream::connect(&c.addr).unwrap();
+    write!(
+        s,
+        "GET /runs/live-run/events?from=0 HTTP/1.1\r\nHost: {}\r\n\r\n",
+        c.addr
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&transcript)
+        .unwrap();
+    let mut lat = Vec::new();
+    let mut buf = [0u8; 65536];
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..40 {
+        let line = json!({"type": "notice", "text": format!("mark-{i}")}).to_string() + "\n";
+        let t = Instant::now();
+        file.write_all(line.as_bytes()).unwrap();
+        let mut got = String::new();
+        while !got.contains(&format!("mark-{i}<")) {
+            let n = s.read(&mut buf).unwrap();
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        lat.push(t.elapsed());
+        std::thread::sleep(Duration::from_millis(fastrand_ms(i)));
+    }
+    let worst = *lat.iter().max().unwrap();
+    println!(
+        "figure: a written transcript event reaches the live stream in median {:.0} ms, worst {:.0} ms (40 events)",
+        median(lat).as_secs_f64() * 1e3,
+        worst.as_secs_f64() * 1e3
+    );
+}
+
+fn rusqlite_params(id: &str, i: usize) -> (String, String, &'static str, String, String) {
+    let statuses = ["achieved", "failed", "unfinished", "error"];
+    (
+        id.to_string(),
+        format!("g{}", i % 20),
+        statuses[i % 4],
+        format!(
+            "2026-01-01T{:02}:{:02}:{:02}Z",
+            i / 3600 % 24,
+            i / 60 % 60,
+            i % 60
+        ),
+        format!("/runs/{id}"),
+    )
+}
+
+/// A spread of pauses between events, so they land at every point of the poll.
+fn fastrand_ms(i: u64) -> u64 {
+    (i * 37) % 97 + 10
+}
