@@ -327,6 +327,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<u8, Fail> {
             grace,
             lease,
             tags,
+            ..
         } => {
             fleet::daemon(
                 url,

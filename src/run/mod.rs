@@ -688,6 +688,7 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
         tries: 0,
         steps: 0,
         usage: crate::model::Usage::default(),
+        cost: None,
         answer: None,
         error: Some(format!(
             "sup hit a bug and stopped this run (a panic: {what}); please report it"

@@ -1460,6 +1460,9 @@ fn run_of(r: &tokio_postgres::Row) -> FleetRun {
             model: r.get(16),
             workspace: r.get(17),
             dir: r.get(18),
+            // The fleet's store does not keep cost and answer yet.
+            cost: None,
+            answer: None,
         },
         host: r.get(19),
         daemon_id: r.get(20),

@@ -101,7 +101,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, text).unwrap();
-        read_page(&path, first, limit).unwrap()
+        read_page(std::fs::File::open(&path).unwrap(), first, limit).unwrap()
     }
 
     #[test]

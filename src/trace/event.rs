@@ -325,6 +325,8 @@ mod tests {
                 step: 2,
                 usage: usage(),
                 total_usage: usage(),
+                cost: Some(0.25),
+                total_cost: Some(0.5),
             },
             Event::ApprovalRequested {
                 id: "c1".into(),
