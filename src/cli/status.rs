@@ -45,8 +45,7 @@ pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
         let mut overdue = None;
         if let Some(s) = g.schedule.as_ref().filter(|_| !paused) {
             let until = now - chrono::Duration::from_std(SLACK + g.jitter).unwrap_or_default();
-            let (due, _) = s.between(since, until, 1);
-            if let Some(expected) = due.last().copied() {
+            if let Some(expected) = latest(s, since, until) {
                 let key = stamp(expected);
                 let seen = db
                     .occurrences(name, 100)
@@ -97,6 +96,31 @@ pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
     } else {
         exit::CHECKS_FAILED
     })
+}
+
+/// The latest occurrence in `(since, until]`, looking back in widening windows so a
+/// per-second schedule is not walked from a file written long ago.
+fn latest(
+    s: &crate::schedule::cron::Schedule,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    for back in [
+        chrono::Duration::minutes(2),
+        chrono::Duration::hours(2),
+        chrono::Duration::days(2),
+        chrono::Duration::days(62),
+        chrono::Duration::days(800),
+    ] {
+        let from = (until - back).max(since);
+        if let Some(t) = s.between(from, until, 1).0.last() {
+            return Some(*t);
+        }
+        if from == since {
+            return None;
+        }
+    }
+    None
 }
 
 fn line(r: &Value) -> String {
