@@ -160,7 +160,8 @@ fn an_allow_rule_never_lets_a_compound_command_through() {
         &["run", "work"],
         json!([
             {"tool_calls": [
-                {"id": "plain", "name": "run_command", "input": {"command": "echo ok > ok.txt"}},
+                {"id": "plain", "name": "run_command", "input": {"command": "echo ok"}},
+                {"id": "redirect", "name": "run_command", "input": {"command": "echo ok > ok.txt"}},
                 {"id": "and", "name": "run_command", "input": {"command": "echo ok && touch p1"}},
                 {"id": "subst", "name": "run_command", "input": {"command": "echo $(touch p2)"}},
                 {"id": "tick", "name": "run_command", "input": {"command": "echo `touch p3`"}},
@@ -172,8 +173,10 @@ fn an_allow_rule_never_lets_a_compound_command_through() {
         &["--approval", "never", "--allow", "run_command(echo *)"],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert!(exists(&env, "ok.txt"));
+    assert_eq!(run.tool_result("plain")["is_error"], false);
+    // A redirection is never allowed by a rule (issue 11): the mode, never, denies it.
     for (id, f) in [
+        ("redirect", "ok.txt"),
         ("and", "p1"),
         ("subst", "p2"),
         ("tick", "p3"),

@@ -76,21 +76,24 @@ fn opened_inside(
     }
 }
 
-/// Read a file beneath the workspace: no symlink leads out, even one that flips meanwhile.
-fn open_beneath(ctx: &ToolContext, typed: &str) -> Result<std::fs::File, ToolError> {
+/// Open a file beneath the workspace for `tool`: no symlink leads out, even one that flips
+/// meanwhile, and a deny rule on where it really is holds.
+fn open_beneath(ctx: &ToolContext, tool: &str, typed: &str) -> Result<std::fs::File, ToolError> {
     let (_, rel) = target(ctx, typed)?;
     let dir = workspace_dir(&ctx.workspace)?;
     let file = dir
         .open(if rel.is_empty() { "." } else { rel.as_str() })
         .map_err(|e| io_error("read", typed, e))?
         .into_std();
-    opened_inside(ctx, &file, typed)?;
+    let real = opened_inside(ctx, &file, typed)?;
+    denied_at_open(ctx, tool, &relative(&ctx.workspace, &real), typed)?;
     Ok(file)
 }
 
-fn read_beneath(ctx: &ToolContext, typed: &str) -> Result<Vec<u8>, ToolError> {
+/// Read a whole file beneath the workspace for `tool` (see `open_beneath`).
+fn read_beneath(ctx: &ToolContext, tool: &str, typed: &str) -> Result<Vec<u8>, ToolError> {
     use std::io::Read;
-    let mut file = open_beneath(ctx, typed)?;
+    let mut file = open_beneath(ctx, tool, typed)?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| io_error("read", typed, e))?;
@@ -157,6 +160,7 @@ fn write_beneath(
     let meta = file.metadata().map_err(|e| io_error("write", typed, e))?;
     let real_rel = relative(&ctx.workspace, &real);
     let checked = refuse_protected(ctx, &real, typed)
+        .and_then(|()| denied_at_open(ctx, tool, &real_rel, typed))
         .and_then(|()| special_write(ctx, tool, &real_rel, typed, meta.nlink()));
     if let Err(e) = checked {
         if !existed {
@@ -168,6 +172,24 @@ fn write_beneath(
         .and_then(|()| file.write_all(content))
         .map_err(|e| io_error("write", typed, e))?;
     Ok((existed, real_rel))
+}
+
+/// A deny rule on where an opened file really is: the path may have changed since the gate
+/// judged it (a symlink flipped inside the workspace).
+fn denied_at_open(
+    ctx: &ToolContext,
+    tool: &str,
+    real_rel: &str,
+    typed: &str,
+) -> Result<(), ToolError> {
+    use crate::approval::rules::Verdict;
+    match ctx.rules.judge(tool, real_rel) {
+        Some((Verdict::Deny, rule)) => Err(ToolError::Invalid(format!(
+            "{typed} leads to {real_rel}, which the approval rule deny `{}` matches; refused",
+            rule.text
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a rule denies reading this workspace-relative path (by `read_file` or the tool
@@ -224,7 +246,7 @@ impl Tool for ReadFile {
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let input: ReadInput = parse(input)?;
-        let file = open_beneath(ctx, &input.path)?;
+        let file = open_beneath(ctx, "read_file", &input.path)?;
         let first = input.offset.unwrap_or(1);
         let limit = input.limit.unwrap_or(PAGE_LINES);
         // Only the page is held, whatever the file's size.
@@ -362,7 +384,7 @@ impl Tool for EditFile {
         let input: EditInput = parse(input)?;
         let (path, _) = target(ctx, &input.path)?;
         refuse_protected(ctx, &path, &input.path)?;
-        let bytes = read_beneath(ctx, &input.path)?;
+        let bytes = read_beneath(ctx, "edit_file", &input.path)?;
         let text = String::from_utf8(bytes).map_err(|_| {
             ToolError::Failed(format!(
                 "{} is not UTF-8 text; edit_file edits text",
