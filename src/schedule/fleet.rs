@@ -31,7 +31,7 @@ const ON_TIME: Duration = Duration::from_secs(2);
 /// Missed occurrences recorded one by one at most, per catch-up.
 const MISSED_CAP: usize = 1000;
 /// Claims per transaction.
-const BATCH: usize = 100;
+const BATCH: usize = 250;
 /// How long a write is retried before it is given up (outcomes then wait on disk);
 /// `SUP_STORE_RETRY` says otherwise.
 fn give_up() -> Duration {
@@ -561,7 +561,7 @@ impl Daemon {
         }
         flush_spool(&self.cfg.store, &self.cfg.home).await;
         self.ticks += 1;
-        if self.ticks % 3 == 0 {
+        if self.ticks.is_multiple_of(3) {
             self.check_versions().await;
         }
         self.bridge_approvals(None).await;

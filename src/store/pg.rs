@@ -248,7 +248,10 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// A key for `pg_advisory_xact_lock` that serializes migrations.
-const MIGRATION_LOCK: i64 = 0x5375_705f_6d69_67;
+const MIGRATION_LOCK: i64 = 0x0053_7570_5f6d_6967;
+
+/// A daemon's version of a goal: (daemon id, content hash, file modified time).
+pub type GoalVersion = (String, String, DateTime<Utc>);
 
 /// One member of the fleet.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -1260,9 +1263,7 @@ impl PgStore {
 
     /// Goals whose live daemons hold different versions: (goal, [(daemon, hash, modified)]),
     /// the newest first.
-    pub async fn goal_versions(
-        &self,
-    ) -> Result<Vec<(String, Vec<(String, String, DateTime<Utc>)>)>, PgError> {
+    pub async fn goal_versions(&self) -> Result<Vec<(String, Vec<GoalVersion>)>, PgError> {
         let c = self.client().await?;
         let rows = c
             .query(
@@ -1277,7 +1278,7 @@ impl PgStore {
             )
             .await
             .map_err(|e| self.err(&e))?;
-        let mut out: Vec<(String, Vec<(String, String, DateTime<Utc>)>)> = Vec::new();
+        let mut out: Vec<(String, Vec<GoalVersion>)> = Vec::new();
         for r in rows {
             let goal: String = r.get(0);
             let v = (r.get(1), r.get(2), r.get(3));
