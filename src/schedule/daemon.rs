@@ -21,6 +21,7 @@ use super::cron::Schedule;
 use super::goals::{self, Overlap, ScheduledGoal};
 use crate::run::{self, Invocation, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, stamp};
+use crate::store::{OccurrenceStatus, TriggerKind};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
@@ -303,7 +304,7 @@ impl Daemon {
             );
         }
         for at in missed {
-            let r = self.db.claim(name, at, "missed", &self.id);
+            let r = self.db.claim(name, at, OccurrenceStatus::Missed, &self.id);
             self.log_db(r);
         }
         if on_time {
@@ -352,7 +353,7 @@ impl Daemon {
 
     /// Claim an occurrence and act on it.
     fn fire(&mut self, name: &str, at: DateTime<Utc>) {
-        match self.db.claim(name, at, "claimed", &self.id) {
+        match self.db.claim(name, at, OccurrenceStatus::Claimed, &self.id) {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!("goal {name} at {}: claimed by another daemon", stamp(at));
@@ -366,7 +367,7 @@ impl Daemon {
         match self.db.paused(name) {
             Ok(true) => {
                 tracing::info!("goal {name} at {}: paused, not run", stamp(at));
-                let r = self.db.occurrence(name, at, "paused", None);
+                let r = self.db.occurrence(name, at, OccurrenceStatus::Paused, None);
                 self.log_db(r);
                 return;
             }
@@ -383,7 +384,9 @@ impl Daemon {
                         "goal {name} at {}: skipped, the last run is still going",
                         stamp(at)
                     );
-                    let r = self.db.occurrence(name, at, "skipped", None);
+                    let r = self
+                        .db
+                        .occurrence(name, at, OccurrenceStatus::Skipped, None);
                     self.log_db(r);
                     return;
                 }
@@ -393,7 +396,9 @@ impl Daemon {
                             "goal {name} at {}: skipped, one occurrence already waits",
                             stamp(at)
                         );
-                        let r = self.db.occurrence(name, at, "skipped", None);
+                        let r = self
+                            .db
+                            .occurrence(name, at, OccurrenceStatus::Skipped, None);
                         self.log_db(r);
                     } else {
                         tracing::info!(
@@ -401,7 +406,7 @@ impl Daemon {
                             stamp(at)
                         );
                         slot.queued = Some(at);
-                        let r = self.db.occurrence(name, at, "queued", None);
+                        let r = self.db.occurrence(name, at, OccurrenceStatus::Queued, None);
                         self.log_db(r);
                     }
                     return;
@@ -437,7 +442,9 @@ impl Daemon {
         let permits = self.permits.clone();
         let done = self.done_tx.clone();
         let goal = name.to_string();
-        let r = self.db.occurrence(name, at, "running", None);
+        let r = self
+            .db
+            .occurrence(name, at, OccurrenceStatus::Running, None);
         self.log_db(r);
         self.tasks.spawn(async move {
             let (run_id, status) =
@@ -462,9 +469,12 @@ impl Daemon {
                 .map(|r| format!(" (run {r})"))
                 .unwrap_or_default()
         );
-        let r = self
-            .db
-            .occurrence(&done.goal, done.at, "done", done.run_id.as_deref());
+        let r = self.db.occurrence(
+            &done.goal,
+            done.at,
+            OccurrenceStatus::Done,
+            done.run_id.as_deref(),
+        );
         self.log_db(r);
         let Some(slot) = self.slots.get_mut(&done.goal) else {
             return;
@@ -500,7 +510,7 @@ async fn run_one(
     };
     tracing::info!("goal {goal} at {}: fired", stamp(at));
     let trigger = Trigger {
-        kind: "schedule",
+        kind: TriggerKind::Schedule,
         scheduled_for: Some(at),
     };
     match run::launch(spec, home, trigger, Vec::new(), cancel).await {
@@ -603,7 +613,7 @@ async fn drain(d: &mut Daemon, done_rx: &mut mpsc::UnboundedReceiver<Done>) {
         .filter_map(|(n, s)| s.queued.take().map(|q| (n.clone(), q)))
         .collect();
     for (name, at) in queued {
-        let r = d.db.occurrence(&name, at, "skipped", None);
+        let r = d.db.occurrence(&name, at, OccurrenceStatus::Skipped, None);
         d.log_db(r);
     }
     let grace = tokio::time::sleep(d.cfg.grace);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::{ApprovalKind, ApprovalStatus, OccurrenceStatus, RunStatus, TriggerKind};
 use crate::model::Usage;
 use crate::trace::{CheckReport, Status, StopReason};
 
@@ -111,9 +112,9 @@ pub fn parse_stamp(s: &str) -> Option<DateTime<Utc>> {
 pub struct RunRow {
     pub id: String,
     pub goal: String,
-    pub trigger: String,
+    pub trigger: TriggerKind,
     pub scheduled_for: Option<String>,
-    pub status: String,
+    pub status: RunStatus,
     pub stop_reason: Option<String>,
     pub tries: u32,
     pub steps: u32,
@@ -131,7 +132,7 @@ pub struct RunRow {
 pub struct NewRun<'a> {
     pub id: &'a str,
     pub goal: &'a str,
-    pub trigger: &'a str,
+    pub trigger: TriggerKind,
     pub scheduled_for: Option<DateTime<Utc>>,
     pub model: &'a str,
     pub workspace: &'a str,
@@ -155,14 +156,12 @@ pub struct ApprovalRow {
     pub id: String,
     pub run_id: String,
     pub goal: String,
-    /// `tool` (a call waiting for a yes) or `check` (a person as a check).
-    pub kind: String,
+    pub kind: ApprovalKind,
     pub tool: String,
     pub input: String,
     pub created_at: String,
     pub deadline: String,
-    /// `pending`, `approved`, `denied`, `timed_out`, `cancelled`.
-    pub status: String,
+    pub status: ApprovalStatus,
     pub always: bool,
     pub reason: Option<String>,
     pub decided_by: Option<String>,
@@ -272,7 +271,7 @@ impl Db {
         self.conn
             .execute(
                 "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, pid, model, workspace, dir)
-                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9)",
+                 VALUES (?1, ?2, ?3, ?4, ?10, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     run.id,
                     run.goal,
@@ -282,7 +281,8 @@ impl Db {
                     std::process::id(),
                     run.model,
                     run.workspace,
-                    run.dir
+                    run.dir,
+                    RunStatus::Running
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -302,7 +302,7 @@ impl Db {
                  cache_write_tokens = ?9, ended_at = ?10, error = ?11 WHERE id = ?1",
             params![
                 id,
-                end.status.as_str(),
+                RunStatus::from(end.status),
                 end.stop_reason.as_str(),
                 end.tries,
                 end.steps,
@@ -332,10 +332,10 @@ impl Db {
     pub fn mark_orphans(&self) -> Result<usize, DbError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT id, pid FROM runs WHERE status = 'running'")
+            .prepare("SELECT id, pid FROM runs WHERE status = ?1")
             .map_err(|e| self.err(e))?;
         let rows: Vec<(String, u32)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map([RunStatus::Running], |r| Ok((r.get(0)?, r.get(1)?)))
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))?;
         let mut n = 0;
@@ -344,10 +344,16 @@ impl Db {
                 n += self
                     .conn
                     .execute(
-                        "UPDATE runs SET status = 'interrupted', stop_reason = 'cancelled',
+                        "UPDATE runs SET status = ?3, stop_reason = ?4,
                              ended_at = ?2, error = 'the process running it is gone (killed or crashed)'
-                         WHERE id = ?1 AND status = 'running'",
-                        params![id, stamp(Utc::now())],
+                         WHERE id = ?1 AND status = ?5",
+                        params![
+                            id,
+                            stamp(Utc::now()),
+                            RunStatus::Interrupted,
+                            StopReason::Cancelled.as_str(),
+                            RunStatus::Running
+                        ],
                     )
                     .map_err(|e| self.err(e))?;
             }
@@ -385,7 +391,7 @@ impl Db {
     pub fn runs(
         &self,
         goal: Option<&str>,
-        status: Option<&str>,
+        status: Option<RunStatus>,
         limit: u32,
     ) -> Result<Vec<RunRow>, DbError> {
         let mut stmt = self
@@ -440,12 +446,14 @@ impl Db {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT id, dir FROM runs WHERE goal = ?1 AND status != 'running'
+                "SELECT id, dir FROM runs WHERE goal = ?1 AND status != ?3
                  ORDER BY started_at DESC, id DESC LIMIT -1 OFFSET ?2",
             )
             .map_err(|e| self.err(e))?;
         let old: Vec<(String, String)> = stmt
-            .query_map(params![goal, keep], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(params![goal, keep, RunStatus::Running], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))?;
         for (id, _) in &old {
@@ -461,7 +469,7 @@ impl Db {
         &self,
         goal: &str,
         at: DateTime<Utc>,
-        status: &str,
+        status: OccurrenceStatus,
         by: &str,
     ) -> Result<bool, DbError> {
         let n = self
@@ -490,7 +498,7 @@ impl Db {
         &self,
         goal: &str,
         at: DateTime<Utc>,
-        status: &str,
+        status: OccurrenceStatus,
         run_id: Option<&str>,
     ) -> Result<(), DbError> {
         self.conn
@@ -542,7 +550,7 @@ impl Db {
     }
 
     pub fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
-        let count = |status: &str| -> Result<u64, DbError> {
+        let count = |status: OccurrenceStatus| -> Result<u64, DbError> {
             self.conn
                 .query_row(
                     "SELECT count(*) FROM occurrences WHERE goal = ?1 AND status = ?2",
@@ -553,8 +561,8 @@ impl Db {
         };
         Ok(GoalStats {
             paused: self.paused(goal)?,
-            skipped: count("skipped")?,
-            missed: count("missed")?,
+            skipped: count(OccurrenceStatus::Skipped)?,
+            missed: count(OccurrenceStatus::Missed)?,
             last: self.runs(Some(goal), None, 1)?.into_iter().next(),
         })
     }
@@ -564,7 +572,7 @@ impl Db {
         &self,
         goal: &str,
         limit: u32,
-    ) -> Result<Vec<(String, String, Option<String>)>, DbError> {
+    ) -> Result<Vec<(String, OccurrenceStatus, Option<String>)>, DbError> {
         let mut stmt = self
             .conn
             .prepare(
@@ -584,7 +592,7 @@ impl Db {
         self.conn
             .execute(
                 "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline, status)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending')",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     req.id,
                     req.run_id,
@@ -593,7 +601,8 @@ impl Db {
                     req.tool,
                     req.input,
                     req.created_at,
-                    req.deadline
+                    req.deadline,
+                    ApprovalStatus::Pending
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -611,9 +620,9 @@ impl Db {
     pub fn pending_approvals(&self) -> Result<Vec<ApprovalRow>, DbError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT * FROM approvals WHERE status = 'pending' ORDER BY created_at, id")
+            .prepare("SELECT * FROM approvals WHERE status = ?1 ORDER BY created_at, id")
             .map_err(|e| self.err(e))?;
-        stmt.query_map([], approval_of)
+        stmt.query_map([ApprovalStatus::Pending], approval_of)
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))
     }
@@ -622,7 +631,7 @@ impl Db {
     pub fn decide_approval(
         &self,
         id: &str,
-        status: &str,
+        status: ApprovalStatus,
         always: bool,
         reason: Option<&str>,
         by: &str,
@@ -631,8 +640,16 @@ impl Db {
             .conn
             .execute(
                 "UPDATE approvals SET status = ?2, always = ?3, reason = ?4, decided_at = ?5,
-                     decided_by = ?6 WHERE id = ?1 AND status = 'pending'",
-                params![id, status, always, reason, stamp(Utc::now()), by],
+                     decided_by = ?6 WHERE id = ?1 AND status = ?7",
+                params![
+                    id,
+                    status,
+                    always,
+                    reason,
+                    stamp(Utc::now()),
+                    by,
+                    ApprovalStatus::Pending
+                ],
             )
             .map_err(|e| self.err(e))?;
         Ok(n == 1)
@@ -654,8 +671,8 @@ mod tests {
         let a = Db::open(dir.path()).unwrap();
         let b = Db::open(dir.path()).unwrap();
         let at = Utc::now();
-        assert!(a.claim("g", at, "claimed", "a").unwrap());
-        assert!(!b.claim("g", at, "claimed", "b").unwrap());
+        assert!(a.claim("g", at, OccurrenceStatus::Claimed, "a").unwrap());
+        assert!(!b.claim("g", at, OccurrenceStatus::Claimed, "b").unwrap());
         assert_eq!(b.last_occurrence("g").unwrap().map(stamp), Some(stamp(at)));
     }
 
@@ -668,7 +685,7 @@ mod tests {
             db.start_run(&NewRun {
                 id: &id,
                 goal: "g",
-                trigger: "cli",
+                trigger: TriggerKind::Cli,
                 scheduled_for: None,
                 model: "script:x",
                 workspace: "/w",

@@ -89,6 +89,9 @@ struct ReadInput {
 
 #[async_trait]
 impl Tool for ReadFile {
+    fn approval_subject(&self, input: &Value) -> String {
+        super::path_subject(input)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -165,6 +168,9 @@ struct WriteInput {
 
 #[async_trait]
 impl Tool for WriteFile {
+    fn approval_subject(&self, input: &Value) -> String {
+        super::path_subject(input)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -233,6 +239,9 @@ fn line_of(text: &str, byte: usize) -> usize {
 
 #[async_trait]
 impl Tool for EditFile {
+    fn approval_subject(&self, input: &Value) -> String {
+        super::path_subject(input)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -348,6 +357,9 @@ struct ListInput {
 
 #[async_trait]
 impl Tool for ListFiles {
+    fn approval_subject(&self, input: &Value) -> String {
+        super::path_subject(input)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -424,6 +436,9 @@ struct SearchInput {
 
 #[async_trait]
 impl Tool for SearchFiles {
+    fn approval_subject(&self, input: &Value) -> String {
+        super::path_subject(input)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -541,6 +556,13 @@ pub async fn run_for_tool(
 
 #[async_trait]
 impl Tool for RunCommand {
+    fn approval_subject(&self, input: &Value) -> String {
+        input
+            .get("command")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }

@@ -67,8 +67,36 @@ pub enum ToolError {
 pub trait Tool: Send + Sync {
     fn spec(&self) -> &ToolSpec;
     fn risk(&self) -> Risk;
+    /// What approval rules match of a call (`run_command(cargo test*)` matches the command
+    /// line): by default the compact JSON input; built-in tools name their main argument.
+    fn approval_subject(&self, input: &Value) -> String {
+        input.to_string()
+    }
     /// Run the call. `Ok` text is the result; `Err` becomes an error result.
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError>;
+}
+
+/// The approval subject of a tool whose main argument is a workspace path: the `path` input
+/// in one spelling (`./a/../b//c` → `b/c`; none → `.`), so a pattern sees one form.
+pub fn path_subject(input: &Value) -> String {
+    let path = input.get("path").and_then(Value::as_str).unwrap_or(".");
+    let mut out: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if out.pop().is_none() {
+                    out.push("..");
+                }
+            }
+            p => out.push(p),
+        }
+    }
+    if out.is_empty() {
+        ".".into()
+    } else {
+        out.join("/")
+    }
 }
 
 /// A tool that passed the gate with its parsed input.

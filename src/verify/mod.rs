@@ -65,7 +65,6 @@ pub struct Outcome {
     pub usage: Usage,
     pub answer: Option<String>,
     pub error: Option<String>,
-    pub config_error: bool,
     /// Each try's check results.
     pub checks: Vec<Vec<CheckReport>>,
 }
@@ -133,7 +132,6 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         usage: Usage::default(),
         answer: None,
         error: None,
-        config_error: false,
         checks: Vec::new(),
     };
     let mut reports: Vec<String> = Vec::new();
@@ -155,7 +153,6 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         out.stop_reason = w.stop_reason;
         out.answer = w.answer.clone();
         out.error = w.error.clone();
-        out.config_error = w.config_error;
         if goal.checks.is_empty()
             || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)
         {
