@@ -2,9 +2,7 @@
 //! (`output_cap`, `check_timeout`), a command tool's own `timeout`, the user config as the
 //! lowest layer, and enum values that say what is allowed.
 
-mod common;
-
-use common::{Env, Run};
+use crate::common::{Env, Run};
 use serde_json::json;
 
 fn goal_file(env: &Env, text: &str) -> std::path::PathBuf {
