@@ -347,3 +347,47 @@ async fn the_verify_loop_stops_after_the_last_try_as_failed() {
     assert_eq!(out.tries, 2);
     assert_eq!(out.checks[1][0].exit_status, Some(3));
 }
+
+/// One step against a fake OpenAI-compatible server that answers `reply`, without retries.
+async fn provider_error(reply: crate::common::fake_server::Reply) -> sup::model::ModelError {
+    let server = crate::common::fake_server::FakeServer::start(vec![reply]);
+    let mut opts = sup::model::ProviderOptions {
+        base_url: Some(server.url.clone()),
+        ..Default::default()
+    };
+    opts.http.max_attempts = 1;
+    let model = sup::model::from_spec("openai:m", Path::new("."), &opts).unwrap();
+    let messages = vec![Message::User {
+        content: "hi".into(),
+    }];
+    let request = sup::model::ModelRequest {
+        messages: &messages,
+        tools: &[],
+        on_text: &|_| {},
+    };
+    model.step(request).await.unwrap_err()
+}
+
+#[tokio::test]
+async fn provider_failures_are_typed() {
+    use crate::common::fake_server::Reply as R;
+    use sup::model::ModelError;
+    let e = provider_error(R::json(401, json!({"error": {"message": "bad key"}}))).await;
+    assert!(matches!(e, ModelError::Authentication { .. }), "{e:?}");
+    let e = provider_error(
+        R::json(429, json!({"error": {"message": "slow down"}})).header("retry-after", "7"),
+    )
+    .await;
+    assert!(
+        matches!(e, ModelError::RateLimited { retry_after: Some(d), .. } if d == Duration::from_secs(7)),
+        "{e:?}"
+    );
+    let e = provider_error(R::json(
+        400,
+        json!({"error": {"message": "This model's maximum context length is 8192 tokens", "code": "context_length_exceeded"}}),
+    ))
+    .await;
+    assert!(matches!(e, ModelError::ContextOverflow { .. }), "{e:?}");
+    let e = provider_error(R::json(404, json!({"error": {"message": "no such model"}}))).await;
+    assert!(matches!(e, ModelError::Provider { .. }), "{e:?}");
+}
