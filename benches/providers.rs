@@ -1,6 +1,7 @@
 //! Provider wire code: SSE parsing throughput for a long streamed answer, and the harness's
 //! own time per model request against a loopback server next to a bare reqwest request to
 //! the same server. Run: `cargo bench --bench providers`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 

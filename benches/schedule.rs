@@ -1,6 +1,7 @@
 //! The daemon at scale: 10,000 goals loaded (start-up time, memory, idle CPU), and 1,000
 //! goals due in the same second with a trivial scripted goal (how late each started:
 //! median and p99). Run: `cargo bench --bench schedule`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::sync::Arc;
@@ -130,7 +131,7 @@ async fn thousand_due_at_once() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         if let Ok(db) = Db::open(&home) {
             let done = db
-                .runs(None, Some("achieved"), 2000)
+                .runs(None, Some(sup::store::RunStatus::Achieved), 2000)
                 .map(|r| r.len())
                 .unwrap_or(0);
             if done >= 1000 || Instant::now() > deadline {

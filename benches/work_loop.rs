@@ -1,6 +1,7 @@
 //! Harness overhead of the work loop: the scripted model and a no-op tool, at 10, 100 and
 //! 1,000 steps, with and without the transcript writer; time per step and peak memory.
 //! Run: `cargo bench --bench work_loop`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,25 +1,28 @@
-//! Human approval of risky tool calls: the mode (ask, queue, auto, never), the rules, the
-//! terminal prompt and the unattended queue in the store, and a person as a check. The gate
-//! answers each call with allow, deny (with who or which rule, and why) or quit; nothing that
-//! needed a yes runs without one, and a run with no terminal never waits on a prompt.
+//! Human approval of risky tool calls. `decide` is the policy, pure: from the rules, the mode,
+//! what a person already allowed for the run, and the call, it says allow, deny (by which
+//! rule or mode, and why) or ask. Asking is an `Approver`'s: the terminal prompt
+//! (`TerminalApprover`) or the unattended queue in the store (`queue::QueueApprover`), given
+//! to the `Gate` by whoever assembles the run. The gate answers each call with allow, deny or
+//! quit; nothing that needed a yes runs without one, and a run with no terminal never waits
+//! on a prompt.
 
 pub mod answer;
+pub(crate) mod queue;
 pub mod rules;
 mod terminal;
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::Utc;
+use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use rules::Verdict;
 pub use rules::{Rule, RuleError, Rules};
-use rules::{Verdict, main_argument};
 pub use terminal::Terminal;
 
-use crate::store::db::{ApprovalRow, Db, parse_stamp, stamp};
 use crate::tools::Risk;
 use crate::trace::{Event, Events};
 
@@ -37,20 +40,77 @@ pub enum Mode {
     Never,
 }
 
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Ask => "ask",
-            Mode::Queue => "queue",
-            Mode::Auto => "auto",
-            Mode::Never => "never",
-        }
-    }
-}
-
 /// Waiting requests default to this long before they count as a denial.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
-const POLL: Duration = Duration::from_millis(200);
+
+/// A call as the policy sees it: the tool, its approval subject (what rule patterns match:
+/// the command line, the workspace-relative path, the input), and its risk.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    pub tool: &'a str,
+    pub subject: &'a str,
+    pub risk: Risk,
+}
+
+/// What the policy says of a call before anyone is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Run it; `by` names the rule or mode that allowed it (`None`: a read call that needs
+    /// nobody's word, and makes no event).
+    Allow { by: Option<String> },
+    /// Do not run it; `why` goes to the model.
+    Deny { by: String, why: String },
+    /// A person must say.
+    Ask,
+}
+
+/// The approval policy: deny beats ask beats allow among the rules; an `always` answer of
+/// this run allows; what no rule decides is allowed for read calls and goes by the mode
+/// for the others.
+pub fn decide(rules: &Rules, mode: Mode, remembered: bool, call: &Call) -> Decision {
+    if remembered {
+        return Decision::Allow {
+            by: Some("an earlier `always` answer".into()),
+        };
+    }
+    let asked = match rules.judge(call.tool, call.subject) {
+        Some((Verdict::Deny, rule)) => {
+            let by = format!("rule deny `{}`", rule.text);
+            return Decision::Deny {
+                why: format!("the approval {by} matches `{}`", call.subject),
+                by,
+            };
+        }
+        Some((Verdict::Allow, rule)) => {
+            return Decision::Allow {
+                by: Some(format!("rule allow `{}`", rule.text)),
+            };
+        }
+        Some((Verdict::Ask, _)) => true,
+        None if call.risk == Risk::Read => return Decision::Allow { by: None },
+        None => false,
+    };
+    match mode {
+        Mode::Auto if !asked => Decision::Allow {
+            by: Some("approval mode auto".into()),
+        },
+        Mode::Never => {
+            let missing = rules.unallowed(call.tool, call.subject);
+            let what = if missing.is_empty() {
+                format!("`{}({})`", call.tool, call.subject)
+            } else {
+                missing.join("; ")
+            };
+            Decision::Deny {
+                by: "approval mode never".into(),
+                why: format!(
+                    "approval mode `never` denies what no rule allows, and no rule allows {what}"
+                ),
+            }
+        }
+        _ => Decision::Ask,
+    }
+}
 
 /// What the gate says of a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,23 +129,125 @@ pub enum Judgement {
     Rejected(String),
 }
 
-/// Where queued requests go.
-#[derive(Clone, Debug)]
-pub struct QueueTarget {
-    pub home: PathBuf,
-    pub run_id: String,
-    pub goal: String,
+/// How a decision about a call is reported in events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// By a rule or the mode.
+    Allowed,
+    /// By a person.
+    Approved,
+    Denied,
+    /// Nobody answered in time.
+    TimedOut,
 }
 
-pub struct Gate {
-    mode: Mode,
-    rules: Rules,
-    timeout: Duration,
-    /// `always` answers: (tool, main argument) allowed for the rest of the run.
-    always: Mutex<Vec<(String, String)>>,
-    terminal: Option<Terminal>,
-    queue: QueueTarget,
-    workspace: PathBuf,
+impl Decided {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decided::Allowed => "allowed",
+            Decided::Approved => "approved",
+            Decided::Denied => "denied",
+            Decided::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// A call put to a person.
+pub struct Request<'a> {
+    /// The call id.
+    pub id: &'a str,
+    pub tool: &'a str,
+    pub subject: &'a str,
+    pub input: &'a Value,
+}
+
+/// What a person (or the lack of one) answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// Yes; `always`: the same tool and subject for the rest of the run.
+    Yes { by: String, always: bool },
+    /// No; `why` goes to the model, `reason` is what the person said.
+    No {
+        by: String,
+        reason: Option<String>,
+        why: String,
+        decided: Decided,
+    },
+    /// The person quit the run.
+    Quit { by: String },
+    /// The run was cancelled while it waited.
+    Cancelled,
+}
+
+/// Whoever is asked: the terminal, the queue, or a test's script.
+#[async_trait]
+pub trait Approver: Send + Sync {
+    /// Whether a call may run.
+    async fn approve(
+        &self,
+        req: &Request<'_>,
+        events: &Events,
+        cancel: &CancellationToken,
+    ) -> Reply;
+    /// A person as a check.
+    async fn judge(&self, question: &str, events: &Events, cancel: &CancellationToken)
+    -> Judgement;
+}
+
+/// The prompt on the controlling terminal.
+pub struct TerminalApprover {
+    pub terminal: Terminal,
+    pub workspace: PathBuf,
+}
+
+const AT_TERMINAL: &str = "the person at the terminal";
+
+#[async_trait]
+impl Approver for TerminalApprover {
+    async fn approve(
+        &self,
+        req: &Request<'_>,
+        _events: &Events,
+        cancel: &CancellationToken,
+    ) -> Reply {
+        let text = terminal::describe(req.tool, req.input, &self.workspace);
+        let answer = tokio::select! {
+            a = self.terminal.ask_call(text) => a,
+            _ = cancel.cancelled() => return Reply::Cancelled,
+        };
+        let by = AT_TERMINAL.to_string();
+        match answer {
+            terminal::CallAnswer::Yes => Reply::Yes { by, always: false },
+            terminal::CallAnswer::Always => Reply::Yes {
+                by: format!("{by} (always)"),
+                always: true,
+            },
+            terminal::CallAnswer::No(reason) => Reply::No {
+                why: match &reason {
+                    Some(r) => format!("{by} said no: {r}"),
+                    None => format!("{by} said no"),
+                },
+                by,
+                reason,
+                decided: Decided::Denied,
+            },
+            terminal::CallAnswer::Quit => Reply::Quit {
+                by: format!("{by} (quit)"),
+            },
+        }
+    }
+
+    async fn judge(
+        &self,
+        question: &str,
+        _events: &Events,
+        cancel: &CancellationToken,
+    ) -> Judgement {
+        tokio::select! {
+            j = self.terminal.ask_check(question.to_string()) => j,
+            _ = cancel.cancelled() => Judgement::Rejected("the run was cancelled".into()),
+        }
+    }
 }
 
 fn refusal(why: &str) -> String {
@@ -95,23 +257,31 @@ fn refusal(why: &str) -> String {
     )
 }
 
+/// The gate every call of a run passes: the policy, then the approver when it says ask.
+pub struct Gate {
+    mode: Mode,
+    rules: Rules,
+    /// `always` answers: (tool, subject) allowed for the rest of the run.
+    always: Mutex<Vec<(String, String)>>,
+    /// Asked about calls.
+    calls: Arc<dyn Approver>,
+    /// Asked as a check.
+    checks: Arc<dyn Approver>,
+}
+
 impl Gate {
     pub fn new(
         mode: Mode,
         rules: Rules,
-        timeout: Duration,
-        terminal: Option<Terminal>,
-        queue: QueueTarget,
-        workspace: PathBuf,
+        calls: Arc<dyn Approver>,
+        checks: Arc<dyn Approver>,
     ) -> Self {
         Gate {
             mode,
             rules,
-            timeout,
             always: Mutex::new(Vec::new()),
-            terminal,
-            queue,
-            workspace,
+            calls,
+            checks,
         }
     }
 
@@ -124,14 +294,14 @@ impl Gate {
         events: &Events,
         id: &str,
         tool: &str,
-        decision: &str,
+        decided: Decided,
         by: String,
         reason: Option<String>,
     ) {
         events.emit(Event::Approval {
             id: id.to_string(),
             tool: tool.to_string(),
-            decision: decision.to_string(),
+            decision: decided.as_str().to_string(),
             by,
             reason,
         });
@@ -141,303 +311,216 @@ impl Gate {
     pub async fn check(
         &self,
         id: &str,
-        tool: &str,
-        risk: Risk,
+        call: Call<'_>,
         input: &Value,
         events: &Events,
         cancel: &CancellationToken,
     ) -> Answer {
-        let arg = main_argument(tool, input, &self.workspace);
         let remembered = self
             .always
             .lock()
-            .is_ok_and(|a| a.iter().any(|(t, x)| t == tool && *x == arg));
-        if remembered {
-            Self::decided(
-                events,
-                id,
-                tool,
-                "allowed",
-                "an earlier `always` answer".into(),
-                None,
-            );
-            return Answer::Allow;
-        }
-        let asked_by = match self.rules.judge(tool, &arg) {
-            Some((Verdict::Deny, rule)) => {
-                let by = format!("rule deny `{}`", rule.text);
-                Self::decided(events, id, tool, "denied", by.clone(), None);
-                return Answer::Deny(refusal(&format!("the approval {by} matches `{arg}`")));
-            }
-            Some((Verdict::Allow, rule)) => {
-                Self::decided(
-                    events,
-                    id,
-                    tool,
-                    "allowed",
-                    format!("rule allow `{}`", rule.text),
-                    None,
-                );
-                return Answer::Allow;
-            }
-            Some((Verdict::Ask, rule)) => Some(format!("rule ask `{}`", rule.text)),
-            None if risk == Risk::Read => return Answer::Allow,
-            None => None,
-        };
-        match (self.mode, &asked_by) {
-            (Mode::Auto, None) => {
-                Self::decided(
-                    events,
-                    id,
-                    tool,
-                    "allowed",
-                    "approval mode auto".into(),
-                    None,
-                );
+            .is_ok_and(|a| a.iter().any(|(t, x)| t == call.tool && x == call.subject));
+        match decide(&self.rules, self.mode, remembered, &call) {
+            Decision::Allow { by: None } => Answer::Allow,
+            Decision::Allow { by: Some(by) } => {
+                Self::decided(events, id, call.tool, Decided::Allowed, by, None);
                 Answer::Allow
             }
-            (Mode::Never, _) => {
-                let by = "approval mode never".to_string();
-                Self::decided(events, id, tool, "denied", by, None);
-                let missing = self.rules.unallowed(tool, &arg);
-                let what = if missing.is_empty() {
-                    format!("`{tool}({arg})`")
-                } else {
-                    missing.join("; ")
-                };
-                Answer::Deny(refusal(&format!(
-                    "approval mode `never` denies what no rule allows, and no rule allows {what}"
-                )))
-            }
-            (Mode::Ask | Mode::Auto, _) if self.terminal.is_some() => {
-                self.prompt(id, tool, &arg, input, events, cancel).await
-            }
-            _ => self.queued(id, tool, input, events, cancel).await,
-        }
-    }
-
-    async fn prompt(
-        &self,
-        id: &str,
-        tool: &str,
-        arg: &str,
-        input: &Value,
-        events: &Events,
-        cancel: &CancellationToken,
-    ) -> Answer {
-        let Some(term) = &self.terminal else {
-            return Answer::Deny(refusal("no terminal to ask at"));
-        };
-        let text = terminal::describe(tool, input, &self.workspace);
-        let answer = tokio::select! {
-            a = term.ask_call(text) => a,
-            _ = cancel.cancelled() => return Answer::Quit,
-        };
-        let by = "the person at the terminal".to_string();
-        match answer {
-            terminal::CallAnswer::Yes => {
-                Self::decided(events, id, tool, "approved", by, None);
-                Answer::Allow
-            }
-            terminal::CallAnswer::Always => {
-                if let Ok(mut a) = self.always.lock() {
-                    a.push((tool.to_string(), arg.to_string()));
-                }
-                Self::decided(events, id, tool, "approved", format!("{by} (always)"), None);
-                Answer::Allow
-            }
-            terminal::CallAnswer::No(reason) => {
-                Self::decided(events, id, tool, "denied", by.clone(), reason.clone());
-                let why = match reason {
-                    Some(r) => format!("{by} said no: {r}"),
-                    None => format!("{by} said no"),
-                };
+            Decision::Deny { by, why } => {
+                Self::decided(events, id, call.tool, Decided::Denied, by, None);
                 Answer::Deny(refusal(&why))
             }
-            terminal::CallAnswer::Quit => {
-                Self::decided(events, id, tool, "denied", format!("{by} (quit)"), None);
-                cancel.cancel();
-                Answer::Quit
-            }
-        }
-    }
-
-    /// Store a request and wait for its answer, its deadline or cancellation.
-    async fn wait_in_queue(
-        &self,
-        kind: &str,
-        id: &str,
-        tool: &str,
-        input: String,
-        events: &Events,
-        cancel: &CancellationToken,
-    ) -> Result<ApprovalRow, String> {
-        let request = format!("a-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let deadline = crate::store::db::deadline_after(Utc::now(), self.timeout);
-        let row = ApprovalRow {
-            id: request.clone(),
-            run_id: self.queue.run_id.clone(),
-            goal: self.queue.goal.clone(),
-            kind: kind.to_string(),
-            tool: tool.to_string(),
-            input: input.clone(),
-            created_at: stamp(Utc::now()),
-            deadline: stamp(deadline),
-            status: "pending".into(),
-            always: false,
-            reason: None,
-            decided_by: None,
-        };
-        let db = Db::open(&self.queue.home).map_err(|e| e.to_string())?;
-        db.request_approval(&row).map_err(|e| e.to_string())?;
-        events.emit(Event::ApprovalRequested {
-            id: id.to_string(),
-            request: request.clone(),
-            tool: tool.to_string(),
-            input,
-            deadline: row.deadline.clone(),
-        });
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
-                _ = cancel.cancelled() => {
-                    let _ = db.decide_approval(&request, "cancelled", false, None, "the run was cancelled");
-                    return Err("the run was cancelled while the request waited".into());
-                }
-            }
-            let Some(now) = db.approval(&request).map_err(|e| e.to_string())? else {
-                return Err(format!(
-                    "approval request {request} vanished from the store"
-                ));
-            };
-            if now.status != "pending" {
-                return Ok(now);
-            }
-            if parse_stamp(&now.deadline).is_some_and(|d| d <= Utc::now()) {
-                let _ = db.decide_approval(&request, "timed_out", false, None, "the deadline");
-                if let Ok(Some(row)) = db.approval(&request) {
-                    return Ok(row);
-                }
-            }
-        }
-    }
-
-    async fn queued(
-        &self,
-        id: &str,
-        tool: &str,
-        input: &Value,
-        events: &Events,
-        cancel: &CancellationToken,
-    ) -> Answer {
-        let row = match self
-            .wait_in_queue("tool", id, tool, input.to_string(), events, cancel)
-            .await
-        {
-            Ok(row) => row,
-            Err(e) => {
-                Self::decided(
-                    events,
+            Decision::Ask => {
+                let req = Request {
                     id,
-                    tool,
-                    "denied",
-                    "the queue".into(),
-                    Some(e.clone()),
-                );
-                return Answer::Deny(refusal(&e));
-            }
-        };
-        let by = row.decided_by.clone().unwrap_or_else(|| "a person".into());
-        match row.status.as_str() {
-            "approved" => {
-                if row.always
-                    && let Ok(mut a) = self.always.lock()
-                {
-                    a.push((
-                        tool.to_string(),
-                        main_argument(tool, input, &self.workspace),
-                    ));
-                }
-                Self::decided(
-                    events,
-                    id,
-                    tool,
-                    "approved",
-                    format!("{by} (request {})", row.id),
-                    None,
-                );
-                Answer::Allow
-            }
-            "timed_out" => {
-                let why = format!(
-                    "nobody answered approval request {} within {}",
-                    row.id,
-                    humantime::format_duration(self.timeout)
-                );
-                Self::decided(
-                    events,
-                    id,
-                    tool,
-                    "timed_out",
-                    "the deadline".into(),
-                    Some(why.clone()),
-                );
-                Answer::Deny(refusal(&why))
-            }
-            _ => {
-                let reason = row.reason.clone();
-                Self::decided(
-                    events,
-                    id,
-                    tool,
-                    "denied",
-                    format!("{by} (request {})", row.id),
-                    reason.clone(),
-                );
-                let why = match reason {
-                    Some(r) => format!("{by} denied request {}: {r}", row.id),
-                    None => format!("{by} denied request {}", row.id),
+                    tool: call.tool,
+                    subject: call.subject,
+                    input,
                 };
-                Answer::Deny(refusal(&why))
+                match self.calls.approve(&req, events, cancel).await {
+                    Reply::Yes { by, always } => {
+                        if always && let Ok(mut a) = self.always.lock() {
+                            a.push((call.tool.to_string(), call.subject.to_string()));
+                        }
+                        Self::decided(events, id, call.tool, Decided::Approved, by, None);
+                        Answer::Allow
+                    }
+                    Reply::No {
+                        by,
+                        reason,
+                        why,
+                        decided,
+                    } => {
+                        Self::decided(events, id, call.tool, decided, by, reason);
+                        Answer::Deny(refusal(&why))
+                    }
+                    Reply::Quit { by } => {
+                        Self::decided(events, id, call.tool, Decided::Denied, by, None);
+                        cancel.cancel();
+                        Answer::Quit
+                    }
+                    Reply::Cancelled => Answer::Quit,
+                }
             }
         }
     }
 
-    /// A person as a check: at the terminal when there is one, else through the queue.
+    /// A person as a check.
     pub async fn human(
         &self,
         question: &str,
         events: &Events,
         cancel: &CancellationToken,
     ) -> Judgement {
-        if let Some(term) = &self.terminal {
-            return tokio::select! {
-                j = term.ask_check(question.to_string()) => j,
-                _ = cancel.cancelled() => Judgement::Rejected("the run was cancelled".into()),
-            };
+        self.checks.judge(question, events, cancel).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(allow: &[&str], ask: &[&str], deny: &[&str]) -> Rules {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        Rules::parse(&v(allow), &v(ask), &v(deny)).unwrap()
+    }
+
+    fn call<'a>(tool: &'a str, subject: &'a str, risk: Risk) -> Call<'a> {
+        Call {
+            tool,
+            subject,
+            risk,
         }
-        match self
-            .wait_in_queue(
-                "check",
-                "human",
-                "human",
-                question.to_string(),
-                events,
-                cancel,
-            )
-            .await
-        {
-            Ok(row) if row.status == "approved" => Judgement::Accepted,
-            Ok(row) if row.status == "timed_out" => Judgement::Rejected(format!(
-                "nobody answered the check within {}",
-                humantime::format_duration(self.timeout)
-            )),
-            Ok(row) => {
-                Judgement::Rejected(row.reason.unwrap_or_else(|| {
-                    format!("rejected by {}", row.decided_by.unwrap_or_default())
-                }))
+    }
+
+    fn allowed(by: &str) -> Decision {
+        Decision::Allow {
+            by: Some(by.into()),
+        }
+    }
+
+    /// One row per case: the rules, the mode, remembered, the call, and what must come out.
+    #[test]
+    fn the_decision_table() {
+        use Mode::*;
+        let r = rules(
+            &["run_command(cargo test*)", "write_file(src/**)"],
+            &["run_command(git push*)"],
+            &["run_command(rm -rf*)", "write_file(*.env)"],
+        );
+        let none = rules(&[], &[], &[]);
+        let exec = Risk::Exec;
+        let cases: Vec<(&Rules, Mode, bool, Call, Decision)> = vec![
+            // Rules first, whatever the mode.
+            (&r, Auto, false, call("run_command", "rm -rf /", exec), Decision::Deny {
+                by: "rule deny `run_command(rm -rf*)`".into(),
+                why: "the approval rule deny `run_command(rm -rf*)` matches `rm -rf /`".into(),
+            }),
+            (&r, Never, false, call("run_command", "cargo test -q", exec), allowed("rule allow `run_command(cargo test*)`")),
+            (&r, Ask, false, call("write_file", "src/a.rs", Risk::Write), allowed("rule allow `write_file(src/**)`")),
+            // Deny beats allow in a compound command.
+            (&r, Auto, false, call("run_command", "cargo test && rm -rf ~", exec), Decision::Deny {
+                by: "rule deny `run_command(rm -rf*)`".into(),
+                why: "the approval rule deny `run_command(rm -rf*)` matches `cargo test && rm -rf ~`".into(),
+            }),
+            // An ask rule asks even in mode auto; mode never denies it.
+            (&r, Auto, false, call("run_command", "git push origin", exec), Decision::Ask),
+            (&r, Queue, false, call("run_command", "git push origin", exec), Decision::Ask),
+            // Nothing decides: read calls run, the others go by the mode.
+            (&none, Never, false, call("read_file", "a.txt", Risk::Read), Decision::Allow { by: None }),
+            (&none, Auto, false, call("run_command", "ls", exec), allowed("approval mode auto")),
+            (&none, Ask, false, call("run_command", "ls", exec), Decision::Ask),
+            (&none, Queue, false, call("write_file", "a.txt", Risk::Write), Decision::Ask),
+            (&none, Never, false, call("run_command", "ls", exec), Decision::Deny {
+                by: "approval mode never".into(),
+                why: "approval mode `never` denies what no rule allows, and no rule allows `run_command(ls)`".into(),
+            }),
+            // Mode never names the part of a command line no rule allows.
+            (&r, Never, false, call("run_command", "cargo test && make", exec), Decision::Deny {
+                by: "approval mode never".into(),
+                why: "approval mode `never` denies what no rule allows, and no rule allows `make` (a part of the command line `cargo test && make`)".into(),
+            }),
+            // An `always` answer allows, before any rule.
+            (&none, Never, true, call("run_command", "ls", exec), allowed("an earlier `always` answer")),
+        ];
+        for (i, (rules, mode, remembered, call, want)) in cases.into_iter().enumerate() {
+            let got = decide(rules, mode, remembered, &call);
+            assert_eq!(got, want, "case {i}: {call:?} in mode {mode:?}");
+        }
+        // Mode never denies an ask rule's call too.
+        assert!(matches!(
+            decide(&r, Never, false, &call("run_command", "git push", exec)),
+            Decision::Deny { .. }
+        ));
+    }
+
+    /// An approver that answers from a list and counts what it was asked.
+    struct Scripted {
+        replies: Mutex<Vec<Reply>>,
+        asked: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Approver for Scripted {
+        async fn approve(&self, req: &Request<'_>, _: &Events, _: &CancellationToken) -> Reply {
+            self.asked.lock().unwrap().push(req.subject.to_string());
+            self.replies.lock().unwrap().remove(0)
+        }
+        async fn judge(&self, _: &str, _: &Events, _: &CancellationToken) -> Judgement {
+            Judgement::Accepted
+        }
+    }
+
+    #[tokio::test]
+    async fn the_gate_asks_only_when_the_policy_says_ask_and_remembers_always() {
+        let asker = Arc::new(Scripted {
+            replies: Mutex::new(vec![
+                Reply::Yes {
+                    by: "p".into(),
+                    always: true,
+                },
+                Reply::No {
+                    by: "p".into(),
+                    reason: Some("not that".into()),
+                    why: "p said no: not that".into(),
+                    decided: Decided::Denied,
+                },
+            ]),
+            asked: Mutex::new(Vec::new()),
+        });
+        let gate = Gate::new(
+            Mode::Ask,
+            rules(&["run_command(ls)"], &[], &[]),
+            asker.clone(),
+            asker.clone(),
+        );
+        let events = Events::new();
+        let cancel = CancellationToken::new();
+        let input = serde_json::json!({});
+        let check = |subject: &'static str| {
+            let gate = &gate;
+            let events = &events;
+            let cancel = &cancel;
+            let input = &input;
+            async move {
+                gate.check(
+                    "c",
+                    call("run_command", subject, Risk::Exec),
+                    input,
+                    events,
+                    cancel,
+                )
+                .await
             }
-            Err(e) => Judgement::Rejected(e),
-        }
+        };
+        assert_eq!(check("ls").await, Answer::Allow);
+        assert_eq!(check("make").await, Answer::Allow);
+        // Remembered: not asked again.
+        assert_eq!(check("make").await, Answer::Allow);
+        let Answer::Deny(why) = check("make install").await else {
+            panic!("denied")
+        };
+        assert!(why.contains("not that"), "{why}");
+        assert_eq!(*asker.asked.lock().unwrap(), ["make", "make install"]);
     }
 }

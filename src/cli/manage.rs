@@ -10,8 +10,8 @@ use anyhow::{Context, anyhow};
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use super::run::{execute, invocation, run_fail};
-use super::{Fail, exit};
+use super::run::{execute, invocation};
+use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
@@ -21,9 +21,9 @@ use crate::store::{self, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
 
 pub(super) fn db() -> Result<Db, Fail> {
-    let db = Db::open(&store::home()).map_err(Fail::usage)?;
+    let db = Db::open(&store::home())?;
     // A run whose process is gone is no longer running, whoever asks.
-    db.mark_orphans().map_err(Fail::usage)?;
+    db.mark_orphans()?;
     Ok(db)
 }
 
@@ -50,7 +50,7 @@ pub async fn daemon(
     max_concurrent: usize,
     grace: Duration,
     serve: Option<std::net::SocketAddr>,
-) -> Result<u8, Fail> {
+) -> Result<Ending, Fail> {
     if !goals.is_dir() {
         return Err(Fail::usage(anyhow!(
             "the goals folder {} does not exist; pass --goals DIR",
@@ -60,9 +60,9 @@ pub async fn daemon(
     use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(Fail::usage)?;
+    let mut term = signal(SignalKind::terminate()).map_err(Fail::store)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Fail::store)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(Fail::store)?;
     let console = match serve {
         Some(addr) => Some(super::serve::start(addr, goals.clone(), shutdown.clone()).await?),
         None => None,
@@ -86,7 +86,7 @@ pub async fn daemon(
             _ = int.recv() => {}
         }
         crate::tools::mcp::kill_all();
-        std::process::exit(i32::from(exit::INTERRUPTED));
+        std::process::exit(i32::from(Ending::Interrupted.code()));
     });
     let cfg = daemon::Config {
         goals_dir: goals,
@@ -101,8 +101,11 @@ pub async fn daemon(
     if let Some(console) = console {
         let _ = console.await;
     }
-    ran.map_err(Fail::usage)?;
-    Ok(exit::ACHIEVED)
+    ran.map_err(|e| match e {
+        daemon::DaemonError::Goals { .. } => Fail::usage(e),
+        daemon::DaemonError::Db(_) => Fail::store(e),
+    })?;
+    Ok(Ending::Achieved)
 }
 
 fn short(t: &str) -> String {
@@ -111,14 +114,14 @@ fn short(t: &str) -> String {
         .unwrap_or_else(|| t.to_string())
 }
 
-pub fn goals(dir: &Path, json_out: bool) -> Result<u8, Fail> {
+pub fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let db = db()?;
     let now = Utc::now();
     let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::Value::Array(rows));
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no goal files in {}", dir.display());
@@ -175,15 +178,15 @@ pub fn goals(dir: &Path, json_out: bool) -> Result<u8, Fail> {
         }
         let _ = writeln!(out, "  skipped {} · missed {}\n", r["skipped"], r["missed"]);
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
 pub fn runs(
     goal: Option<&str>,
-    status: Option<&str>,
+    status: Option<RunStatus>,
     limit: u32,
     json_out: bool,
-) -> Result<u8, Fail> {
+) -> Result<Ending, Fail> {
     const STATUSES: [&str; 6] = [
         "achieved",
         "failed",
@@ -199,15 +202,15 @@ pub fn runs(
         )));
     }
     let db = db()?;
-    let rows = db.runs(goal, status, limit).map_err(Fail::usage)?;
+    let rows = db.runs(goal, status, limit)?;
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no runs");
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     let _ = writeln!(
         out,
@@ -230,13 +233,13 @@ pub fn runs(
             r.scheduled_for.as_deref().map(short).unwrap_or_default()
         );
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
-pub fn show(id: &str) -> Result<u8, Fail> {
+pub fn show(id: &str) -> Result<Ending, Fail> {
     let db = db()?;
-    let run = db.run(id).map_err(Fail::usage)?;
-    let checks = db.checks(id).map_err(Fail::usage)?;
+    let run = db.run(id)?;
+    let checks = db.checks(id)?;
     let transcript = Path::new(&run.dir).join("transcript.jsonl");
     let text = std::fs::read_to_string(&transcript).unwrap_or_default();
     let trace = HumanTrace::to(!checks.is_empty(), Box::new(std::io::stdout()));
@@ -322,22 +325,22 @@ pub fn show(id: &str) -> Result<u8, Fail> {
             );
         }
     }
-    if !had_result && run.status == "running" {
+    if !had_result && run.status == RunStatus::Running {
         let _ = writeln!(out, "(the run is still going)");
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
-pub async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<u8, Fail> {
+pub async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let inv = invocation(Settings::default())?;
-    let spec = RunSpec::build(&inv, Some(&goal.file)).map_err(run_fail)?;
-    execute(spec, json_out, true, "manual").await
+    let spec = RunSpec::build(&inv, Some(&goal.file)).map_err(Fail::from)?;
+    execute(spec, json_out, true, TriggerKind::Manual).await
 }
 
-pub fn pause(dir: &Path, name: &str, paused: bool) -> Result<u8, Fail> {
+pub fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
     find_goal(dir, name)?;
-    db()?.set_paused(name, paused).map_err(Fail::usage)?;
+    db()?.set_paused(name, paused)?;
     println!(
         "{name}: {}",
         if paused {
@@ -346,21 +349,21 @@ pub fn pause(dir: &Path, name: &str, paused: bool) -> Result<u8, Fail> {
             "resumed"
         }
     );
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
-pub fn approvals(json_out: bool) -> Result<u8, Fail> {
-    let rows = db()?.pending_approvals().map_err(Fail::usage)?;
+pub fn approvals(json_out: bool) -> Result<Ending, Fail> {
+    let rows = db()?.pending_approvals()?;
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no approval requests are waiting");
     }
     for r in rows {
-        let what = if r.kind == "check" {
+        let what = if r.kind == ApprovalKind::Check {
             format!("human check: {}", r.input)
         } else {
             format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
@@ -384,7 +387,7 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
             short(&r.deadline)
         );
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
 /// Whether any string in a JSON value holds control characters or invisible Unicode.
@@ -397,7 +400,7 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
     }
 }
 
-pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {
+pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<Ending, Fail> {
     let db = db()?;
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
     let verb = if approve { "sup approve" } else { "sup deny" };

@@ -14,28 +14,97 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Exit statuses (DESIGN: "Exit status").
-pub mod exit {
-    pub const ACHIEVED: u8 = 0;
-    pub const CHECKS_FAILED: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const LIMIT: u8 = 3;
-    pub const MODEL: u8 = 4;
-    pub const INTERRUPTED: u8 = 130;
+/// How a command ended, one kind per class of outcome or failure. `code` is the one place
+/// that maps them to exit statuses (DESIGN: "Exit status").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Every check passed, or a final answer (`sup run`), or a command that did its job.
+    Achieved,
+    /// Checks still failing after every try.
+    ChecksFailed,
+    /// The command line, a goal file or the configuration is wrong.
+    Usage,
+    /// A limit stopped the work (`max_steps`, `budget`, `repeated_calls`, `length`).
+    Limit,
+    /// The model or the provider failed.
+    Model,
+    /// The store or the machine failed (a locked or full database, a folder that cannot be
+    /// made): the run could not go on, and it is not the user's input.
+    Store,
+    Interrupted,
 }
 
-/// An error that ends the command with an exit status.
+impl Ending {
+    pub fn code(self) -> u8 {
+        match self {
+            Ending::Achieved => 0,
+            Ending::ChecksFailed => 1,
+            Ending::Usage => 2,
+            Ending::Limit => 3,
+            Ending::Model | Ending::Store => 4,
+            Ending::Interrupted => 130,
+        }
+    }
+
+    /// The ending of a run's outcome.
+    pub fn of(status: crate::trace::Status) -> Ending {
+        use crate::trace::Status;
+        match status {
+            Status::Achieved => Ending::Achieved,
+            Status::Failed => Ending::ChecksFailed,
+            Status::Unfinished => Ending::Limit,
+            Status::Error => Ending::Model,
+            Status::Interrupted => Ending::Interrupted,
+        }
+    }
+}
+
+/// An error that ends the command, with its class.
 #[derive(Debug)]
-pub struct Fail {
-    pub code: u8,
+pub(crate) struct Fail {
+    pub ending: Ending,
     pub error: anyhow::Error,
 }
 
 impl Fail {
     pub fn usage(error: impl Into<anyhow::Error>) -> Self {
         Fail {
-            code: exit::USAGE,
+            ending: Ending::Usage,
             error: error.into(),
+        }
+    }
+
+    pub fn store(error: impl Into<anyhow::Error>) -> Self {
+        Fail {
+            ending: Ending::Store,
+            error: error.into(),
+        }
+    }
+}
+
+impl From<crate::store::db::DbError> for Fail {
+    fn from(e: crate::store::db::DbError) -> Self {
+        match e {
+            crate::store::db::DbError::NoRun(_) => Fail::usage(e),
+            _ => Fail::store(e),
+        }
+    }
+}
+
+impl From<crate::run::RunError> for Fail {
+    fn from(e: crate::run::RunError) -> Self {
+        use crate::run::RunError;
+        let ending = match &e {
+            RunError::Config(_) | RunError::Setup(_) | RunError::Tools(_) | RunError::Mcp(_) => {
+                Ending::Usage
+            }
+            RunError::Model(m) if m.is_config() => Ending::Usage,
+            RunError::Model(_) => Ending::Model,
+            RunError::Store(_) | RunError::Db(_) => Ending::Store,
+        };
+        Fail {
+            ending,
+            error: e.into(),
         }
     }
 }
@@ -48,7 +117,7 @@ impl Fail {
     after_help = "Exit status: 0 achieved, 1 checks still failing, 2 bad usage or config, \
                   3 stopped by a limit, 4 model or provider error, 130 interrupted."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
     /// The shared store: postgres://USER@HOST:PORT/DATABASE puts runs, claims and approvals
@@ -113,7 +182,7 @@ enum Command {
         goal: Option<String>,
         /// achieved, failed, unfinished, error, interrupted or running.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<crate::store::RunStatus>,
         #[arg(long, default_value_t = 20)]
         limit: u32,
         #[arg(long)]
@@ -179,7 +248,7 @@ fn duration(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(Args, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// What the agent should do.
     pub prompt: String,
     /// One JSON object per event on stdout instead of the human trace.
@@ -193,7 +262,7 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct GoalArgs {
+pub(crate) struct GoalArgs {
     /// What the agent should achieve (or `prompt` in the goal file).
     pub prompt: Option<String>,
     /// A goal file (`goals/NAME.toml`); flags override it.
@@ -232,7 +301,11 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+            return ExitCode::from(if e.use_stderr() {
+                Ending::Usage.code()
+            } else {
+                Ending::Achieved.code()
+            });
         }
     };
     // The daemon logs each occurrence fired and finished; other commands only trouble.
@@ -256,7 +329,7 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sup: cannot start the async runtime: {e}");
-            return ExitCode::from(exit::MODEL);
+            return ExitCode::from(Ending::Store.code());
         }
     };
     let store = cli.store.clone().filter(|s| !s.trim().is_empty());
@@ -284,7 +357,7 @@ pub fn main() -> ExitCode {
                 status,
                 limit,
                 json,
-            } => manage::runs(goal.as_deref(), status.as_deref(), limit, json),
+            } => manage::runs(goal.as_deref(), status, limit, json),
             Command::Show { run_id } => manage::show(&run_id),
             Command::Trigger { name, goals, json } => manage::trigger(&goals, &name, json).await,
             Command::Pause { name, goals } => manage::pause(&goals, &name, true),
@@ -299,11 +372,11 @@ pub fn main() -> ExitCode {
     // Tool processes are killed by their own guards; do not wait on stragglers.
     runtime.shutdown_timeout(Duration::from_millis(200));
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(ending) => ExitCode::from(ending.code()),
         Err(fail) => {
             let message = format!("{:#}", fail.error);
             eprintln!("sup: error: {}", crate::redact::text(&message));
-            ExitCode::from(fail.code)
+            ExitCode::from(fail.ending.code())
         }
     }
 }

@@ -3,26 +3,25 @@
 
 use std::sync::Arc;
 
-use anyhow::anyhow;
 use tokio_util::sync::CancellationToken;
 
-use super::{Fail, GoalArgs, RunArgs, exit};
+use super::{Ending, Fail, GoalArgs, RunArgs};
 use crate::config::Settings;
-use crate::run::{self, Invocation, RunError, RunSpec, Trigger};
-use crate::store;
+use crate::run::{self, Invocation, RunSpec, Trigger};
+use crate::store::{self, TriggerKind};
 use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
 
-pub async fn run(args: RunArgs) -> Result<u8, Fail> {
+pub async fn run(args: RunArgs) -> Result<Ending, Fail> {
     let mut inv = invocation(args.settings)?;
     inv.flags.prompt = Some(args.prompt);
-    let spec = RunSpec::build(&inv, None).map_err(run_fail)?;
+    let spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
     if args.print_config {
         return Ok(print_config(&spec));
     }
-    execute(spec, args.json, false, "cli").await
+    execute(spec, args.json, false, TriggerKind::Cli).await
 }
 
-pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
+pub async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     let file = match &args.file {
         Some(path) => Some(
             crate::schedule::goals::load(path)
@@ -42,20 +41,21 @@ pub async fn goal(args: GoalArgs) -> Result<u8, Fail> {
     flags.fresh = args.fresh.then_some(true);
     flags.check_timeout = args.check_timeout;
     for path in &args.checks {
-        inv.checks.push(run::script_check(path).map_err(run_fail)?);
+        inv.checks
+            .push(run::script_check(path).map_err(Fail::from)?);
     }
     for line in &args.check_cmds {
         inv.checks.push(run::command_check(line));
     }
-    let spec = RunSpec::build(&inv, file.as_ref()).map_err(run_fail)?;
+    let spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
     if args.print_config {
         return Ok(print_config(&spec));
     }
-    execute(spec, args.json, true, "cli").await
+    execute(spec, args.json, true, TriggerKind::Cli).await
 }
 
 /// `--print-config`: every setting, its effective value and where it came from.
-fn print_config(spec: &RunSpec) -> u8 {
+fn print_config(spec: &RunSpec) -> Ending {
     use std::io::Write;
     let e = &spec.effective;
     let mut out = std::io::stdout().lock();
@@ -82,7 +82,7 @@ fn print_config(spec: &RunSpec) -> u8 {
             .map(|p| format!("{p:?}"))
             .unwrap_or_else(|| "unknown".into())
     );
-    exit::ACHIEVED
+    Ending::Achieved
 }
 
 /// The flags' layer with the environment's.
@@ -94,15 +94,11 @@ pub fn invocation(flags: Settings) -> Result<Invocation, Fail> {
     })
 }
 
-pub fn run_fail(e: RunError) -> Fail {
-    Fail::usage(anyhow!(e))
-}
-
 /// Cancel on the first SIGINT or SIGTERM; exit at once on a second SIGINT.
 pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
-    let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Fail::store)?;
+    let mut term = signal(SignalKind::terminate()).map_err(Fail::store)?;
     tokio::spawn(async move {
         tokio::select! {
             _ = int.recv() => {}
@@ -112,21 +108,9 @@ pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
         cancel.cancel();
         int.recv().await;
         crate::tools::mcp::kill_all();
-        std::process::exit(i32::from(exit::INTERRUPTED));
+        std::process::exit(i32::from(Ending::Interrupted.code()));
     });
     Ok(())
-}
-
-/// The exit status of an outcome.
-pub fn exit_code(outcome: &crate::verify::Outcome) -> u8 {
-    match outcome.status {
-        Status::Achieved => exit::ACHIEVED,
-        Status::Failed => exit::CHECKS_FAILED,
-        Status::Unfinished => exit::LIMIT,
-        Status::Error if outcome.config_error => exit::USAGE,
-        Status::Error => exit::MODEL,
-        Status::Interrupted => exit::INTERRUPTED,
-    }
 }
 
 /// Run a spec in the foreground with the terminal's trace.
@@ -134,8 +118,8 @@ pub async fn execute(
     spec: RunSpec,
     json: bool,
     is_goal: bool,
-    trigger: &'static str,
-) -> Result<u8, Fail> {
+    trigger: TriggerKind,
+) -> Result<Ending, Fail> {
     let sink: Arc<dyn EventSink> = if json {
         Arc::new(JsonLines::new())
     } else {
@@ -149,7 +133,7 @@ pub async fn execute(
     };
     let launched = run::launch(&spec, &store::home(), trigger, vec![sink], &cancel)
         .await
-        .map_err(run_fail)?;
+        .map_err(Fail::from)?;
     let outcome = launched.outcome;
     if !json
         && outcome.status == Status::Achieved
@@ -157,5 +141,5 @@ pub async fn execute(
     {
         println!("{}", crate::redact::text(answer));
     }
-    Ok(exit_code(&outcome))
+    Ok(Ending::of(outcome.status))
 }

@@ -87,6 +87,9 @@ pub fn client() -> Result<reqwest::Client, ModelError> {
             ))
         }
     });
+    // reqwest is built without a default TLS provider; ring is ours. Installing twice is
+    // refused harmlessly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(15))
         .redirect(policy)
@@ -347,6 +350,9 @@ pub async fn exchange(
             tokio::time::sleep(wait).await;
             continue;
         }
+        let retry_after = failure.wait;
+        let kind = failure.status.map(|s| s.as_u16());
+        let overflow = is_context_overflow(&failure.message);
         let message = match failure.status {
             Some(status) => format!(
                 "HTTP {} from {}: {} {}",
@@ -366,9 +372,16 @@ pub async fn exchange(
             ),
             None => failure.message,
         };
-        return Err(ModelError::Provider {
-            provider: ep.provider.clone(),
-            message,
+        let provider = ep.provider.clone();
+        return Err(match kind {
+            Some(401 | 403) => ModelError::Authentication { provider, message },
+            Some(429) => ModelError::RateLimited {
+                provider,
+                message,
+                retry_after,
+            },
+            Some(400 | 413 | 422) if overflow => ModelError::ContextOverflow { provider, message },
+            _ => ModelError::Provider { provider, message },
         });
     }
 }

@@ -139,6 +139,19 @@ pub enum ModelError {
     /// The provider answered with an error, or could not be reached.
     #[error("{provider}: {message}")]
     Provider { provider: String, message: String },
+    /// The key is missing, wrong, expired or without access (HTTP 401, 403).
+    #[error("{provider}: {message}")]
+    Authentication { provider: String, message: String },
+    /// Still rate limited after every attempt; `retry_after` is what the provider last asked.
+    #[error("{provider}: {message}")]
+    RateLimited {
+        provider: String,
+        message: String,
+        retry_after: Option<std::time::Duration>,
+    },
+    /// The conversation no longer fits the model's context window.
+    #[error("{provider}: {message}")]
+    ContextOverflow { provider: String, message: String },
     /// The model would not or could not answer (refusal, content filter, context window).
     #[error("{0}")]
     Refused(String),

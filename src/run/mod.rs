@@ -14,14 +14,15 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::approval::{Gate, Mode, QueueTarget, Rules, Terminal};
+use crate::approval::queue::QueueApprover;
+use crate::approval::{Approver, Gate, Mode, Rules, Terminal, TerminalApprover};
 use crate::config::{self, CheckDef, ConfigError, Effective, GoalFile, Settings, Source, ToolDef};
 use crate::model::prices::{Price, Prices};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::notify::{Notice, Notifier, Notify};
 use crate::store::db::{Db, DbError, Ended, KeptOutcome, NewRun, PATIENCE};
-use crate::store::{RunDir, StoreError, Transcript};
+use crate::store::{RunDir, StoreError, Transcript, TriggerKind};
 use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
@@ -386,8 +387,7 @@ fn registry(defs: &[ToolDef]) -> Result<Registry, RunError> {
 /// What started a run.
 #[derive(Clone, Copy, Debug)]
 pub struct Trigger {
-    /// `cli`, `schedule` or `manual`.
-    pub kind: &'static str,
+    pub kind: TriggerKind,
     pub scheduled_for: Option<DateTime<Utc>>,
 }
 
@@ -398,9 +398,11 @@ pub struct Launched {
 }
 
 /// The approval gate of a run. Scheduled runs never prompt (their default is `queue`); a run
-/// with no terminal never waits on a prompt (its default is `never`), and says so.
+/// with no terminal never waits on a prompt (its default is `never`), and says so. Calls are
+/// put to the terminal when there is one and the mode is not `queue`, else to the queue;
+/// human checks to the terminal when there is one.
 fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Events) -> Gate {
-    let scheduled = trigger.kind == "schedule";
+    let scheduled = trigger.kind == TriggerKind::Schedule;
     let terminal = if scheduled { None } else { Terminal::detect() };
     let notice = |text: String| events.emit(Event::Notice { text });
     let mode = match spec.approval {
@@ -428,18 +430,23 @@ fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Ev
             Mode::Never
         }
     };
-    Gate::new(
-        mode,
-        spec.rules.clone(),
-        spec.approval_timeout,
-        terminal,
-        QueueTarget {
-            home: home.to_path_buf(),
-            run_id: run_id.to_string(),
-            goal: spec.goal.name.clone(),
-        },
-        spec.goal.workspace.clone(),
-    )
+    let queue: Arc<dyn Approver> = Arc::new(QueueApprover {
+        home: home.to_path_buf(),
+        run_id: run_id.to_string(),
+        goal: spec.goal.name.clone(),
+        timeout: spec.approval_timeout,
+    });
+    let terminal: Option<Arc<dyn Approver>> = terminal.map(|terminal| {
+        Arc::new(TerminalApprover {
+            terminal,
+            workspace: spec.goal.workspace.clone(),
+        }) as Arc<dyn Approver>
+    });
+    let calls = match &terminal {
+        Some(t) if mode != Mode::Queue => t.clone(),
+        _ => queue.clone(),
+    };
+    Gate::new(mode, spec.rules.clone(), calls, terminal.unwrap_or(queue))
 }
 
 /// The goal as this run sees it: templates rendered, the price and the cost cap set (the

@@ -21,6 +21,7 @@ use super::cron::Schedule;
 use super::goals::{self, Overlap, ScheduledGoal};
 use crate::run::{self, Invocation, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, stamp};
+use crate::store::{OccurrenceStatus, TriggerKind};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
@@ -306,7 +307,7 @@ impl Daemon {
             self.tell_missed(name, last, "missed");
         }
         for at in missed {
-            let r = self.db.claim(name, at, "missed", &self.id);
+            let r = self.db.claim(name, at, OccurrenceStatus::Missed, &self.id);
             self.log_db(r);
         }
         if on_time {
@@ -375,7 +376,7 @@ impl Daemon {
 
     /// Claim an occurrence and act on it.
     fn fire(&mut self, name: &str, at: DateTime<Utc>) {
-        match self.db.claim(name, at, "claimed", &self.id) {
+        match self.db.claim(name, at, OccurrenceStatus::Claimed, &self.id) {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!("goal {name} at {}: claimed by another daemon", stamp(at));
@@ -389,7 +390,7 @@ impl Daemon {
         match self.db.paused(name) {
             Ok(true) => {
                 tracing::info!("goal {name} at {}: paused, not run", stamp(at));
-                let r = self.db.occurrence(name, at, "paused", None);
+                let r = self.db.occurrence(name, at, OccurrenceStatus::Paused, None);
                 self.log_db(r);
                 return;
             }
@@ -406,7 +407,9 @@ impl Daemon {
                         "goal {name} at {}: skipped, the last run is still going",
                         stamp(at)
                     );
-                    let r = self.db.occurrence(name, at, "skipped", None);
+                    let r = self
+                        .db
+                        .occurrence(name, at, OccurrenceStatus::Skipped, None);
                     self.log_db(r);
                     self.tell_missed(name, at, "skipped");
                     return;
@@ -417,7 +420,9 @@ impl Daemon {
                             "goal {name} at {}: skipped, one occurrence already waits",
                             stamp(at)
                         );
-                        let r = self.db.occurrence(name, at, "skipped", None);
+                        let r = self
+                            .db
+                            .occurrence(name, at, OccurrenceStatus::Skipped, None);
                         self.log_db(r);
                     } else {
                         tracing::info!(
@@ -425,7 +430,7 @@ impl Daemon {
                             stamp(at)
                         );
                         slot.queued = Some(at);
-                        let r = self.db.occurrence(name, at, "queued", None);
+                        let r = self.db.occurrence(name, at, OccurrenceStatus::Queued, None);
                         self.log_db(r);
                     }
                     return;
@@ -461,7 +466,9 @@ impl Daemon {
         let permits = self.permits.clone();
         let done = self.done_tx.clone();
         let goal = name.to_string();
-        let r = self.db.occurrence(name, at, "running", None);
+        let r = self
+            .db
+            .occurrence(name, at, OccurrenceStatus::Running, None);
         self.log_db(r);
         self.tasks.spawn(async move {
             // The run in a task of its own: should it panic, the occurrence is still closed
@@ -497,9 +504,12 @@ impl Daemon {
                 .map(|r| format!(" (run {r})"))
                 .unwrap_or_default()
         );
-        let r = self
-            .db
-            .occurrence(&done.goal, done.at, "done", done.run_id.as_deref());
+        let r = self.db.occurrence(
+            &done.goal,
+            done.at,
+            OccurrenceStatus::Done,
+            done.run_id.as_deref(),
+        );
         self.log_db(r);
         let Some(slot) = self.slots.get_mut(&done.goal) else {
             return;
@@ -535,7 +545,7 @@ async fn run_one(
     };
     tracing::info!("goal {goal} at {}: fired", stamp(at));
     let trigger = Trigger {
-        kind: "schedule",
+        kind: TriggerKind::Schedule,
         scheduled_for: Some(at),
     };
     match run::launch(spec, home, trigger, Vec::new(), cancel).await {
@@ -641,7 +651,7 @@ async fn drain(d: &mut Daemon, done_rx: &mut mpsc::UnboundedReceiver<Done>) {
         .filter_map(|(n, s)| s.queued.take().map(|q| (n.clone(), q)))
         .collect();
     for (name, at) in queued {
-        let r = d.db.occurrence(&name, at, "skipped", None);
+        let r = d.db.occurrence(&name, at, OccurrenceStatus::Skipped, None);
         d.log_db(r);
     }
     let grace = tokio::time::sleep(d.cfg.grace);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::{ApprovalKind, ApprovalStatus, OccurrenceStatus, RunStatus, TriggerKind};
 use crate::model::Usage;
 use crate::trace::{CheckReport, Status, StopReason};
 
@@ -141,9 +142,9 @@ pub fn parse_stamp(s: &str) -> Option<DateTime<Utc>> {
 pub struct RunRow {
     pub id: String,
     pub goal: String,
-    pub trigger: String,
+    pub trigger: TriggerKind,
     pub scheduled_for: Option<String>,
-    pub status: String,
+    pub status: RunStatus,
     pub stop_reason: Option<String>,
     pub tries: u32,
     pub steps: u32,
@@ -166,7 +167,7 @@ pub struct RunRow {
 pub struct NewRun<'a> {
     pub id: &'a str,
     pub goal: &'a str,
-    pub trigger: &'a str,
+    pub trigger: TriggerKind,
     pub scheduled_for: Option<DateTime<Utc>>,
     pub model: &'a str,
     pub workspace: &'a str,
@@ -290,14 +291,12 @@ pub struct ApprovalRow {
     pub id: String,
     pub run_id: String,
     pub goal: String,
-    /// `tool` (a call waiting for a yes) or `check` (a person as a check).
-    pub kind: String,
+    pub kind: ApprovalKind,
     pub tool: String,
     pub input: String,
     pub created_at: String,
     pub deadline: String,
-    /// `pending`, `approved`, `denied`, `timed_out`, `cancelled`.
-    pub status: String,
+    pub status: ApprovalStatus,
     pub always: bool,
     pub reason: Option<String>,
     pub decided_by: Option<String>,
@@ -412,7 +411,7 @@ impl Db {
         self.conn
             .execute(
                 "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, pid, model, workspace, dir)
-                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?7, ?8, ?9)",
+                 VALUES (?1, ?2, ?3, ?4, ?10, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     run.id,
                     run.goal,
@@ -422,7 +421,8 @@ impl Db {
                     std::process::id(),
                     run.model,
                     run.workspace,
-                    run.dir
+                    run.dir,
+                    RunStatus::Running
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -470,7 +470,7 @@ impl Db {
              WHERE id = ?1",
             params![
                 id,
-                end.status.as_str(),
+                RunStatus::from(end.status),
                 end.stop_reason.as_str(),
                 end.tries,
                 end.steps,
@@ -578,7 +578,7 @@ impl Db {
     pub fn runs(
         &self,
         goal: Option<&str>,
-        status: Option<&str>,
+        status: Option<RunStatus>,
         limit: u32,
     ) -> Result<Vec<RunRow>, DbError> {
         let mut stmt = self
@@ -633,12 +633,14 @@ impl Db {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT id, dir FROM runs WHERE goal = ?1 AND status != 'running'
+                "SELECT id, dir FROM runs WHERE goal = ?1 AND status != ?3
                  ORDER BY started_at DESC, id DESC LIMIT -1 OFFSET ?2",
             )
             .map_err(|e| self.err(e))?;
         let old: Vec<(String, String)> = stmt
-            .query_map(params![goal, keep], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(params![goal, keep, RunStatus::Running], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))?;
         for (id, _) in &old {
@@ -654,7 +656,7 @@ impl Db {
         &self,
         goal: &str,
         at: DateTime<Utc>,
-        status: &str,
+        status: OccurrenceStatus,
         by: &str,
     ) -> Result<bool, DbError> {
         let n = self
@@ -683,7 +685,7 @@ impl Db {
         &self,
         goal: &str,
         at: DateTime<Utc>,
-        status: &str,
+        status: OccurrenceStatus,
         run_id: Option<&str>,
     ) -> Result<(), DbError> {
         self.conn
@@ -735,7 +737,7 @@ impl Db {
     }
 
     pub fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
-        let count = |status: &str| -> Result<u64, DbError> {
+        let count = |status: OccurrenceStatus| -> Result<u64, DbError> {
             self.conn
                 .query_row(
                     "SELECT count(*) FROM occurrences WHERE goal = ?1 AND status = ?2",
@@ -746,8 +748,8 @@ impl Db {
         };
         Ok(GoalStats {
             paused: self.paused(goal)?,
-            skipped: count("skipped")?,
-            missed: count("missed")?,
+            skipped: count(OccurrenceStatus::Skipped)?,
+            missed: count(OccurrenceStatus::Missed)?,
             last: self.runs(Some(goal), None, 1)?.into_iter().next(),
         })
     }
@@ -757,7 +759,7 @@ impl Db {
         &self,
         goal: &str,
         limit: u32,
-    ) -> Result<Vec<(String, String, Option<String>)>, DbError> {
+    ) -> Result<Vec<(String, OccurrenceStatus, Option<String>)>, DbError> {
         let mut stmt = self
             .conn
             .prepare(
@@ -777,7 +779,7 @@ impl Db {
         self.conn
             .execute(
                 "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline, status)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending')",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     req.id,
                     req.run_id,
@@ -786,7 +788,8 @@ impl Db {
                     req.tool,
                     crate::redact::text(&req.input),
                     req.created_at,
-                    req.deadline
+                    req.deadline,
+                    ApprovalStatus::Pending
                 ],
             )
             .map_err(|e| self.err(e))?;
@@ -804,9 +807,9 @@ impl Db {
     pub fn pending_approvals(&self) -> Result<Vec<ApprovalRow>, DbError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT * FROM approvals WHERE status = 'pending' ORDER BY created_at, id")
+            .prepare("SELECT * FROM approvals WHERE status = ?1 ORDER BY created_at, id")
             .map_err(|e| self.err(e))?;
-        stmt.query_map([], approval_of)
+        stmt.query_map([ApprovalStatus::Pending], approval_of)
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))
     }
@@ -815,7 +818,7 @@ impl Db {
     pub fn decide_approval(
         &self,
         id: &str,
-        status: &str,
+        status: ApprovalStatus,
         always: bool,
         reason: Option<&str>,
         by: &str,
@@ -824,8 +827,16 @@ impl Db {
             .conn
             .execute(
                 "UPDATE approvals SET status = ?2, always = ?3, reason = ?4, decided_at = ?5,
-                     decided_by = ?6 WHERE id = ?1 AND status = 'pending'",
-                params![id, status, always, reason, stamp(Utc::now()), by],
+                     decided_by = ?6 WHERE id = ?1 AND status = ?7",
+                params![
+                    id,
+                    status,
+                    always,
+                    reason,
+                    stamp(Utc::now()),
+                    by,
+                    ApprovalStatus::Pending
+                ],
             )
             .map_err(|e| self.err(e))?;
         Ok(n == 1)
@@ -910,8 +921,8 @@ mod tests {
         let a = Db::open(dir.path()).unwrap();
         let b = Db::open(dir.path()).unwrap();
         let at = Utc::now();
-        assert!(a.claim("g", at, "claimed", "a").unwrap());
-        assert!(!b.claim("g", at, "claimed", "b").unwrap());
+        assert!(a.claim("g", at, OccurrenceStatus::Claimed, "a").unwrap());
+        assert!(!b.claim("g", at, OccurrenceStatus::Claimed, "b").unwrap());
         assert_eq!(b.last_occurrence("g").unwrap().map(stamp), Some(stamp(at)));
     }
 
@@ -924,7 +935,7 @@ mod tests {
             db.start_run(&NewRun {
                 id: &id,
                 goal: "g",
-                trigger: "cli",
+                trigger: TriggerKind::Cli,
                 scheduled_for: None,
                 model: "script:x",
                 workspace: "/w",

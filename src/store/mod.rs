@@ -1,11 +1,14 @@
 //! The run history on disk under `SUP_HOME`: one folder per run (`runs/RUN_ID/`) holding the
 //! transcript (`transcript.jsonl`: every message and event, appended and flushed as it
 //! happens, so even a killed run leaves what it did), tool outputs that were cut, and check
-//! outputs.
+//! outputs. The states it stores are the enums of `vocab`.
 
 pub mod db;
 pub mod pg;
 pub mod query;
+mod vocab;
+
+pub use vocab::{ApprovalKind, ApprovalStatus, OccurrenceStatus, RunStatus, TriggerKind};
 
 use std::fs::File;
 use std::io::Write;

@@ -238,6 +238,9 @@ struct ReadInput {
 
 #[async_trait]
 impl Tool for ReadFile {
+    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
+        super::path_subject(input, workspace)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -319,6 +322,9 @@ struct WriteInput {
 
 #[async_trait]
 impl Tool for WriteFile {
+    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
+        super::path_subject(input, workspace)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -374,6 +380,9 @@ fn line_of(text: &str, byte: usize) -> usize {
 
 #[async_trait]
 impl Tool for EditFile {
+    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
+        super::path_subject(input, workspace)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -491,6 +500,9 @@ struct ListInput {
 
 #[async_trait]
 impl Tool for ListFiles {
+    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
+        super::path_subject(input, workspace)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -570,6 +582,9 @@ struct SearchInput {
 
 #[async_trait]
 impl Tool for SearchFiles {
+    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
+        super::path_subject(input, workspace)
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -691,6 +706,13 @@ pub async fn run_for_tool(
 
 #[async_trait]
 impl Tool for RunCommand {
+    fn approval_subject(&self, input: &Value, _workspace: &Path) -> String {
+        input
+            .get("command")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    }
     fn spec(&self) -> &ToolSpec {
         &self.0
     }

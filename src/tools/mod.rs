@@ -71,8 +71,21 @@ pub enum ToolError {
 pub trait Tool: Send + Sync {
     fn spec(&self) -> &ToolSpec;
     fn risk(&self) -> Risk;
+    /// What approval rules match of a call (`run_command(cargo test*)` matches the command
+    /// line): by default the compact JSON input; built-in tools name their main argument.
+    fn approval_subject(&self, input: &Value, _workspace: &std::path::Path) -> String {
+        input.to_string()
+    }
     /// Run the call. `Ok` text is the result; `Err` becomes an error result.
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError>;
+}
+
+/// The approval subject of a tool whose main argument is a workspace path: where the `path`
+/// input really leads, symlinks in the workspace resolved, in one spelling (`./a/../b//c` →
+/// `b/c`; none → `.`), so a pattern judges the file that would really be touched.
+pub fn path_subject(input: &Value, workspace: &std::path::Path) -> String {
+    let path = input.get("path").and_then(Value::as_str).unwrap_or(".");
+    paths::rule_path(workspace, path)
 }
 
 /// A tool that passed the gate with its parsed input.

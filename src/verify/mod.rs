@@ -67,7 +67,6 @@ pub struct Outcome {
     pub cost: Option<f64>,
     pub answer: Option<String>,
     pub error: Option<String>,
-    pub config_error: bool,
     /// Each try's check results.
     pub checks: Vec<Vec<CheckReport>>,
 }
@@ -137,7 +136,6 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         cost: None,
         answer: None,
         error: None,
-        config_error: false,
         checks: Vec::new(),
     };
     let mut reports: Vec<String> = Vec::new();
@@ -159,7 +157,6 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         out.stop_reason = w.stop_reason;
         out.answer = w.answer.clone();
         out.error = w.error.clone();
-        out.config_error = w.config_error;
         out.cost = goal.limits.price.map(|p| p.cost(&out.usage));
         if goal.checks.is_empty()
             || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)

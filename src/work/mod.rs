@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::approval::{Answer, Gate};
+use crate::approval::{Answer, Call, Gate};
 use crate::model::prices::{InputEstimate, Price, request_bytes};
 use crate::model::{FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage};
 use crate::tools::process::safe_name;
@@ -80,8 +80,6 @@ pub struct Outcome {
     pub answer: Option<String>,
     /// What went wrong (`error` stops).
     pub error: Option<String>,
-    /// The error is the user's setup (exit 2), not the model failing (exit 4).
-    pub config_error: bool,
 }
 
 /// Add a message to the conversation and to the transcript.
@@ -111,7 +109,6 @@ impl Work<'_> {
             usage,
             answer: None,
             error: None,
-            config_error: false,
         }
     }
 
@@ -172,7 +169,6 @@ impl Work<'_> {
                         usage,
                         answer: None,
                         error: Some(error),
-                        config_error: e.is_config(),
                     };
                 }
             };
@@ -295,17 +291,18 @@ impl Work<'_> {
             // side by side; terminal prompts still come one at a time, in call order.
             let asks = prepared.iter().zip(calls).map(|(p, c)| async move {
                 match p {
-                    Some(Ok(p)) => Some(
-                        gate.check(
-                            &c.id,
-                            &c.name,
-                            p.tool.risk(),
-                            &p.input,
-                            self.events,
-                            self.cancel,
+                    Some(Ok(p)) => {
+                        let subject = p.tool.approval_subject(&p.input, &self.workspace);
+                        let call = Call {
+                            tool: &c.name,
+                            subject: &subject,
+                            risk: p.tool.risk(),
+                        };
+                        Some(
+                            gate.check(&c.id, call, &p.input, self.events, self.cancel)
+                                .await,
                         )
-                        .await,
-                    ),
+                    }
                     _ => None,
                 }
             });

@@ -8,7 +8,7 @@
 //! `postgres://postgres@127.0.0.1:5432/`) and drops it at the end. A server that cannot be
 //! reached fails the test.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,11 +1,9 @@
 //! The verify loop through the binary: checks, retries, failure reports, goal files.
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Env, Run, user_messages};
+use crate::common::{Env, Run, user_messages};
 use serde_json::{Value, json};
 
 fn write_turn(path: &str, content: &str) -> Value {

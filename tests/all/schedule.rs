@@ -3,10 +3,12 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::common::eventually_async;
 use chrono::{DateTime, Utc};
 use sup::schedule::daemon::{self, Clock, ManualClock};
+use sup::store::RunStatus;
 use sup::store::db::{Db, parse_stamp};
 use tokio_util::sync::CancellationToken;
 
@@ -81,11 +83,10 @@ impl Harness {
 
     /// Wait until the daemon sleeps on the clock: it has loaded and settled.
     async fn idle(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.clock.waiting() == 0 {
-            assert!(Instant::now() < deadline, "the daemon never went to sleep");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually_async(Duration::from_secs(20), "the daemon to sleep", || {
+            (self.clock.waiting() > 0).then_some(())
+        })
+        .await;
     }
 
     async fn stop(&mut self) {
@@ -98,20 +99,7 @@ impl Harness {
     /// Wait (in real time, bounded) until `f` holds.
     async fn until(&self, what: &str, f: impl Fn(&Db) -> bool) {
         let db = self.db();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !f(&db) {
-            if Instant::now() > deadline {
-                let occ = db.occurrences("g", 100).unwrap();
-                let runs: Vec<_> = db
-                    .runs(None, None, 100)
-                    .unwrap()
-                    .into_iter()
-                    .map(|r| (r.status, r.error))
-                    .collect();
-                panic!("timed out waiting for: {what}; occurrences {occ:?}; runs {runs:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_async(Duration::from_secs(20), what, || f(&db).then_some(())).await;
     }
 
     fn statuses(&self, goal: &str) -> Vec<(String, String)> {
@@ -120,7 +108,7 @@ impl Harness {
             .occurrences(goal, 1000)
             .unwrap()
             .into_iter()
-            .map(|(at, status, _)| (at, status))
+            .map(|(at, status, _)| (at, status.to_string()))
             .collect();
         v.sort();
         v
@@ -129,7 +117,7 @@ impl Harness {
     fn run_statuses(&self, goal: &str) -> Vec<String> {
         let mut runs = self.db().runs(Some(goal), None, 100).unwrap();
         runs.sort_by(|a, b| a.scheduled_for.cmp(&b.scheduled_for));
-        runs.into_iter().map(|r| r.status).collect()
+        runs.into_iter().map(|r| r.status.to_string()).collect()
     }
 
     fn advance_to(&self, s: &str) {
@@ -165,7 +153,16 @@ async fn successive_occurrences_run_once_each() {
 }
 
 fn prior_occurrence(h: &Harness, goal: &str, at: &str) {
-    assert!(h.db().claim(goal, t(at), "done", "earlier-daemon").unwrap());
+    assert!(
+        h.db()
+            .claim(
+                goal,
+                t(at),
+                sup::store::OccurrenceStatus::Done,
+                "earlier-daemon"
+            )
+            .unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +230,10 @@ async fn overlap(policy: &str, occurrences: &[&str]) -> Harness {
     h.idle().await;
     h.advance_to("2026-01-01T00:00:01.100Z");
     h.until("the first is running", |db| {
-        db.runs(Some("g"), Some("running"), 10).unwrap().len() == 1
+        db.runs(Some("g"), Some(RunStatus::Running), 10)
+            .unwrap()
+            .len()
+            == 1
     })
     .await;
     for s in occurrences {
@@ -296,7 +296,10 @@ async fn overlap_replace_cancels_the_running_one() {
 async fn overlap_allow_runs_side_by_side() {
     let mut h = overlap("allow", &["02"]).await;
     h.until("two running", |db| {
-        db.runs(Some("g"), Some("running"), 10).unwrap().len() == 2
+        db.runs(Some("g"), Some(RunStatus::Running), 10)
+            .unwrap()
+            .len()
+            == 2
     })
     .await;
     h.until("both done", |_| {
@@ -389,7 +392,7 @@ async fn occurrences_beyond_max_concurrent_wait_their_turn() {
     h.idle().await;
     h.advance_to("2026-01-01T00:00:01.100Z");
     h.until("both done", |db| {
-        db.runs(None, Some("achieved"), 10).unwrap().len() == 2
+        db.runs(None, Some(RunStatus::Achieved), 10).unwrap().len() == 2
     })
     .await;
     h.stop().await;

@@ -4,7 +4,7 @@
 //! tools read), a terminal that shows what is true, credentials that never follow a redirect
 //! to another origin, MCP annotations taken as hints, and a bad rule in a goal file.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;

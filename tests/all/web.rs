@@ -3,7 +3,7 @@
 //! transcripts over server-sent events — and, in Debian's Chromium driven by playwright-core
 //! (`tests/web/e2e.mjs`), a person's path through `sup daemon --serve`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

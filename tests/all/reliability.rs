@@ -3,7 +3,7 @@
 //! u64, a locked or failing store as a run ends, huge files, outputs and answers, SSE
 //! keep-alives, validation, and a provider key echoed by a tool or a 401.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

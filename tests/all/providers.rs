@@ -1,13 +1,11 @@
 //! Real providers through the binary, against fake servers on 127.0.0.1 that speak the
 //! Chat Completions and Messages wire formats, streamed and whole, and record every request.
 
-mod common;
-
-use common::fake_server::{
+use crate::common::fake_server::{
     FakeServer, Indexing, Reply, Turn, anthropic_events, anthropic_json, anthropic_stream,
     openai_json, openai_stream,
 };
-use common::{Env, Run, tool_messages};
+use crate::common::{Env, Run, tool_messages};
 use serde_json::{Value, json};
 
 const OPENAI_KEY: &str = "sk-test-OPENAI-5ecret-key-0001";
@@ -658,7 +656,7 @@ fn a_context_window_error_says_what_to_do() {
 fn a_stream_silent_past_the_idle_timeout_is_retried() {
     let env = Env::new();
     let mut stalled = openai_stream(&Turn::text("too slow"), Indexing::Standard);
-    if let common::fake_server::Body::Chunks { pieces, .. } = &mut stalled.body {
+    if let crate::common::fake_server::Body::Chunks { pieces, .. } = &mut stalled.body {
         pieces[0].0 = 5000;
     }
     let server = FakeServer::start(vec![

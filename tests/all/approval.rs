@@ -2,15 +2,13 @@
 //! commands, no terminal, the prompt on a pseudo-terminal, the queue answered from other
 //! processes, and a person as a check. Wherever the answer was not yes, nothing ran.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Env, Run, tool_messages, user_messages};
+use crate::common::{Env, Run, eventually, tool_messages, user_messages};
 use serde_json::{Value, json};
 
 fn three_risks() -> Value {
@@ -254,17 +252,12 @@ fn spawn_queued(env: &Env, turns: Value, args: &[&str]) -> Child {
 }
 
 fn pending(env: &Env, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(Duration::from_secs(20), "a pending approval", || {
         let out = env.sup().args(["approvals", "--json"]).output().unwrap();
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         let rows = v.as_array().unwrap().clone();
-        if rows.len() >= n {
-            return rows;
-        }
-        assert!(Instant::now() < deadline, "no pending approval appeared");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        (rows.len() >= n).then_some(rows)
+    })
 }
 
 fn answer(env: &Env, args: &[&str]) -> (i32, String) {
@@ -435,14 +428,9 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
     );
     // Try 2 asks again, with a new request.
     let first = rows[0]["id"].clone();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let second = loop {
-        if let Some(r) = pending(&env, 1).into_iter().find(|r| r["id"] != first) {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "try 2 never asked");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let second = eventually(Duration::from_secs(20), "try 2 to ask", || {
+        pending(&env, 1).into_iter().find(|r| r["id"] != first)
+    });
     answer(&env, &["approve", second["id"].as_str().unwrap()]);
     let run = Run::new(child.wait_with_output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -502,15 +490,11 @@ fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex
 }
 
 fn wait_for(seen: &Mutex<String>, what: &str, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while seen.lock().unwrap().matches(what).count() < count {
-        assert!(
-            Instant::now() < deadline,
-            "never saw {count}× {what:?} in:\n{}",
-            seen.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        Duration::from_secs(20),
+        &format!("{count}× {what:?}"),
+        || (seen.lock().unwrap().matches(what).count() >= count).then_some(()),
+    );
 }
 
 #[test]

@@ -2,13 +2,11 @@
 //! daemons on one store, reloads, SIGTERM, kill -9, `sup goals`, `runs`, `show`, `trigger`,
 //! `pause` and `resume`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Env;
+use crate::common::{Env, eventually};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sup::store::db::{Db, RunRow};
@@ -68,11 +66,7 @@ fn runs(env: &Env, goal: &str) -> Vec<RunRow> {
 }
 
 fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
 
 fn sup_out(env: &Env, args: &[&str]) -> (i32, String) {
@@ -125,6 +119,7 @@ fn two_daemons_on_one_store_run_each_occurrence_once() {
     goal(&env, "tick", "* * * * * *", 200, "overlap = \"allow\"");
     let a = daemon(&env, &[]);
     let b = daemon(&env, &[]);
+    let daemons = std::collections::BTreeSet::from([a.id(), b.id()]);
     until("four runs", 20, || runs(&env, "tick").len() >= 4);
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(stop(a), 0);
@@ -138,8 +133,12 @@ fn two_daemons_on_one_store_run_each_occurrence_once() {
     at.sort();
     at.dedup();
     assert_eq!(at.len(), n, "no occurrence ran twice: {rows:?}");
+    // Every run was made by one of the two daemons, none by anyone else.
     let pids: std::collections::BTreeSet<u32> = rows.iter().map(|r| r.pid).collect();
-    assert!(!pids.is_empty());
+    assert!(
+        !pids.is_empty() && pids.is_subset(&daemons),
+        "runs by {pids:?}, daemons {daemons:?}"
+    );
 }
 
 #[test]
@@ -432,20 +431,16 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let id = loop {
+    let p = eventually(Duration::from_secs(15), "a queued approval", || {
         let pending = Db::open(env.home.path())
             .unwrap()
             .pending_approvals()
             .unwrap();
-        if let Some(p) = pending.first() {
-            assert_eq!(p.goal, "w");
-            assert_eq!(p.tool, "write_file");
-            break p.id.clone();
-        }
-        assert!(Instant::now() < deadline, "no approval was queued");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        pending.into_iter().next()
+    });
+    assert_eq!(p.goal, "w");
+    assert_eq!(p.tool, "write_file");
+    let id = p.id;
     assert!(!dir.join("work-w/made.txt").exists());
     let (code, _) = sup_out(&env, &["approve", &id]);
     assert_eq!(code, 0);

@@ -3,15 +3,13 @@
 //! through the binary with the scripted model (and once with a fake OpenAI server, to see the
 //! tools offered). After every test no server process remains.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::fake_server::{FakeServer, Indexing, Turn, openai_stream};
-use common::{Env, Run};
+use crate::common::fake_server::{FakeServer, Indexing, Turn, openai_stream};
+use crate::common::{Env, Run, eventually};
 use serde_json::{Value, json};
 
 /// The npm-installed servers; installed on first use when missing.
@@ -111,18 +109,9 @@ impl Mcp {
     }
 
     fn assert_no_server_left(&self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let left = processes_with(&self.marker);
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server processes left behind: {left:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually(Duration::from_secs(5), "no server process left", || {
+            processes_with(&self.marker).is_empty().then_some(())
+        });
     }
 }
 
@@ -255,19 +244,16 @@ fn a_long_running_tool_is_cancelled_with_the_run() {
         .spawn()
         .unwrap();
     // Wait until the call is on its way, then interrupt.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), "the call to start", || {
         let t = m.env.run_dirs().pop().map(|d| d.join("transcript.jsonl"));
-        if t.as_ref().is_some_and(|t| {
-            std::fs::read_to_string(t)
-                .unwrap_or_default()
-                .contains("\"type\":\"tool_call\"")
-        }) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the call never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        t.as_ref()
+            .is_some_and(|t| {
+                std::fs::read_to_string(t)
+                    .unwrap_or_default()
+                    .contains("\"type\":\"tool_call\"")
+            })
+            .then_some(())
+    });
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     nix::sys::signal::kill(

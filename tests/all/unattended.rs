@@ -3,7 +3,7 @@
 //! against a fake provider that reports usage, prompt templates across daemon runs,
 //! `sup status`, `sup service`, `--print-config`, and the bad input each of them refuses.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

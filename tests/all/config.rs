@@ -2,9 +2,7 @@
 //! (`output_cap`, `check_timeout`), a command tool's own `timeout`, the user config as the
 //! lowest layer, and enum values that say what is allowed.
 
-mod common;
-
-use common::{Env, Run};
+use crate::common::{Env, Run};
 use serde_json::json;
 
 fn goal_file(env: &Env, text: &str) -> std::path::PathBuf {
@@ -147,4 +145,19 @@ fn a_bad_enum_value_names_the_key_and_the_choices() {
     assert_eq!(out.status.code(), Some(2));
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("sometimes") && e.contains("queue"), "{e}");
+}
+
+#[test]
+fn a_broken_store_is_not_bad_usage() {
+    let env = Env::new();
+    // A folder where the database file should be: the store cannot open.
+    std::fs::create_dir_all(env.home.path().join("sup.db")).unwrap();
+    let out = env.sup().args(["runs"]).output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{e}");
+    assert!(e.contains("sup.db"), "{e}");
+    // An unknown run is still the user's mistake.
+    let env = Env::new();
+    let out = env.sup().args(["show", "no-such-run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

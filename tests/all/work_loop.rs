@@ -1,10 +1,8 @@
 //! The work loop through the binary, with the scripted model.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Env, Run, tool_messages};
+use crate::common::{Env, Run, eventually, tool_messages};
 use serde_json::json;
 
 #[test]
@@ -551,21 +549,9 @@ fn sigint_during_a_long_command_kills_it_and_keeps_the_transcript() {
         .spawn()
         .unwrap();
     let pid_file = env.ws.path().join("sleep.pid");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pid_file.exists()
-        || std::fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .is_empty()
-    {
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let sleep_pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let sleep_pid: i32 = eventually(Duration::from_secs(20), "the command to start", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
     assert!(alive(sleep_pid));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -575,11 +561,11 @@ fn sigint_during_a_long_command_kills_it_and_keeps_the_transcript() {
     let out = child.wait_with_output().unwrap();
     let run = Run::new(out);
     assert_eq!(run.code, 130, "{}", run.stderr);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(sleep_pid) {
-        assert!(Instant::now() < deadline, "the child process is gone");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        Duration::from_secs(5),
+        "the child process to be gone",
+        || (!alive(sleep_pid)).then_some(()),
+    );
     let t = env.transcript();
     let result = t.iter().find(|e| e["type"] == "result").unwrap();
     assert_eq!(result["status"], "interrupted");
@@ -607,11 +593,9 @@ fn sigint_while_the_model_thinks_cancels_the_request() {
         .spawn()
         .unwrap();
     // Wait for the run to start (its transcript appears).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while env.run_dirs().is_empty() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(Duration::from_secs(20), "the run to start", || {
+        (!env.run_dirs().is_empty()).then_some(())
+    });
     std::thread::sleep(Duration::from_millis(200));
     let started = Instant::now();
     nix::sys::signal::kill(

@@ -1,0 +1,192 @@
+//! The stored vocabulary: every state the store keeps as text (run status, trigger kind,
+//! occurrence status, approval kind and status) as an enum, with its text, its JSON and its
+//! SQL conversion written once, here.
+
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+
+use crate::trace::Status;
+
+/// Declares an enum of stored words: `as_str`, `parse`, `Display`, serde, SQL, and equality
+/// with a `&str` (so `row.status == "achieved"` reads as it did).
+macro_rules! vocabulary {
+    ($(#[$meta:meta])* pub enum $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<$name> {
+                match s {
+                    $($text => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                $name::parse(s).ok_or_else(|| {
+                    let all: Vec<&str> = $name::ALL.iter().map(|v| v.as_str()).collect();
+                    format!("`{s}` is not one of: {}", all.join(", "))
+                })
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
+        impl ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+                Ok(ToSqlOutput::from(self.as_str()))
+            }
+        }
+
+        impl FromSql for $name {
+            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+                let s = value.as_str()?;
+                $name::parse(s).ok_or_else(|| {
+                    FromSqlError::Other(format!(
+                        "`{s}` is not a {} this version of sup knows",
+                        stringify!($name)
+                    ).into())
+                })
+            }
+        }
+    };
+}
+
+vocabulary! {
+    /// A run's status in the store: `running` until it ends, then its outcome's.
+    pub enum RunStatus {
+        Running = "running",
+        Achieved = "achieved",
+        Failed = "failed",
+        Unfinished = "unfinished",
+        Error = "error",
+        Interrupted = "interrupted",
+    }
+}
+
+impl From<Status> for RunStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Achieved => RunStatus::Achieved,
+            Status::Failed => RunStatus::Failed,
+            Status::Unfinished => RunStatus::Unfinished,
+            Status::Error => RunStatus::Error,
+            Status::Interrupted => RunStatus::Interrupted,
+        }
+    }
+}
+
+vocabulary! {
+    /// What started a run.
+    pub enum TriggerKind {
+        /// `sup run`, `sup goal`.
+        Cli = "cli",
+        /// The daemon, at an occurrence.
+        Schedule = "schedule",
+        /// `sup trigger`.
+        Manual = "manual",
+    }
+}
+
+vocabulary! {
+    /// What became of a claimed schedule occurrence.
+    pub enum OccurrenceStatus {
+        Claimed = "claimed",
+        /// Passed while no daemon ran, outside the catch-up window.
+        Missed = "missed",
+        Paused = "paused",
+        /// The last run was still going (overlap `skip`), or one already waited.
+        Skipped = "skipped",
+        /// Waits behind the running one (overlap `queue`).
+        Queued = "queued",
+        Running = "running",
+        Done = "done",
+    }
+}
+
+vocabulary! {
+    /// What an approval request asks about.
+    pub enum ApprovalKind {
+        /// A call waiting for a yes.
+        Tool = "tool",
+        /// A person as a check.
+        Check = "check",
+    }
+}
+
+vocabulary! {
+    /// Where an approval request stands.
+    pub enum ApprovalStatus {
+        Pending = "pending",
+        Approved = "approved",
+        Denied = "denied",
+        TimedOut = "timed_out",
+        Cancelled = "cancelled",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_word_reads_back_as_text_json_and_sql() {
+        fn round<T>(all: &[T])
+        where
+            T: Copy + PartialEq + std::fmt::Debug + ToSql + FromSql + serde::Serialize,
+            T: serde::de::DeserializeOwned + std::str::FromStr + std::fmt::Display,
+        {
+            let conn = rusqlite::Connection::open_in_memory().unwrap();
+            for v in all {
+                let text = v.to_string();
+                assert_eq!(text.parse::<T>().ok(), Some(*v));
+                let json = serde_json::to_string(v).unwrap();
+                assert_eq!(json, format!("\"{text}\""));
+                assert_eq!(serde_json::from_str::<T>(&json).unwrap(), *v);
+                let back: T = conn.query_row("SELECT ?1", [v], |r| r.get(0)).unwrap();
+                assert_eq!(back, *v);
+                let raw: String = conn.query_row("SELECT ?1", [v], |r| r.get(0)).unwrap();
+                assert_eq!(raw, text);
+            }
+        }
+        round(RunStatus::ALL);
+        round(TriggerKind::ALL);
+        round(OccurrenceStatus::ALL);
+        round(ApprovalKind::ALL);
+        round(ApprovalStatus::ALL);
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let e = conn
+            .query_row("SELECT 'sleeping'", [], |r| r.get::<_, RunStatus>(0))
+            .unwrap_err();
+        assert!(e.to_string().contains("sleeping"), "{e}");
+        assert!(
+            "nope"
+                .parse::<TriggerKind>()
+                .unwrap_err()
+                .contains("cli, schedule, manual")
+        );
+    }
+}

@@ -1,0 +1,21 @@
+//! One integration-test binary (one link of the crate, not one per file): end-to-end tests
+//! of `sup` against fake model servers on loopback and real MCP servers, plus in-process
+//! tests of the loops. Each file beside this one is a module; `common` holds the helpers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+mod approval;
+mod config;
+mod daemon;
+mod fleet;
+mod inprocess;
+mod mcp;
+mod providers;
+mod reliability;
+mod rules;
+mod schedule;
+mod unattended;
+mod verify_loop;
+mod web;
+mod work_loop;
