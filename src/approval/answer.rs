@@ -2,6 +2,7 @@
 //! web console), and the description of a call a person is asked about (the exact command,
 //! or the diff of a file write).
 
+use crate::store::ApprovalStatus;
 use crate::store::db::{Db, DbError};
 
 pub use super::terminal::describe;
@@ -29,14 +30,18 @@ pub fn answer(
     reason: Option<&str>,
     by: &str,
 ) -> Result<&'static str, AnswerError> {
-    let status = if approve { "approved" } else { "denied" };
+    let status = if approve {
+        ApprovalStatus::Approved
+    } else {
+        ApprovalStatus::Denied
+    };
     if db.decide_approval(id, status, always, reason, by)? {
-        return Ok(status);
+        return Ok(status.as_str());
     }
     Err(match db.approval(id)? {
         Some(r) => AnswerError::NotWaiting {
             id: id.to_string(),
-            status: r.status.replace('_', " "),
+            status: r.status.as_str().replace('_', " "),
             by: r.decided_by.unwrap_or_else(|| "someone".into()),
         },
         None => AnswerError::NoRequest(id.to_string()),

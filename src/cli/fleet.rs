@@ -11,8 +11,8 @@ use anyhow::anyhow;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::run::{exit_code, invocation, run_fail};
-use super::{Fail, exit};
+use super::run::invocation;
+use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::{Invocation, RunSpec, Trigger};
 use crate::schedule::fleet;
@@ -66,7 +66,7 @@ pub struct DaemonArgs {
     pub tags: Vec<String>,
 }
 
-pub async fn daemon(url: &str, a: DaemonArgs) -> Result<u8, Fail> {
+pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
     if !a.goals.is_dir() {
         return Err(Fail::usage(anyhow!(
             "the goals folder {} does not exist; pass --goals DIR",
@@ -98,7 +98,7 @@ pub async fn daemon(url: &str, a: DaemonArgs) -> Result<u8, Fail> {
             _ = int.recv() => {}
         }
         crate::tools::mcp::kill_all();
-        std::process::exit(i32::from(exit::INTERRUPTED));
+        std::process::exit(i32::from(Ending::Interrupted.code()));
     });
     let cfg = fleet::Config {
         goals_dir: a.goals,
@@ -113,7 +113,7 @@ pub async fn daemon(url: &str, a: DaemonArgs) -> Result<u8, Fail> {
     fleet::run(cfg, shutdown, reload_rx)
         .await
         .map_err(Fail::usage)?;
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
 fn short(t: &str) -> String {
@@ -122,12 +122,12 @@ fn short(t: &str) -> String {
         .unwrap_or_else(|| t.to_string())
 }
 
-pub async fn daemons(url: &str, json_out: bool) -> Result<u8, Fail> {
+pub async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
     let rows = open(url).await?.daemons().await.map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no daemons have joined this store");
@@ -152,7 +152,7 @@ pub async fn daemons(url: &str, json_out: bool) -> Result<u8, Fail> {
             let _ = writeln!(out, "    running {}", d.running.join(", "));
         }
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
 pub async fn runs(
@@ -161,7 +161,7 @@ pub async fn runs(
     status: Option<&str>,
     limit: u32,
     json_out: bool,
-) -> Result<u8, Fail> {
+) -> Result<Ending, Fail> {
     let rows = open(url)
         .await?
         .runs(goal, status, limit)
@@ -170,11 +170,11 @@ pub async fn runs(
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no runs");
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     let _ = writeln!(
         out,
@@ -198,10 +198,10 @@ pub async fn runs(
             r.scheduled_for.as_deref().map(short).unwrap_or_default()
         );
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
-pub async fn show(url: &str, id: &str) -> Result<u8, Fail> {
+pub async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
     let store = open(url).await?;
     let f = store.run(id).await.map_err(Fail::usage)?;
     let run = &f.run;
@@ -290,12 +290,12 @@ pub async fn show(url: &str, id: &str) -> Result<u8, Fail> {
     if !had_result && run.status == "running" {
         let _ = writeln!(out, "(the run is still going)");
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
 /// `sup trigger` with a store: a live daemon that serves the goal picks it up; with none,
 /// this process claims it and runs it, under the same overlap rules.
-pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Result<u8, Fail> {
+pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let store = open(url).await?;
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
@@ -322,7 +322,7 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
                             "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
                         );
                     }
-                    return Ok(exit::ACHIEVED);
+                    return Ok(Ending::Achieved);
                 }
                 other => {
                     if json_out {
@@ -330,15 +330,15 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
                     } else {
                         println!("{name}: not run: {other} (overlap and pause rules of the goal)");
                     }
-                    return Ok(exit::ACHIEVED);
+                    return Ok(Ending::Achieved);
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         println!("{name}: trigger {id} waits for a daemon with room");
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
-    let spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(run_fail)?;
+    let spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(Fail::from)?;
     let me = pg::Claimer {
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),
@@ -366,7 +366,7 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
         Some(pg::Claimed::Run { run_id, .. }) => run_id.clone(),
         Some(pg::Claimed::Not { status, .. }) => {
             println!("{name}: not run: {status} (overlap and pause rules of the goal)");
-            return Ok(exit::ACHIEVED);
+            return Ok(Ending::Achieved);
         }
         None => {
             return Err(Fail::usage(anyhow!(
@@ -387,14 +387,14 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
         &spec,
         &store::home(),
         Trigger {
-            kind: "manual",
+            kind: crate::store::TriggerKind::Manual,
             scheduled_for: None,
         },
         vec![sink],
         &cancel,
     )
     .await
-    .map_err(run_fail)?;
+    .map_err(Fail::from)?;
     let outcome = launched.outcome;
     if !json_out
         && outcome.status == crate::trace::Status::Achieved
@@ -402,10 +402,10 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
     {
         println!("{answer}");
     }
-    Ok(exit_code(&outcome))
+    Ok(Ending::of(outcome.status))
 }
 
-pub async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<u8, Fail> {
+pub async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
     find_goal(dir, name)?;
     open(url)
         .await?
@@ -420,10 +420,10 @@ pub async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<u8
             "resumed"
         }
     );
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
-pub async fn approvals(url: &str, json_out: bool) -> Result<u8, Fail> {
+pub async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
     let rows = open(url)
         .await?
         .approvals("pending")
@@ -432,7 +432,7 @@ pub async fn approvals(url: &str, json_out: bool) -> Result<u8, Fail> {
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no approval requests are waiting");
@@ -453,7 +453,7 @@ pub async fn approvals(url: &str, json_out: bool) -> Result<u8, Fail> {
             short(&r.deadline)
         );
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }
 
 pub async fn answer(
@@ -462,7 +462,7 @@ pub async fn answer(
     approve: bool,
     always: bool,
     reason: Option<String>,
-) -> Result<u8, Fail> {
+) -> Result<Ending, Fail> {
     let store = open(url).await?;
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
     let (status, verb) = if approve {
@@ -477,12 +477,12 @@ pub async fn answer(
         .map_err(Fail::usage)?
     {
         println!("{id}: {status}");
-        return Ok(exit::ACHIEVED);
+        return Ok(Ending::Achieved);
     }
     let why = match store.approval(id).await.map_err(Fail::usage)? {
         Some(r) => format!(
             "approval request {id} is no longer waiting: it was {} by {}",
-            r.status.replace('_', " "),
+            r.status.as_str().replace('_', " "),
             r.decided_by.unwrap_or_else(|| "someone".into())
         ),
         None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
@@ -492,7 +492,7 @@ pub async fn answer(
 
 /// `sup goals` with a store: the local goal files, plus where the fleet's daemons hold
 /// different versions of a goal.
-pub async fn goal_versions(url: &str) -> Result<u8, Fail> {
+pub async fn goal_versions(url: &str) -> Result<Ending, Fail> {
     let differ = open(url)
         .await?
         .goal_versions()
@@ -508,5 +508,5 @@ pub async fn goal_versions(url: &str) -> Result<u8, Fail> {
             let _ = writeln!(out, "    {h}  modified {}  daemon {d}", short(&stamp(m)));
         }
     }
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }

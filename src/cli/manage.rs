@@ -17,7 +17,7 @@ use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
-use crate::store::{self, db::Db};
+use crate::store::{self, ApprovalKind, RunStatus, TriggerKind, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
 
 pub(super) fn db() -> Result<Db, Fail> {
@@ -187,20 +187,6 @@ pub fn runs(
     limit: u32,
     json_out: bool,
 ) -> Result<Ending, Fail> {
-    const STATUSES: [&str; 6] = [
-        "achieved",
-        "failed",
-        "unfinished",
-        "error",
-        "interrupted",
-        "running",
-    ];
-    if let Some(s) = status.filter(|s| !STATUSES.contains(s)) {
-        return Err(Fail::usage(anyhow!(
-            "--status `{s}` is not a run status; use one of: {}",
-            STATUSES.join(", ")
-        )));
-    }
     let db = db()?;
     let rows = db.runs(goal, status, limit)?;
     let mut out = std::io::stdout().lock();
@@ -408,5 +394,5 @@ pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> 
     let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)
         .map_err(Fail::usage)?;
     println!("{id}: {status}");
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }

@@ -382,7 +382,7 @@ pub fn main() -> ExitCode {
 }
 
 /// A command against a PostgreSQL store (`--store`, `SUP_STORE`).
-async fn fleet_command(url: &str, command: Command) -> Result<u8, Fail> {
+async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
     match command {
         // A single run is recorded where it runs; the fleet's history is the daemons' runs
         // and triggers.
@@ -415,6 +415,12 @@ async fn fleet_command(url: &str, command: Command) -> Result<u8, Fail> {
             .await
         }
         Command::Daemons { json } => fleet::daemons(url, json).await,
+        Command::Serve { .. } | Command::Status { .. } | Command::Service { .. } => {
+            Err(Fail::usage(anyhow::anyhow!(
+                "`sup serve`, `sup status` and `sup service` read the local store and do not \
+                 take --store yet; run them without --store (and without SUP_STORE)"
+            )))
+        }
         Command::Goals { goals, json } => {
             let code = manage::goals(&goals, json)?;
             if !json {
@@ -427,7 +433,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<u8, Fail> {
             status,
             limit,
             json,
-        } => fleet::runs(url, goal.as_deref(), status.as_deref(), limit, json).await,
+        } => fleet::runs(url, goal.as_deref(), status.map(|s| s.as_str()), limit, json).await,
         Command::Show { run_id } => fleet::show(url, &run_id).await,
         Command::Trigger { name, goals, json } => fleet::trigger(url, &goals, &name, json).await,
         Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,

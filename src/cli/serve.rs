@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Fail, exit};
+use super::{Ending, Fail};
 use crate::serve;
 use crate::store;
 
@@ -36,7 +36,7 @@ pub async fn start(
     }))
 }
 
-pub async fn serve(listen: SocketAddr, goals: PathBuf) -> Result<u8, Fail> {
+pub async fn serve(listen: SocketAddr, goals: PathBuf) -> Result<Ending, Fail> {
     use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
@@ -47,5 +47,5 @@ pub async fn serve(listen: SocketAddr, goals: PathBuf) -> Result<u8, Fail> {
     }
     shutdown.cancel();
     let _ = handle.await;
-    Ok(exit::ACHIEVED)
+    Ok(Ending::Achieved)
 }

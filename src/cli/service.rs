@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use clap::Subcommand;
 
-use super::{Fail, exit};
+use super::{Ending, Fail};
 
 const UNIT: &str = "sup.service";
 const LABEL: &str = "dev.sup.daemon";
@@ -233,7 +233,7 @@ fn manage(program: &str, args: &[&str]) -> Result<(), Fail> {
         Ok(())
     } else {
         Err(Fail {
-            code: exit::CHECKS_FAILED,
+            ending: Ending::ChecksFailed,
             error: anyhow!(
                 "`{shown}` failed ({status}); the service file is written, run it by hand"
             ),
@@ -247,7 +247,7 @@ fn absolute(p: &Path) -> Result<PathBuf, Fail> {
         .map_err(Fail::usage)
 }
 
-pub fn service(action: Action) -> Result<u8, Fail> {
+pub fn service(action: Action) -> Result<Ending, Fail> {
     match action {
         Action::Install {
             goals,
@@ -301,7 +301,7 @@ pub fn service(action: Action) -> Result<u8, Fail> {
             };
             if print {
                 print!("{text}");
-                return Ok(exit::ACHIEVED);
+                return Ok(Ending::Achieved);
             }
             let path = service_path(system)?;
             if let Some(dir) = path.parent() {
@@ -318,7 +318,7 @@ pub fn service(action: Action) -> Result<u8, Fail> {
                 spec.env_file.display()
             );
             if no_enable {
-                return Ok(exit::ACHIEVED);
+                return Ok(Ending::Achieved);
             }
             if cfg!(target_os = "macos") {
                 let p = path.display().to_string();
@@ -331,7 +331,7 @@ pub fn service(action: Action) -> Result<u8, Fail> {
             } else {
                 println!("no systemctl here: start the daemon with the unit's ExecStart line");
             }
-            Ok(exit::ACHIEVED)
+            Ok(Ending::Achieved)
         }
         Action::Uninstall {
             user,
@@ -363,7 +363,7 @@ pub fn service(action: Action) -> Result<u8, Fail> {
                 manage("systemctl", &[scope, &["daemon-reload"]].concat())?;
             }
             println!("removed {}", path.display());
-            Ok(exit::ACHIEVED)
+            Ok(Ending::Achieved)
         }
     }
 }

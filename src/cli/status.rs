@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::manage::{db, goal_files};
-use super::{Fail, exit};
+use super::{Ending, Fail};
 use crate::store::db::stamp;
 
 /// How late an occurrence may still be starting before it counts as overdue.
@@ -20,7 +20,7 @@ const SLACK: Duration = Duration::from_secs(120);
 /// Occurrence states that are a verdict or on the way to one: not overdue.
 const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
 
-pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
+pub fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let db = db()?;
     let now = Utc::now();
     let mut rows = Vec::new();
@@ -92,9 +92,9 @@ pub fn status(dir: &Path, json_out: bool) -> Result<u8, Fail> {
         }
     }
     Ok(if healthy {
-        exit::ACHIEVED
+        Ending::Achieved
     } else {
-        exit::CHECKS_FAILED
+        Ending::ChecksFailed
     })
 }
 

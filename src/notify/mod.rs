@@ -319,9 +319,9 @@ impl Notice {
         };
         let mut n = Notice::new(kinds[0], &run.goal);
         n.run_id = Some(run.id.clone());
-        n.trigger = Some(run.trigger.clone());
+        n.trigger = Some(run.trigger.to_string());
         n.scheduled_for = run.scheduled_for.clone();
-        n.status = Some(run.status.clone());
+        n.status = Some(run.status.to_string());
         n.stop_reason = run.stop_reason.clone();
         n.tries = Some(run.tries);
         n.steps = Some(run.steps);

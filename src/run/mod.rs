@@ -463,7 +463,7 @@ fn this_run(
         spec.timezone,
         now,
         &goal.name,
-        trigger.kind,
+        trigger.kind.as_str(),
         trigger.scheduled_for,
         previous.map(|p| previous_of(db, p)).unwrap_or_default(),
         spec.params.clone(),
@@ -516,7 +516,7 @@ fn previous_of(db: &Db, p: &crate::store::db::RunRow) -> template::Previous {
         }
     }
     template::Previous {
-        status: p.status.clone(),
+        status: p.status.to_string(),
         answer: p.answer.clone().unwrap_or_default(),
         failed_checks: failed,
     }
@@ -585,7 +585,7 @@ pub async fn launch(
     }
     let notifier = Notifier::new(home, spec.notify.clone());
     if !spec.notify.is_empty() {
-        events = events.with(notifier.approvals(&goal.name, &run.id, trigger.kind));
+        events = events.with(notifier.approvals(&goal.name, &run.id, trigger.kind.as_str()));
     }
     events.emit(Event::RunStarted {
         run_id: run.id.clone(),
@@ -700,7 +700,6 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
         error: Some(format!(
             "sup hit a bug and stopped this run (a panic: {what}); please report it"
         )),
-        config_error: false,
         checks: Vec::new(),
     }
 }

@@ -433,9 +433,9 @@ impl Daemon {
             tracing::info!("goal {goal} at {}: fired as run {run_id}", stamp(at));
             let scheduled_for = (kind == "schedule").then_some(at);
             let trigger_kind = if kind == "schedule" {
-                "schedule"
+                crate::store::TriggerKind::Schedule
             } else {
-                "manual"
+                crate::store::TriggerKind::Manual
             };
             if let Err(e) = execute(
                 &store,
@@ -596,7 +596,7 @@ impl Daemon {
             if a.status == "approved" || a.status == "denied" {
                 let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
                 if let Err(e) =
-                    local.decide_approval(id, &a.status, a.always, a.reason.as_deref(), &by)
+                    local.decide_approval(id, a.status, a.always, a.reason.as_deref(), &by)
                 {
                     tracing::error!("{e}");
                 }
@@ -610,7 +610,7 @@ impl Daemon {
                 if let Ok(Some(l)) = local.approval(&a.id)
                     && l.status != "pending"
                 {
-                    let _ = self.cfg.store.close_approval(&a.id, &l.status).await;
+                    let _ = self.cfg.store.close_approval(&a.id, l.status.as_str()).await;
                 }
             }
         }

@@ -260,7 +260,7 @@ pub async fn runs(
                         tr {
                             td { a href={ "/runs/" (r.id) } { (r.id) } }
                             td { (r.goal) }
-                            td { (status_badge(&r.status)) }
+                            td { (status_badge(r.status.as_str())) }
                             td { (r.stop_reason.as_deref().unwrap_or("")) }
                             td.num { (r.tries) }
                             td.num { (r.steps) }
@@ -358,7 +358,7 @@ pub async fn run(
     let files = kept_files(&run, &checks);
     let body = html! {
         dl.summary {
-            dt { "Status" } dd { (status_badge(&run.status))
+            dt { "Status" } dd { (status_badge(run.status.as_str()))
                 @if let Some(s) = &run.stop_reason { " · " (s) } }
             dt { "Goal" } dd { a href={ "/runs?goal=" (urlencode(&run.goal)) } { (run.goal) } }
             dt { "Trigger" } dd { (run.trigger)
@@ -627,7 +627,7 @@ pub async fn approvals(
                             td { code { (r.id) } }
                             td { (r.tool) " " span.arg { (render::clean(&crate::trace::one_line(&r.input, 80))) } }
                             td { a href={ "/runs/" (r.run_id) } { (r.run_id) } }
-                            td { (status_badge(&r.status)) @if r.always { " (always)" } }
+                            td { (status_badge(r.status.as_str())) @if r.always { " (always)" } }
                             td { (r.decided_by.as_deref().unwrap_or("")) }
                             td { (at.as_deref().map(short).unwrap_or_default()) }
                             td { (render::clean(r.reason.as_deref().unwrap_or(""))) }

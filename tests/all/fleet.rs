@@ -8,8 +8,6 @@
 //! `postgres://postgres@127.0.0.1:5432/`) and drops it at the end. A server that cannot be
 //! reached fails the test.
 
-use crate::common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -484,7 +482,7 @@ fn connections_cut_mid_run_lose_nothing_and_fire_nothing_twice() {
             "SELECT status FROM runs WHERE local_id = '{}'",
             r.id
         ));
-        assert_eq!(stored, r.status, "run {} in the store\n{logs}", r.id);
+        assert_eq!(stored, r.status.as_str(), "run {} in the store\n{logs}", r.id);
         let events = f.pg.one(&format!(
             "SELECT count(*) FROM events e JOIN runs x ON x.id = e.run_id WHERE x.local_id = '{}'",
             r.id
