@@ -389,7 +389,13 @@ pub fn approvals(json_out: bool) -> Result<u8, Fail> {
 
 pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<u8, Fail> {
     let db = db()?;
-    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    // The operating-system user of this process, from its uid; `$USER` is whatever anyone
+    // set it to.
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {uid}"), |u| u.name);
     let (status, verb) = if approve {
         ("approved", "sup approve")
     } else {

@@ -201,6 +201,20 @@ pub struct Common {
     /// An MCP server over stdio: NAME=COMMAND (split at spaces); its tools are NAME__TOOL.
     #[arg(long, value_parser = mcp_server)]
     pub mcp: Vec<crate::tools::mcp::ServerSpec>,
+    /// The sandbox of commands, checks and MCP servers: workspace-write (default), read-only
+    /// or off. Wins over a goal file's `sandbox`, which wins over $SUP_SANDBOX.
+    #[arg(long, value_parser = crate::tools::sandbox::Policy::parse)]
+    pub sandbox: Option<crate::tools::sandbox::Policy>,
+    /// Refuse to run (exit 2) where the kernel lacks part of the sandbox.
+    #[arg(long)]
+    pub sandbox_required: bool,
+    /// Pass this secret-named variable (…KEY, …TOKEN, …) to commands, checks and MCP servers.
+    #[arg(long, value_parser = env_pass_name)]
+    pub env_pass: Vec<String>,
+}
+
+fn env_pass_name(s: &str) -> Result<String, String> {
+    crate::tools::sandbox::check_env_pass(s).map(|()| s.to_string())
 }
 
 fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
@@ -218,6 +232,8 @@ fn mcp_server(s: &str) -> Result<crate::tools::mcp::ServerSpec, String> {
         command,
         args: Vec::new(),
         env: Default::default(),
+        sandbox: None,
+        env_pass: Vec::new(),
     })
 }
 

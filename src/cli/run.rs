@@ -72,6 +72,12 @@ pub fn overrides(c: &Common) -> Result<Overrides, Fail> {
         deny: c.deny.clone(),
         approval_timeout: c.approval_timeout,
         mcp: c.mcp.clone(),
+        sandbox: crate::tools::sandbox::Sandbox {
+            policy: c.sandbox,
+            required: c.sandbox_required,
+            env_pass: c.env_pass.clone(),
+            ..Default::default()
+        },
         ..Overrides::default()
     })
 }

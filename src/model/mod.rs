@@ -166,7 +166,8 @@ pub struct ProviderOptions {
 const PROVIDERS: &str = "openai, anthropic, deepseek, ollama, script";
 
 fn env(var: &str) -> Option<String> {
-    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
+    // Keys were moved out of the process environment at start-up.
+    crate::tools::sandbox::var(var).filter(|v| !v.trim().is_empty())
 }
 
 /// Build a model from `PROVIDER:MODEL`. Relative `script:` paths resolve against `base_dir`.

@@ -6,6 +6,7 @@ pub mod command;
 pub mod mcp;
 pub mod paths;
 pub mod process;
+pub mod sandbox;
 mod schema;
 
 use std::collections::HashMap;
@@ -47,6 +48,8 @@ pub struct ToolContext {
     pub protected: Arc<Vec<PathBuf>>,
     /// Extra environment for processes (`SUP_WORKSPACE`, …).
     pub env: Arc<Vec<(String, String)>>,
+    /// The sandbox every process of the run starts in.
+    pub jail: Arc<sandbox::Jail>,
 }
 
 #[derive(Debug, thiserror::Error)]

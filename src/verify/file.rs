@@ -10,6 +10,7 @@ use toml::Spanned;
 
 use super::check::{Check, DEFAULT_TIMEOUT};
 use crate::tools::Risk;
+use crate::tools::sandbox::{self, Policy, Sandbox, SandboxSettings};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{file}:{line}: {message}")]
@@ -47,6 +48,16 @@ struct Raw {
     #[serde(default)]
     mcp: Vec<Spanned<RawMcp>>,
     approval_rules: Option<RawRules>,
+    // The keys of `SandboxSettings` (serde cannot flatten into a struct that denies unknown
+    // keys and keeps spans).
+    sandbox: Option<Policy>,
+    network: Option<bool>,
+    #[serde(default)]
+    writable: Vec<Spanned<String>>,
+    sandbox_required: Option<bool>,
+    keep_background: Option<bool>,
+    #[serde(default)]
+    env_pass: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -79,6 +90,11 @@ pub struct RawMcp {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// `"off"` runs this server outside the sandbox.
+    pub sandbox: Option<Policy>,
+    /// Secret-named variables this server gets.
+    #[serde(default)]
+    pub env_pass: Vec<String>,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -137,6 +153,7 @@ pub struct GoalFile {
     pub tools: Vec<ToolDef>,
     pub mcp: Vec<RawMcp>,
     pub approval_rules: RawRules,
+    pub sandbox: Sandbox,
 }
 
 fn line_at(text: &str, offset: usize) -> usize {
@@ -281,8 +298,22 @@ impl GoalFile {
                     format!("mcp `{}`: key `command` is an empty list", m.name),
                 ));
             }
+            for name in &m.env_pass {
+                sandbox::check_env_pass(name)
+                    .map_err(|e| err(line, format!("mcp `{}`: key `env_pass`: {e}", m.name)))?;
+            }
             mcp.push(m);
         }
+        let sandbox = SandboxSettings {
+            sandbox: raw.sandbox,
+            network: raw.network,
+            writable: raw.writable,
+            sandbox_required: raw.sandbox_required,
+            keep_background: raw.keep_background,
+            env_pass: raw.env_pass,
+        }
+        .resolve(dir)
+        .map_err(|(at, message)| err(line_at(text, at), message))?;
         if let Some(o) = &raw.overlap
             && !["skip", "queue", "replace", "allow"].contains(&o.get_ref().as_str())
         {
@@ -329,6 +360,7 @@ impl GoalFile {
             tools,
             mcp,
             approval_rules: raw.approval_rules.unwrap_or_default(),
+            sandbox,
         })
     }
 }

@@ -20,6 +20,7 @@ use crate::store::db::{Db, DbError, Ended, NewRun};
 use crate::store::{RunDir, StoreError, Transcript};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
+use crate::tools::sandbox::{Jail, Sandbox, SandboxError};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
 use crate::work::Limits;
@@ -43,6 +44,8 @@ pub enum LaunchError {
     Rule(#[from] approval::RuleError),
     #[error(transparent)]
     Mcp(#[from] McpError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
 }
 
 /// What the command line may say over a goal file. `None` leaves the file's value.
@@ -77,6 +80,8 @@ pub struct Overrides {
     pub approval_timeout: Option<Duration>,
     /// MCP servers from `--mcp`, added to the goal file's.
     pub mcp: Vec<ServerSpec>,
+    /// `--sandbox`, `--sandbox-required`, `--env-pass`.
+    pub sandbox: Sandbox,
 }
 
 /// Everything a run is made of, before it starts.
@@ -95,6 +100,8 @@ pub struct RunSpec {
     pub rules: Rules,
     pub approval_timeout: Duration,
     pub mcp: Vec<ServerSpec>,
+    /// Flags over the goal file, with the goal file and user config protected.
+    pub sandbox: Sandbox,
 }
 
 fn usage(msg: impl Into<String>) -> LaunchError {
@@ -217,7 +224,12 @@ impl RunSpec {
             .clone()
             .or_else(|| file.map(|f| f.name.clone()))
             .unwrap_or_else(|| "run".into());
+        let mut sandbox =
+            Sandbox::merge(&o.sandbox, file.map(|f| &f.sandbox)).map_err(LaunchError::Usage)?;
+        sandbox.protect.extend(file.map(|f| f.path.clone()));
+        sandbox.protect.extend(user_config_path());
         Ok(RunSpec {
+            sandbox,
             goal: Goal {
                 name,
                 prompt,
@@ -246,6 +258,8 @@ impl RunSpec {
                             command: m.command.clone(),
                             args: m.args.clone(),
                             env: m.env.clone(),
+                            sandbox: m.sandbox,
+                            env_pass: m.env_pass.clone(),
                         })
                         .collect::<Vec<_>>()
                 })
@@ -413,10 +427,25 @@ pub async fn launch(
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
     let run = RunDir::create(home)?;
+    let checks: Vec<PathBuf> = spec.goal.checks.iter().filter_map(Check::script_path).collect();
+    let jail = match Jail::new(
+        &spec.sandbox,
+        &spec.goal.workspace,
+        &run.dir,
+        &run.id,
+        home,
+        &checks,
+    ) {
+        Ok(j) => Arc::new(j),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run.dir);
+            return Err(e.into());
+        }
+    };
     // MCP servers start before the first model call; one that cannot start ends the run
     // here, before anything was recorded.
     let (mut servers, mcp_tools) =
-        match Servers::start(&spec.mcp, &spec.goal.workspace, &run.dir).await {
+        match Servers::start(&spec.mcp, &spec.goal.workspace, &run.dir, &jail, &run.id).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&run.dir);
@@ -449,6 +478,9 @@ pub async fn launch(
         workspace: spec.goal.workspace.display().to_string(),
         prompt: spec.goal.prompt.clone(),
     });
+    events.emit(Event::Notice {
+        text: jail.describe(),
+    });
     let gate = gate(spec, trigger, &run.id, home, &events);
     let rt = Runtime {
         model: model.as_ref(),
@@ -457,9 +489,12 @@ pub async fn launch(
         cancel,
         run: &run,
         gate: Some(&gate),
+        jail: jail.clone(),
     };
     let outcome = super::run(&spec.goal, &rt).await;
     servers.shutdown().await;
+    // Whatever the agent left running ends with its run.
+    jail.sweep();
     events.emit(outcome.event(&run.id));
     db.finish_run(
         &run.id,
