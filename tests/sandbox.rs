@@ -518,6 +518,10 @@ fn an_env_pass_that_is_not_a_variable_name_is_exit_2_with_file_and_line() {
     );
     let run = env.run_json(json!([say("x")]), &["--env-pass", "1BAD"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
+    // A variable name is accepted, in the file and as a flag.
+    let goal = env.write("g/goal.toml", "prompt = \"work\"\nenv_pass = [\"GOOD_NAME\"]\n");
+    let run = env.json(&["goal", "--file", goal.to_str().unwrap()], json!([say("x")]), &["--env-pass", "OTHER_1"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
 #[test]
@@ -537,6 +541,14 @@ fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
             run.stderr
         );
     }
+    // The same keys with good values are accepted.
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nsandbox = \"read-only\"\nnetwork = false\nwritable = [\".\"]\n",
+    );
+    let run = env.json(&["goal", "--file", goal.to_str().unwrap()], json!([say("x")]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(sandbox_line(&run).starts_with("sandbox: read-only, network off"));
 }
 
 /// Make `path` and everything under it belong to `uid`.
@@ -610,4 +622,61 @@ fn landlock_abi() -> i64 {
     // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
     unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) }
         .max(0)
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
+    let env = Env::new();
+    let spawn = "echo $$ > l.pid; \
+                 setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
+                 (sleep 300 & echo $! > b.pid); sleep 300";
+    let script = env.script(json!([cmd("spawn", spawn), say("done")]));
+    let mut first = env
+        .sup()
+        .args(["run", "w", "--json", "--tool-timeout", "600s", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids: Vec<u32> = ["l.pid", "s.pid", "b.pid"]
+        .iter()
+        .map(|f| pid_in(&env.ws().join(f)))
+        .collect();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // The direct child dies with sup; what escaped its group and session does not, yet.
+    assert!(!alive(pids[0]), "the tool's leader outlived sup");
+    assert!(alive(pids[1]) && alive(pids[2]), "nothing escaped?");
+    // The killed run says it is running, under a pid that is always alive.
+    let db = env.home.path().join("sup.db");
+    let sql = |q: &str| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchall(); c.commit(); print(r)"])
+            .arg(&db)
+            .arg(q)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    sql("update runs set pid = 1");
+    let run = env.run_json(json!([say("done")]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for pid in &pids {
+        assert!(!alive(*pid), "{pid} survived the next start");
+    }
+    let out = env.sup().args(["runs", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let statuses = sql("select status from runs order by started_at");
+    assert!(statuses.contains("interrupted"), "{statuses}");
+    assert!(!statuses.contains("running"), "{statuses}");
 }

@@ -332,15 +332,18 @@ impl Db {
     pub fn mark_orphans(&self) -> Result<usize, DbError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT id, pid FROM runs WHERE status = 'running'")
+            .prepare("SELECT id, pid, dir FROM runs WHERE status = 'running'")
             .map_err(|e| self.err(e))?;
-        let rows: Vec<(String, u32)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        let rows: Vec<(String, u32, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .and_then(Iterator::collect)
             .map_err(|e| self.err(e))?;
         let mut n = 0;
-        for (id, pid) in rows {
-            if !pid_alive(pid) {
+        for (id, pid, dir) in rows {
+            // The run's lock says whether it lives; only runs from before locks go by pid.
+            let alive = crate::tools::sandbox::run_alive(Path::new(&dir))
+                .unwrap_or_else(|| pid_alive(pid));
+            if !alive {
                 n += self
                     .conn
                     .execute(

@@ -233,6 +233,9 @@ async fn start_one(
         .map_err(|e| spawn_err(e.to_string()))?;
     drop(armed);
     let group = transport.id().and_then(|id| i32::try_from(id).ok());
+    if let Some(g) = group {
+        jail.record(g);
+    }
     if let (Some(g), Ok(mut live)) = (group, LIVE_GROUPS.lock()) {
         live.push(g);
     }

@@ -167,6 +167,9 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
     })?;
     drop(armed);
     let leader = child.id().and_then(|id| i32::try_from(id).ok());
+    if let Some(pid) = leader {
+        spec.jail.record(pid);
+    }
     let _held = leader.map(Held::new);
     let mut guard = GroupGuard(leader.map(Pid::from_raw));
     if let (Some(bytes), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {

@@ -346,6 +346,10 @@ pub struct Jail {
     run_id: String,
     /// Where commands start; relative paths in their messages are relative to it.
     workspace: PathBuf,
+    /// The run folder, where the lock and the process-group record live.
+    run_dir: PathBuf,
+    /// Held while the run lives: a run whose lock nobody holds is over.
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
     /// Files the file tools must refuse to write (goal file, user config), canonical.
     pub protected: Vec<PathBuf>,
 }
@@ -373,6 +377,8 @@ impl Jail {
             tmp: std::env::temp_dir(),
             run_id: String::new(),
             workspace: PathBuf::new(),
+            run_dir: PathBuf::new(),
+            _lock: None,
             protected: Vec::new(),
         }
     }
@@ -406,6 +412,8 @@ impl Jail {
             tmp: tmp.clone(),
             run_id: run_id.to_string(),
             workspace: workspace.to_path_buf(),
+            run_dir: run_dir.to_path_buf(),
+            _lock: Some(lock(run_dir)?),
             protected: s
                 .protect
                 .iter()
@@ -556,6 +564,16 @@ impl Jail {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(extra.iter().map(|(k, v)| (k, v)))
             .env("TMPDIR", &self.tmp);
+        // A direct child dies with `sup`, however `sup` ends.
+        // SAFETY: prctl with integer arguments only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
         self.arm(cmd.as_std_mut(), policy.unwrap_or(self.policy))
             .map_err(|e| SandboxError::Setup(e.to_string()))
     }
@@ -706,6 +724,131 @@ impl Jail {
     pub fn sweep(&self) -> usize {
         sweep(&self.run_id)
     }
+
+    /// Note a process group this run started, with its start time, so that a later `sup`
+    /// can end it should this one be killed.
+    pub fn record(&self, pid: i32) {
+        if self.run_dir.as_os_str().is_empty() {
+            return;
+        }
+        let Some(start) = start_time(pid) else { return };
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.run_dir.join(GROUPS));
+        if let Ok(mut f) = file {
+            let _ = writeln!(f, "{pid} {start}");
+        }
+    }
+}
+
+impl Drop for Jail {
+    /// A run that ends normally leaves nothing to sweep after it.
+    fn drop(&mut self) {
+        if !self.run_dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(self.run_dir.join(GROUPS));
+        }
+    }
+}
+
+const LOCK: &str = "lock";
+const GROUPS: &str = "process-groups";
+
+fn lock(run_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError> {
+    let path = run_dir.join(LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", path.display())))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| SandboxError::Setup(format!("cannot lock {}: {e}", path.display())))
+}
+
+/// Whether the run in `run_dir` is alive: `Some(true)` while its lock is held, `Some(false)`
+/// when nobody holds it, `None` when it has no lock file (older runs).
+pub fn run_alive(run_dir: &Path) -> Option<bool> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(run_dir.join(LOCK))
+        .ok()?;
+    Some(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err())
+}
+
+/// The start time of a process (clock ticks since boot), to tell it from a later process
+/// with the same pid.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    stat.get(close + 2..)?.split(' ').nth(19)?.parse().ok()
+}
+
+/// At start-up: end what runs under `home` that are over (killed with `kill -9`, crashed)
+/// left running — every process that started with their `SUP_RUN_ID`, and their recorded
+/// process groups whose leader has the recorded start time (a reused pid is never hit).
+pub fn sweep_dead_runs(home: &Path) -> usize {
+    let runs = home.join("runs");
+    let dead = |id: &str| {
+        !id.is_empty()
+            && !id.contains('/')
+            && run_alive(&runs.join(id)) == Some(false)
+    };
+    let mut killed = 0;
+    let procs = processes();
+    let mut doomed: Vec<i32> = procs
+        .iter()
+        .filter(|(pid, _, _)| run_of(*pid).is_some_and(|r| dead(&r)))
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for (pid, ppid, _) in &procs {
+        children.entry(*ppid).or_default().push(*pid);
+    }
+    if let Ok(dir) = std::fs::read_dir(&runs) {
+        for entry in dir.flatten() {
+            let record = entry.path().join(GROUPS);
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if !record.exists() || !dead(&id) {
+                continue;
+            }
+            for line in std::fs::read_to_string(&record).unwrap_or_default().lines() {
+                let mut it = line.split(' ');
+                let (Some(Ok(pid)), Some(Ok(start))) =
+                    (it.next().map(str::parse::<i32>), it.next().map(str::parse::<u64>))
+                else {
+                    continue;
+                };
+                if start_time(pid) == Some(start) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    doomed.push(pid);
+                }
+            }
+            let _ = std::fs::remove_file(&record);
+        }
+    }
+    let mut i = 0;
+    while i < doomed.len() {
+        if let Some(c) = children.get(&doomed[i]) {
+            doomed.extend(c.iter().copied());
+        }
+        i += 1;
+    }
+    for pid in doomed {
+        if nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
 }
 
 /// Mount flags that a read-only remount must keep (from `statvfs`).

@@ -426,6 +426,8 @@ pub async fn launch(
     }
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
+    // What runs killed with `kill -9` or crashed left running ends now.
+    crate::tools::sandbox::sweep_dead_runs(home);
     let run = RunDir::create(home)?;
     let checks: Vec<PathBuf> = spec.goal.checks.iter().filter_map(Check::script_path).collect();
     let jail = match Jail::new(
