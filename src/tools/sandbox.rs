@@ -504,7 +504,8 @@ impl Jail {
     /// any real command runs.
     fn probe(&self) -> std::io::Result<()> {
         let mut cmd = std::process::Command::new("true");
-        cmd.stdin(std::process::Stdio::null())
+        // Marked as this run's, so a concurrent run's sweep leaves it alone.
+        cmd.env("SUP_RUN_ID", &self.run_id).stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         let _armed = self.arm(&mut cmd, self.policy)?;
