@@ -63,16 +63,33 @@ fn main() {
         policy: Some(Policy::WorkspaceWrite),
         ..Sandbox::default()
     };
-    let plain = Jail::new(&settings, &ws_path, &home.path().join("r1"), "bench", home.path(), &[])
-        .expect("jail");
-    let with_git = Jail::new(&settings, &git_path, &home.path().join("r2"), "bench", home.path(), &[])
-        .expect("jail");
+    let plain = Jail::new(
+        &settings,
+        &ws_path,
+        &home.path().join("r1"),
+        "bench",
+        home.path(),
+        &[],
+    )
+    .expect("jail");
+    let with_git = Jail::new(
+        &settings,
+        &git_path,
+        &home.path().join("r2"),
+        "bench",
+        home.path(),
+        &[],
+    )
+    .expect("jail");
     println!("{}", plain.describe());
     println!("{}", with_git.describe());
     let configs = [
         ("unconfined", spec(&ws_path, Arc::new(Jail::unconfined()))),
         ("workspace-write", spec(&ws_path, Arc::new(plain))),
-        ("workspace-write + .git", spec(&git_path, Arc::new(with_git))),
+        (
+            "workspace-write + .git",
+            spec(&git_path, Arc::new(with_git)),
+        ),
     ];
     let mut base = 0.0;
     println!("{RUNS} × `bash -c true` through the process runner");

@@ -43,7 +43,10 @@ fn the_first_notice_names_the_policy_and_this_kernel_misses_nothing() {
     let env = Env::new();
     let run = env.run_json(json!([say("done")]), &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let first = run.of_type("notice")[0]["text"].as_str().unwrap().to_string();
+    let first = run.of_type("notice")[0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(first.starts_with("sandbox: workspace-write"), "{first}");
     // The kernel these tests run on has Landlock ABI 6 or later; where it lacks a right,
     // the line must name it.
@@ -129,12 +132,15 @@ fn writable_adds_a_folder_and_git_when_asked() {
     let env = Env::new();
     let extra = tempfile::tempdir_in(env.ws().parent().unwrap()).unwrap();
     std::fs::create_dir(env.ws().join(".git")).unwrap();
-    let name = extra.path().file_name().unwrap().to_string_lossy().to_string();
+    let name = extra
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
     let goal = env.write(
         "goal.toml",
-        &format!(
-            "prompt = \"work\"\nworkspace = \".\"\nwritable = [\"../{name}\", \".git\"]\n"
-        ),
+        &format!("prompt = \"work\"\nworkspace = \".\"\nwritable = [\"../{name}\", \".git\"]\n"),
     );
     let x = extra.path().display().to_string();
     let run = env.json(
@@ -167,7 +173,10 @@ fn sandbox_off_restores_the_old_behaviour_and_says_so() {
     // And SUP_SANDBOX picks the same.
     let out2 = outside();
     let o2 = out2.path().display().to_string();
-    let script = env.script(json!([cmd("out", &format!("echo x > {o2}/e")), say("done")]));
+    let script = env.script(json!([
+        cmd("out", &format!("echo x > {o2}/e")),
+        say("done")
+    ]));
     let status = env
         .sup()
         .env("SUP_SANDBOX", "off")
@@ -273,7 +282,14 @@ fn a_frozen_check_knows_its_original_folder() {
         "set -e\ngrep -q expected \"$SUP_CHECK_DIR/data.txt\"\ncase \"$0\" in */runs/*) ;; *) exit 3;; esac\n",
     );
     let run = env.json(
-        &["goal", "do it", "--check", "checks/check.sh", "--tries", "1"],
+        &[
+            "goal",
+            "do it",
+            "--check",
+            "checks/check.sh",
+            "--tries",
+            "1",
+        ],
         json!([say("done")]),
         &[],
     );
@@ -389,7 +405,11 @@ fn approvals_record_the_os_user_not_dollar_user() {
         .unwrap()
         .unwrap()
         .name;
-    assert!(by.starts_with(&me), "{by} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        by.starts_with(&me),
+        "{by} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!by.contains("mallory"), "{by}");
 }
 
@@ -435,13 +455,24 @@ fn keep_background_leaves_them_running_for_the_checks_but_not_after_the_run() {
     let spawn = "setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
                  for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done";
     let run = env.json(
-        &["goal", "--file", goal.to_str().unwrap(), "--workspace", ".", "--tries", "1"],
+        &[
+            "goal",
+            "--file",
+            goal.to_str().unwrap(),
+            "--workspace",
+            ".",
+            "--tries",
+            "1",
+        ],
         json!([cmd("spawn", spawn), say("done")]),
         &[],
     );
     assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
     let pid = pid_in(&env.ws().join("s.pid"));
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "alive after the run");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "alive after the run"
+    );
 }
 
 const KEY: &str = "sk-test-very-secret-4242";
@@ -490,13 +521,19 @@ fn no_key_reaches_a_command_a_command_tool_a_check_or_an_mcp_server() {
         let r = text(run.tool_result(id));
         assert!(!r.contains(KEY), "{id} saw the key: {r}");
         assert!(r.contains("PATH"), "{id}: {r}");
-        assert!(r.contains("ghp-passed-on-purpose"), "{id} lacks env_pass: {r}");
+        assert!(
+            r.contains("ghp-passed-on-purpose"),
+            "{id} lacks env_pass: {r}"
+        );
     }
     let check = &run.result()["checks"][0][0];
     assert!(check["output_tail"].as_str().unwrap().contains("PATH"));
     assert!(!check.to_string().contains(KEY), "{check}");
     let line = sandbox_line(&run);
-    let withheld = line.split("withheld from tools: ").nth(1).unwrap_or_default();
+    let withheld = line
+        .split("withheld from tools: ")
+        .nth(1)
+        .unwrap_or_default();
     for name in ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "my_db_password"] {
         assert!(withheld.split(", ").any(|n| n == name), "{name}: {line}");
     }
@@ -508,8 +545,15 @@ fn no_key_reaches_a_command_a_command_tool_a_check_or_an_mcp_server() {
 #[test]
 fn an_env_pass_that_is_not_a_variable_name_is_exit_2_with_file_and_line() {
     let env = Env::new();
-    let goal = env.write("g/goal.toml", "prompt = \"work\"\n\nenv_pass = [\"NOT A NAME\"]\n");
-    let run = env.json(&["goal", "--file", goal.to_str().unwrap()], json!([say("x")]), &[]);
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\n\nenv_pass = [\"NOT A NAME\"]\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &[],
+    );
     assert_eq!(run.code, 2);
     assert!(
         run.stderr.contains(&format!("{}:3", goal.display())) && run.stderr.contains("env_pass"),
@@ -519,8 +563,15 @@ fn an_env_pass_that_is_not_a_variable_name_is_exit_2_with_file_and_line() {
     let run = env.run_json(json!([say("x")]), &["--env-pass", "1BAD"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     // A variable name is accepted, in the file and as a flag.
-    let goal = env.write("g/goal.toml", "prompt = \"work\"\nenv_pass = [\"GOOD_NAME\"]\n");
-    let run = env.json(&["goal", "--file", goal.to_str().unwrap()], json!([say("x")]), &["--env-pass", "OTHER_1"]);
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nenv_pass = [\"GOOD_NAME\"]\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &["--env-pass", "OTHER_1"],
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
@@ -533,7 +584,11 @@ fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
         ("writable = [\"../no-such-folder\"]\n", "writable"),
     ] {
         let goal = env.write("g/goal.toml", &format!("prompt = \"work\"\n{body}"));
-        let run = env.json(&["goal", "--file", goal.to_str().unwrap()], json!([say("x")]), &[]);
+        let run = env.json(
+            &["goal", "--file", goal.to_str().unwrap()],
+            json!([say("x")]),
+            &[],
+        );
         assert_eq!(run.code, 2, "{body}: {}", run.stderr);
         assert!(
             run.stderr.contains(&format!("{}:2", goal.display())) && run.stderr.contains(key),
@@ -546,7 +601,11 @@ fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
         "g/goal.toml",
         "prompt = \"work\"\nsandbox = \"read-only\"\nnetwork = false\nwritable = [\".\"]\n",
     );
-    let run = env.json(&["goal", "--file", goal.to_str().unwrap()], json!([say("x")]), &[]);
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &[],
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(sandbox_line(&run).starts_with("sandbox: read-only, network off"));
 }
@@ -570,7 +629,10 @@ fn a_command_cannot_read_keys_from_sups_own_environment() {
         // Already unprivileged: run as we are.
     }
     let script = env.script(json!([
-        cmd("peek", "cat /proc/$PPID/environ | tr '\\0' '\\n' | grep KEY; echo peeked"),
+        cmd(
+            "peek",
+            "cat /proc/$PPID/environ | tr '\\0' '\\n' | grep KEY; echo peeked"
+        ),
         say("done")
     ]));
     let mut c = if nix::unistd::getuid().is_root() {
@@ -620,8 +682,15 @@ fn a_blocked_command_says_which_path_and_which_rule() {
 /// The Landlock ABI of this kernel; 0 without Landlock.
 fn landlock_abi() -> i64 {
     // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
-    unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) }
-        .max(0)
+    unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    }
+    .max(0)
 }
 
 /// Whether `pid` runs (a zombie does not).

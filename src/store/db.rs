@@ -341,8 +341,8 @@ impl Db {
         let mut n = 0;
         for (id, pid, dir) in rows {
             // The run's lock says whether it lives; only runs from before locks go by pid.
-            let alive = crate::tools::sandbox::run_alive(Path::new(&dir))
-                .unwrap_or_else(|| pid_alive(pid));
+            let alive =
+                crate::tools::sandbox::run_alive(Path::new(&dir)).unwrap_or_else(|| pid_alive(pid));
             if !alive {
                 n += self
                     .conn

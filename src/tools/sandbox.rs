@@ -142,7 +142,8 @@ impl SandboxSettings {
         }
         let mut env_pass = Vec::new();
         for e in &self.env_pass {
-            check_env_pass(e.get_ref()).map_err(|m| (e.span().start, format!("key `env_pass`: {m}")))?;
+            check_env_pass(e.get_ref())
+                .map_err(|m| (e.span().start, format!("key `env_pass`: {m}")))?;
             env_pass.push(e.get_ref().clone());
         }
         Ok(Sandbox {
@@ -486,8 +487,9 @@ impl Jail {
             jail.read_only.clear();
         }
         if let Err(e) = jail.probe() {
-            jail.missing
-                .push(format!("Landlock could not be applied ({e}): commands are not confined"));
+            jail.missing.push(format!(
+                "Landlock could not be applied ({e}): commands are not confined"
+            ));
             jail.policy = Policy::Off;
         }
         jail.finish(s.required)
@@ -505,7 +507,8 @@ impl Jail {
     fn probe(&self) -> std::io::Result<()> {
         let mut cmd = std::process::Command::new("true");
         // Marked as this run's, so a concurrent run's sweep leaves it alone.
-        cmd.env("SUP_RUN_ID", &self.run_id).stdin(std::process::Stdio::null())
+        cmd.env("SUP_RUN_ID", &self.run_id)
+            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         let _armed = self.arm(&mut cmd, self.policy)?;
@@ -513,7 +516,9 @@ impl Jail {
         if status.success() {
             Ok(())
         } else {
-            Err(std::io::Error::other(format!("the probe ended with {status}")))
+            Err(std::io::Error::other(format!(
+                "the probe ended with {status}"
+            )))
         }
     }
 
@@ -542,7 +547,10 @@ impl Jail {
             }
         }
         if !self.missing.is_empty() {
-            s.push_str(&format!("; MISSING PROTECTION: {}", self.missing.join("; ")));
+            s.push_str(&format!(
+                "; MISSING PROTECTION: {}",
+                self.missing.join("; ")
+            ));
         }
         if !self.withheld.is_empty() {
             s.push_str(&format!(
@@ -656,7 +664,10 @@ impl Jail {
             "Operation not permitted",
         ];
         let mut notes = Vec::new();
-        for line in stderr.lines().filter(|l| refused.iter().any(|r| l.contains(r))) {
+        for line in stderr
+            .lines()
+            .filter(|l| refused.iter().any(|r| l.contains(r)))
+        {
             let note = if !self.network
                 && (line.contains("connect") || line.contains("/dev/tcp/") || line.contains("bind"))
             {
@@ -701,9 +712,7 @@ impl Jail {
             );
         }
         match self.policy {
-            Policy::ReadOnly => {
-                "policy read-only: nothing but $TMPDIR is writable".into()
-            }
+            Policy::ReadOnly => "policy read-only: nothing but $TMPDIR is writable".into(),
             _ => {
                 let shown: Vec<String> = self
                     .writable
@@ -791,11 +800,8 @@ fn start_time(pid: i32) -> Option<u64> {
 /// process groups whose leader has the recorded start time (a reused pid is never hit).
 pub fn sweep_dead_runs(home: &Path) -> usize {
     let runs = home.join("runs");
-    let dead = |id: &str| {
-        !id.is_empty()
-            && !id.contains('/')
-            && run_alive(&runs.join(id)) == Some(false)
-    };
+    let dead =
+        |id: &str| !id.is_empty() && !id.contains('/') && run_alive(&runs.join(id)) == Some(false);
     let mut killed = 0;
     let procs = processes();
     let mut doomed: Vec<i32> = procs
@@ -816,9 +822,10 @@ pub fn sweep_dead_runs(home: &Path) -> usize {
             }
             for line in std::fs::read_to_string(&record).unwrap_or_default().lines() {
                 let mut it = line.split(' ');
-                let (Some(Ok(pid)), Some(Ok(start))) =
-                    (it.next().map(str::parse::<i32>), it.next().map(str::parse::<u64>))
-                else {
+                let (Some(Ok(pid)), Some(Ok(start))) = (
+                    it.next().map(str::parse::<i32>),
+                    it.next().map(str::parse::<u64>),
+                ) else {
                     continue;
                 };
                 if start_time(pid) == Some(start) {
@@ -1011,7 +1018,10 @@ pub fn sweep(run_id: &str) -> usize {
     let mut killed = 0;
     for _ in 0..50 {
         let procs = processes();
-        let mut known: HashSet<i32> = LEADERS.lock().map(|l| l.iter().copied().collect()).unwrap_or_default();
+        let mut known: HashSet<i32> = LEADERS
+            .lock()
+            .map(|l| l.iter().copied().collect())
+            .unwrap_or_default();
         known.extend(crate::tools::mcp::live_groups());
         let roots: Vec<i32> = procs
             .iter()
@@ -1041,7 +1051,12 @@ pub fn sweep(run_id: &str) -> usize {
             i += 1;
         }
         for pid in &doomed {
-            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
+            if nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+            {
                 killed += 1;
             }
         }

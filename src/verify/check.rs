@@ -106,10 +106,9 @@ impl Check {
     fn argv(&self) -> (String, Vec<String>) {
         match &self.kind {
             // Isolated: nothing beside the script or in PYTHON* variables shadows its imports.
-            CheckKind::Script(p) if p.extension().is_some_and(|e| e == "py") => (
-                "python3".into(),
-                vec!["-I".into(), p.display().to_string()],
-            ),
+            CheckKind::Script(p) if p.extension().is_some_and(|e| e == "py") => {
+                ("python3".into(), vec!["-I".into(), p.display().to_string()])
+            }
             CheckKind::Script(p) => script_command(p),
             CheckKind::Command(line) => ("bash".into(), vec!["-c".into(), line.clone()]),
             CheckKind::Human(_) => (String::new(), Vec::new()),

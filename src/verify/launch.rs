@@ -429,7 +429,12 @@ pub async fn launch(
     // What runs killed with `kill -9` or crashed left running ends now.
     crate::tools::sandbox::sweep_dead_runs(home);
     let run = RunDir::create(home)?;
-    let checks: Vec<PathBuf> = spec.goal.checks.iter().filter_map(Check::script_path).collect();
+    let checks: Vec<PathBuf> = spec
+        .goal
+        .checks
+        .iter()
+        .filter_map(Check::script_path)
+        .collect();
     let jail = match Jail::new(
         &spec.sandbox,
         &spec.goal.workspace,
