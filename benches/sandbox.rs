@@ -26,16 +26,22 @@ fn spec(dir: &std::path::Path, jail: Arc<Jail>) -> Spec {
     }
 }
 
-async fn time(spec: &Spec) -> Vec<Duration> {
+/// Run the configurations in turn, one command each round, so that load on the machine
+/// weighs on all of them alike; each one's times, sorted.
+async fn time(specs: &[&Spec]) -> Vec<Vec<Duration>> {
     let cancel = CancellationToken::new();
-    let mut times = Vec::with_capacity(RUNS);
+    let mut times = vec![Vec::with_capacity(RUNS); specs.len()];
     for _ in 0..RUNS {
-        let started = Instant::now();
-        let done = process::run(spec, &cancel).await.expect("bash runs");
-        assert!(done.ending.success());
-        times.push(started.elapsed());
+        for (i, spec) in specs.iter().enumerate() {
+            let started = Instant::now();
+            let done = process::run(spec, &cancel).await.expect("bash runs");
+            assert!(done.ending.success());
+            times[i].push(started.elapsed());
+        }
     }
-    times.sort();
+    for t in &mut times {
+        t.sort();
+    }
     times
 }
 
@@ -91,15 +97,27 @@ fn main() {
             spec(&git_path, Arc::new(with_git)),
         ),
     ];
-    let mut base = 0.0;
-    println!("{RUNS} × `bash -c true` through the process runner");
+    // What preparing a command costs in `sup` itself (the ruleset, its path fds).
     for (name, spec) in &configs {
-        // Warm up, then measure.
-        runtime.block_on(time(spec));
-        let (median, mean) = stats(&runtime.block_on(time(spec)));
-        if *name == "unconfined" {
-            base = median;
+        let started = Instant::now();
+        for _ in 0..RUNS {
+            let mut cmd = tokio::process::Command::new("true");
+            let armed = spec.jail.apply(&mut cmd, &spec.env, None).expect("apply");
+            drop(armed);
         }
+        println!(
+            "{name:>24}: preparing a command takes {:.3} ms",
+            ms(started.elapsed()) / RUNS as f64
+        );
+    }
+    println!("{RUNS} × `bash -c true` through the process runner, configurations interleaved");
+    let specs: Vec<&Spec> = configs.iter().map(|(_, s)| s).collect();
+    // Warm up, then measure.
+    runtime.block_on(time(&specs));
+    let times = runtime.block_on(time(&specs));
+    let (base, _) = stats(&times[0]);
+    for ((name, _), t) in configs.iter().zip(&times) {
+        let (median, mean) = stats(t);
         println!(
             "{name:>24}: median {median:.3} ms, mean {mean:.3} ms, sandbox adds {:+.3} ms (median)",
             median - base

@@ -351,6 +351,8 @@ pub struct Jail {
     run_dir: PathBuf,
     /// Held while the run lives: a run whose lock nobody holds is over.
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// The record of the run's process groups, open for appending.
+    groups: Option<Mutex<std::fs::File>>,
     /// Files the file tools must refuse to write (goal file, user config), canonical.
     pub protected: Vec<PathBuf>,
 }
@@ -380,6 +382,7 @@ impl Jail {
             workspace: PathBuf::new(),
             run_dir: PathBuf::new(),
             _lock: None,
+            groups: None,
             protected: Vec::new(),
         }
     }
@@ -415,6 +418,12 @@ impl Jail {
             workspace: workspace.to_path_buf(),
             run_dir: run_dir.to_path_buf(),
             _lock: Some(lock(run_dir)?),
+            groups: std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(run_dir.join(GROUPS))
+                .ok()
+                .map(Mutex::new),
             protected: s
                 .protect
                 .iter()
@@ -738,17 +747,12 @@ impl Jail {
     /// Note a process group this run started, with its start time, so that a later `sup`
     /// can end it should this one be killed.
     pub fn record(&self, pid: i32) {
-        if self.run_dir.as_os_str().is_empty() {
-            return;
-        }
+        let Some(groups) = &self.groups else { return };
         let Some(start) = start_time(pid) else { return };
         use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.run_dir.join(GROUPS));
-        if let Ok(mut f) = file {
-            let _ = writeln!(f, "{pid} {start}");
+        if let Ok(mut f) = groups.lock() {
+            // One write per line, so a reader never sees half of one.
+            let _ = f.write_all(format!("{pid} {start}\n").as_bytes());
         }
     }
 }
