@@ -81,6 +81,7 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         output_dir: dir.join("outputs"),
         protected: Arc::new(Vec::new()),
         env: Arc::new(Vec::new()),
+        jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
         started: Instant::now(),
         gate: None,
     };

@@ -1,10 +1,12 @@
 """The ticket check: the newest ticket is medium priority, cites a knowledge-base article that
 exists, and its body says what to do about the missing reset email."""
 import json
+import os
 import pathlib
 import sys
 
-KB = pathlib.Path(__file__).resolve().parent.parent / "kb"
+# The check runs from a copy frozen in the run folder; SUP_CHECK_DIR is its original folder.
+KB = pathlib.Path(os.environ.get("SUP_CHECK_DIR", pathlib.Path(__file__).resolve().parent)).parent / "kb"
 tickets = sorted(pathlib.Path("tickets").glob("TICKET-*.json"), key=lambda p: int(p.stem.split("-")[1]))
 problems = []
 if not tickets:

@@ -388,7 +388,13 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
 
 pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<Ending, Fail> {
     let db = db()?;
-    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    // The operating-system user of this process, from its uid; `$USER` is whatever anyone
+    // set it to.
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {uid}"), |u| u.name);
     let verb = if approve { "sup approve" } else { "sup deny" };
     let by = format!("{user} (via {verb})");
     let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)

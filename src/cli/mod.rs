@@ -95,7 +95,11 @@ impl From<crate::run::RunError> for Fail {
     fn from(e: crate::run::RunError) -> Self {
         use crate::run::RunError;
         let ending = match &e {
-            RunError::Config(_) | RunError::Setup(_) | RunError::Tools(_) | RunError::Mcp(_) => {
+            RunError::Config(_)
+            | RunError::Setup(_)
+            | RunError::Tools(_)
+            | RunError::Mcp(_)
+            | RunError::Sandbox(_) => {
                 Ending::Usage
             }
             RunError::Model(m) if m.is_config() => Ending::Usage,

@@ -61,6 +61,11 @@ pub struct McpServer {
     /// `read`); otherwise every tool of it is `exec`.
     #[serde(default)]
     pub trust_annotations: bool,
+    /// `"off"` runs this server outside the sandbox.
+    pub sandbox: Option<crate::tools::sandbox::Policy>,
+    /// Secret-named variables this server gets.
+    #[serde(default, deserialize_with = "super::env_pass_names")]
+    pub env_pass: Vec<String>,
 }
 
 fn argv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -202,6 +207,35 @@ pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> 
     Ok(())
 }
 
+/// `writable = [...]`, each folder resolved against the goal file's folder (or `~/`) and
+/// checked to exist; a bad one names the file and its line.
+fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileError> {
+    #[derive(Deserialize)]
+    struct Only {
+        #[serde(default)]
+        writable: Vec<toml::Spanned<String>>,
+    }
+    let Ok(only) = toml::from_str::<Only>(text) else {
+        return Ok(Vec::new());
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let resolved = crate::tools::sandbox::SandboxSettings {
+        writable: only.writable,
+        ..Default::default()
+    }
+    .resolve(dir)
+    .map_err(|(at, message)| GoalFileError {
+        file: path.display().to_string(),
+        line: line_at(text, at),
+        message,
+    })?;
+    Ok(resolved
+        .writable
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect())
+}
+
 /// The line where a top-level string key's text begins (a multi-line string's first
 /// newline is not part of it): where a template's line 1 is.
 fn text_line(text: &str, key: &str) -> Option<usize> {
@@ -243,6 +277,7 @@ impl GoalFile {
         let mut settings: Settings = from_toml(path, text)?;
         check_notify(path, text, &settings.notify)?;
         check_rules(path, text)?;
+        settings.writable = writable(path, text)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         settings.workspace = settings.workspace.map(|w| dir.join(w));
         let name = settings.name.clone().unwrap_or_else(|| {

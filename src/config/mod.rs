@@ -21,6 +21,7 @@ use toml::Spanned;
 pub use goal::{CheckDef, GoalFile, GoalFileError, McpServer, RawCheck, RawTool, ToolDef};
 
 use crate::approval::Mode;
+use crate::tools::sandbox::Policy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -234,6 +235,29 @@ settings! {
         #[arg(long, value_parser = mcp_server)]
         #[serde(default)]
         pub mcp: Vec<McpServer>,
+        /// The sandbox of commands, command tools, checks and MCP servers: workspace-write
+        /// (default), read-only or off. Wins over a goal file's `sandbox`, which wins over
+        /// $SUP_SANDBOX.
+        #[arg(long, value_parser = Policy::parse)]
+        pub sandbox: Option<Policy>,
+        /// Whether the agent's processes may open TCP connections (default true).
+        #[arg(skip)]
+        pub network: Option<bool>,
+        /// Folders writable besides the workspace (relative to the goal file, or `~/…`).
+        #[arg(skip)]
+        #[serde(default)]
+        pub writable: Vec<String>,
+        /// Refuse to run (exit 2) where the kernel lacks part of the sandbox.
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        pub sandbox_required: Option<bool>,
+        /// Leave the agent's background processes alive while checks judge.
+        #[arg(skip)]
+        pub keep_background: Option<bool>,
+        /// Pass this secret-named variable (…KEY, …TOKEN, …) to commands, checks and MCP
+        /// servers.
+        #[arg(long, value_parser = env_pass_name)]
+        #[serde(default, deserialize_with = "env_pass_names")]
+        pub env_pass: Vec<String>,
         /// Work-and-check rounds at most (default 3 with checks, else 1).
         #[arg(skip)]
         pub tries: Option<u32>,
@@ -373,6 +397,7 @@ macro_rules! show_debug {
 }
 
 show_debug!(
+    Policy,
     String,
     u32,
     u64,
@@ -504,6 +529,13 @@ impl Settings {
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty())
         }
+        let sandbox = var("SUP_SANDBOX")
+            .map(|v| Policy::parse(&v))
+            .transpose()
+            .map_err(|message| ConfigError::Env {
+                var: "SUP_SANDBOX",
+                message,
+            })?;
         let approval = var("SUP_APPROVAL")
             .map(|v| parse_enum::<Mode>(&v))
             .transpose()
@@ -514,6 +546,7 @@ impl Settings {
         Ok(Settings {
             model: var("SUP_MODEL"),
             approval,
+            sandbox,
             ..Settings::default()
         })
     }
@@ -716,6 +749,8 @@ fn mcp_server(s: &str) -> Result<McpServer, String> {
         args: Vec::new(),
         env: Default::default(),
         trust_annotations: false,
+        sandbox: None,
+        env_pass: Vec::new(),
     })
 }
 
@@ -847,4 +882,17 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("max-steps"), "{e}");
     }
+}
+
+fn env_pass_name(s: &str) -> Result<String, String> {
+    crate::tools::sandbox::check_env_pass(s).map(|()| s.to_string())
+}
+
+/// `env_pass = [...]`: each entry a variable name.
+pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    for n in &names {
+        crate::tools::sandbox::check_env_pass(n).map_err(serde::de::Error::custom)?;
+    }
+    Ok(names)
 }

@@ -185,7 +185,8 @@ pub struct ProviderOptions {
 const PROVIDERS: &str = "openai, anthropic, deepseek, ollama, script";
 
 fn env(var: &str) -> Option<String> {
-    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
+    // Keys were moved out of the process environment at start-up.
+    crate::tools::sandbox::var(var).filter(|v| !v.trim().is_empty())
 }
 
 /// A provider key from the environment, known to the redactor from here on.

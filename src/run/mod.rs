@@ -26,6 +26,7 @@ use crate::store::{RunDir, StoreError, Transcript, TriggerKind};
 use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
+use crate::tools::sandbox::{Jail, Sandbox, SandboxError};
 use crate::tools::{Registry, RegistryError, builtin};
 use crate::trace::{Event, EventSink, Events};
 use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
@@ -48,6 +49,8 @@ pub enum RunError {
     Db(#[from] DbError),
     #[error(transparent)]
     Mcp(#[from] McpError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
 }
 
 /// What the command line and the environment say, apart from a goal file.
@@ -92,6 +95,8 @@ pub struct RunSpec {
     pub price: Option<Price>,
     pub max_cost: Option<f64>,
     pub max_cost_per_day: Option<f64>,
+    /// The sandbox of the run's processes, with the goal file and user config protected.
+    pub sandbox: Sandbox,
 }
 
 fn setup(msg: impl Into<String>) -> RunError {
@@ -187,7 +192,21 @@ impl RunSpec {
             max_attempts: s.retries.unwrap_or_default().max(1),
             ..Default::default()
         };
+        let sandbox = Sandbox {
+            policy: Some(s.sandbox.unwrap_or_default()),
+            network: s.network,
+            writable: s.writable.iter().map(PathBuf::from).collect(),
+            required: s.sandbox_required.unwrap_or(false),
+            keep_background: s.keep_background.unwrap_or(false),
+            env_pass: s.env_pass.clone(),
+            protect: file
+                .map(|f| f.path.clone())
+                .into_iter()
+                .chain(config::UserConfig::path())
+                .collect(),
+        };
         Ok(RunSpec {
+            sandbox,
             goal: Goal {
                 name,
                 prompt: s.prompt.clone().unwrap_or_default(),
@@ -224,6 +243,8 @@ impl RunSpec {
                     args: m.args.clone(),
                     env: m.env.clone(),
                     trust_annotations: m.trust_annotations,
+                    sandbox: m.sandbox,
+                    env_pass: m.env_pass.clone(),
                 })
                 .collect(),
             effective,
@@ -537,17 +558,38 @@ pub async fn launch(
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
     // Runs whose process is gone are settled first: an outcome a busy store could not take
-    // is recorded now.
+    // is recorded now, and what runs killed with `kill -9` or crashed left running ends.
     if let Err(e) = db.mark_orphans() {
         tracing::warn!("{e}");
     }
+    crate::tools::sandbox::sweep_dead_runs(home);
     let previous = db.previous_run(&spec.goal.name, "")?;
     let goal = this_run(spec, &db, trigger, previous.as_ref())?;
     let run = RunDir::create(home)?;
+    let checks: Vec<PathBuf> = spec
+        .goal
+        .checks
+        .iter()
+        .filter_map(Check::script_path)
+        .collect();
+    let jail = match Jail::new(
+        &spec.sandbox,
+        &spec.goal.workspace,
+        &run.dir,
+        &run.id,
+        home,
+        &checks,
+    ) {
+        Ok(j) => Arc::new(j),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run.dir);
+            return Err(e.into());
+        }
+    };
     // MCP servers start before the first model call; one that cannot start ends the run
     // here, before anything was recorded.
     let (mut servers, mcp_tools) =
-        match Servers::start(&spec.mcp, &spec.goal.workspace, &run.dir).await {
+        match Servers::start(&spec.mcp, &spec.goal.workspace, &run.dir, &jail, &run.id).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&run.dir);
@@ -593,6 +635,9 @@ pub async fn launch(
         workspace: spec.goal.workspace.display().to_string(),
         prompt: goal.prompt.clone(),
     });
+    events.emit(Event::Notice {
+        text: jail.describe(),
+    });
     let gate = gate(spec, trigger, &run.id, home, &events);
     if spec.price.is_none() && (spec.max_cost.is_some() || spec.max_cost_per_day.is_some()) {
         events.emit(Event::Notice {
@@ -610,6 +655,7 @@ pub async fn launch(
         cancel,
         run: &run,
         gate: Some(&gate),
+        jail: jail.clone(),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
     let outcome = match AssertUnwindSafe(crate::verify::run(&goal, &rt))
@@ -620,6 +666,8 @@ pub async fn launch(
         Err(panic) => panicked(panic.as_ref()),
     };
     servers.shutdown().await;
+    // Whatever the agent left running ends with its run.
+    jail.sweep();
     events.emit(outcome.event(&run.id));
     crate::redact::tree(&run.dir, &["transcript.jsonl"]);
     let ended = Ended {

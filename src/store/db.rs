@@ -510,7 +510,10 @@ impl Db {
             .map_err(|e| self.err(e))?;
         let mut n = 0;
         for (id, pid, dir) in rows {
-            if pid_alive(pid) {
+            // The run's lock says whether it lives; only runs from before locks go by pid.
+            let alive =
+                crate::tools::sandbox::run_alive(Path::new(&dir)).unwrap_or_else(|| pid_alive(pid));
+            if alive {
                 continue;
             }
             if self.record_kept(&id, Path::new(&dir))? {

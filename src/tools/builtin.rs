@@ -700,7 +700,12 @@ pub async fn run_for_tool(
         }
     };
     let stdout = read(&spec.stdout);
-    let stderr = read(&spec.stderr);
+    let mut stderr = read(&spec.stderr);
+    if !finished.ending.success()
+        && let Some(note) = ctx.jail.explain(&stderr)
+    {
+        stderr.push_str(&format!("\n{note}\n"));
+    }
     Ok((finished.ending, stdout, stderr))
 }
 
@@ -734,6 +739,7 @@ impl Tool for RunCommand {
             timeout,
             stdout: PathBuf::new(),
             stderr: PathBuf::new(),
+            jail: ctx.jail.clone(),
         };
         let (ending, stdout, stderr) = run_for_tool(spec, ctx).await?;
         let mut text = ending.describe(timeout);

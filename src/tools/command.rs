@@ -50,6 +50,7 @@ impl Tool for CommandTool {
             timeout: ctx.timeout,
             stdout: PathBuf::new(),
             stderr: PathBuf::new(),
+            jail: ctx.jail.clone(),
         };
         let (ending, stdout, stderr) = run_for_tool(spec, ctx).await?;
         match ending {

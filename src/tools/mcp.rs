@@ -3,8 +3,9 @@
 //! through the same schema gate as every tool; calls with a timeout and cancellation; risk
 //! `exec`, or from annotations (`readOnlyHint` → read) when the server is trusted with
 //! `trust_annotations`, since the MCP specification calls them untrusted hints; stderr into
-//! the run's folder; and
-//! every server's process group shut down when the run ends, whatever ends it.
+//! the run's folder; and every server's process group shut down when the run ends, whatever
+//! ends it. Servers start in the run's sandbox with the scrubbed environment unless
+//! `[[mcp]] sandbox = "off"`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,10 @@ pub struct ServerSpec {
     pub env: BTreeMap<String, String>,
     /// Believe the server's annotations: `readOnlyHint` makes a tool `read`.
     pub trust_annotations: bool,
+    /// `Some(Policy::Off)` runs this server outside the sandbox.
+    pub sandbox: Option<super::sandbox::Policy>,
+    /// Secret-named variables this server gets.
+    pub env_pass: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +62,11 @@ pub enum McpError {
 
 /// Process groups of live servers, so that even a hard exit can end them.
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// The process groups of live servers (the sweep leaves them alone).
+pub fn live_groups() -> Vec<i32> {
+    LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default()
+}
 
 /// Kill every server process group still alive (used on a hard exit).
 pub fn kill_all() {
@@ -109,11 +119,13 @@ impl Servers {
         specs: &[ServerSpec],
         workspace: &Path,
         log_dir: &Path,
+        jail: &super::sandbox::Jail,
+        run_id: &str,
     ) -> Result<(Servers, Vec<Arc<dyn Tool>>), McpError> {
         let mut servers = Servers::default();
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
         for spec in specs {
-            match start_one(spec, workspace, log_dir).await {
+            match start_one(spec, workspace, log_dir, jail, run_id).await {
                 Ok((server, list)) => {
                     let server = Arc::new(server);
                     for t in list {
@@ -178,6 +190,8 @@ async fn start_one(
     spec: &ServerSpec,
     workspace: &Path,
     log_dir: &Path,
+    jail: &super::sandbox::Jail,
+    run_id: &str,
 ) -> Result<(Server, Vec<rmcp::model::Tool>), McpError> {
     let shown = spec
         .command
@@ -202,14 +216,31 @@ async fn start_one(
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(first)
         .args(&spec.args)
-        .envs(&spec.env)
         .current_dir(workspace)
         .process_group(0);
+    // The scrubbed environment, then the secrets passed by name, then `env` as written.
+    let mut extra: Vec<(String, String)> = vec![
+        ("SUP_WORKSPACE".into(), workspace.display().to_string()),
+        ("SUP_RUN_ID".into(), run_id.to_string()),
+    ];
+    for name in &spec.env_pass {
+        if let Some(v) = super::sandbox::var(name) {
+            extra.push((name.clone(), v));
+        }
+    }
+    extra.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let armed = jail
+        .apply(&mut cmd, &extra, spec.sandbox)
+        .map_err(|e| spawn_err(e.to_string()))?;
     let (transport, stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| spawn_err(e.to_string()))?;
+    drop(armed);
     let group = transport.id().and_then(|id| i32::try_from(id).ok());
+    if let Some(g) = group {
+        jail.record(g);
+    }
     if let (Some(g), Ok(mut live)) = (group, LIVE_GROUPS.lock()) {
         live.push(g);
     }

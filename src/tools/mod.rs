@@ -7,6 +7,7 @@ pub mod mcp;
 pub mod page;
 pub mod paths;
 pub mod process;
+pub mod sandbox;
 mod schema;
 
 use std::collections::HashMap;
@@ -51,6 +52,8 @@ pub struct ToolContext {
     /// The run's approval rules: file tools write under `.git/` or to hard-linked files, and
     /// list what a rule denies to read, only as they say.
     pub rules: Arc<crate::approval::Rules>,
+    /// The sandbox every process of the run starts in.
+    pub jail: Arc<sandbox::Jail>,
 }
 
 #[derive(Debug, thiserror::Error)]

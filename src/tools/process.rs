@@ -1,17 +1,21 @@
 //! The process runner shared by `run_command`, command tools and checks: a child in its own
 //! process group, stdout and stderr written to files (so no output size can flood memory and
 //! the whole output is kept), a timeout and cancellation that kill the whole group, and
-//! bounded reads of what it printed.
+//! bounded reads of what it printed. Every child starts in the run's sandbox (`Jail`) with
+//! the scrubbed environment.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
+
+use super::sandbox::Jail;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -25,6 +29,8 @@ pub struct Spec {
     pub timeout: Duration,
     pub stdout: PathBuf,
     pub stderr: PathBuf,
+    /// The sandbox and environment it starts in.
+    pub jail: Arc<Jail>,
 }
 
 /// How the process ended.
@@ -83,6 +89,22 @@ impl Drop for GroupGuard {
     }
 }
 
+/// A running leader the sweep must leave alone, until dropped.
+struct Held(i32);
+
+impl Held {
+    fn new(pid: i32) -> Held {
+        super::sandbox::hold(pid);
+        Held(pid)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        super::sandbox::release(self.0);
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
     #[error("cannot start `{program}`: {source}")]
@@ -94,6 +116,11 @@ pub enum ProcessError {
     Output {
         path: String,
         source: std::io::Error,
+    },
+    #[error("cannot sandbox `{program}`: {source}")]
+    Sandbox {
+        program: String,
+        source: super::sandbox::SandboxError,
     },
     #[error("waiting for `{program}` failed: {source}")]
     Wait {
@@ -152,7 +179,6 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .current_dir(&spec.cwd)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(if spec.stdin.is_some() {
@@ -163,10 +189,18 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
         .process_group(0)
         .kill_on_drop(true);
     let (out_file, err_file) = (create(&spec.stdout)?, create(&spec.stderr)?);
+    let armed = spec
+        .jail
+        .apply(&mut cmd, &spec.env, None)
+        .map_err(|source| ProcessError::Sandbox {
+            program: spec.program.clone(),
+            source,
+        })?;
     let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
         program: spec.program.clone(),
         source,
     })?;
+    drop(armed);
     let mut pumps = tokio::task::JoinSet::new();
     if let Some(out) = child.stdout.take() {
         pumps.spawn(pump(out, out_file, MAX_KEPT));
@@ -174,12 +208,12 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
     if let Some(err) = child.stderr.take() {
         pumps.spawn(pump(err, err_file, MAX_KEPT));
     }
-    let mut guard = GroupGuard(
-        child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw),
-    );
+    let leader = child.id().and_then(|id| i32::try_from(id).ok());
+    if let Some(pid) = leader {
+        spec.jail.record(pid);
+    }
+    let _held = leader.map(Held::new);
+    let mut guard = GroupGuard(leader.map(Pid::from_raw));
     if let (Some(bytes), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {
             // A child that does not read its input closes the pipe: not an error.

@@ -1,14 +1,18 @@
 //! Acceptance checks: scripts (run by extension) and shell command lines, run in the
-//! workspace with a timeout, stdin closed and the `SUP_*` environment; exit 0 passes. Also
-//! the failure report the model gets, and the guard that notices a check changed mid-run.
+//! workspace with a timeout, stdin closed, the `SUP_*` environment and the run's sandbox;
+//! exit 0 passes. Script checks run from a copy frozen in the run folder when the goal starts
+//! (Python isolated with `-I`), with `SUP_CHECK_DIR` naming the original folder. Also the
+//! failure report the model gets, and the guard that notices a check changed mid-run.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Gate, Judgement};
 use crate::tools::process::{self, Ending, program_exists, read_tail, script_command};
+use crate::tools::sandbox::Jail;
 use crate::trace::{CheckReport, Events};
 
 #[derive(Clone, Debug)]
@@ -27,6 +31,8 @@ pub struct Check {
     pub name: String,
     pub kind: CheckKind,
     pub timeout: Duration,
+    /// For a frozen script: the folder of the original (`SUP_CHECK_DIR`).
+    pub origin: Option<PathBuf>,
 }
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -37,6 +43,7 @@ impl Check {
             name,
             kind: CheckKind::Script(path),
             timeout,
+            origin: None,
         }
     }
 
@@ -45,6 +52,7 @@ impl Check {
             name: line.clone(),
             kind: CheckKind::Command(line),
             timeout,
+            origin: None,
         }
     }
 
@@ -53,6 +61,7 @@ impl Check {
             name: format!("human: {question}"),
             kind: CheckKind::Human(question),
             timeout,
+            origin: None,
         }
     }
 
@@ -96,11 +105,52 @@ impl Check {
 
     fn argv(&self) -> (String, Vec<String>) {
         match &self.kind {
+            // Isolated: nothing beside the script or in PYTHON* variables shadows its imports.
+            CheckKind::Script(p) if p.extension().is_some_and(|e| e == "py") => {
+                ("python3".into(), vec!["-I".into(), p.display().to_string()])
+            }
             CheckKind::Script(p) => script_command(p),
             CheckKind::Command(line) => ("bash".into(), vec!["-c".into(), line.clone()]),
             CheckKind::Human(_) => (String::new(), Vec::new()),
         }
     }
+}
+
+/// Copy every script check into `dir` and point the check at its copy, so nothing the agent
+/// does to the original changes what judges it. A script that cannot be copied is a
+/// failing check, never the original run in its place.
+pub fn freeze(checks: &[Check], dir: &Path) -> Vec<Check> {
+    checks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let CheckKind::Script(original) = &c.kind else {
+                return c.clone();
+            };
+            let name = original
+                .file_name()
+                .map_or_else(|| "check".into(), |n| n.to_string_lossy().into_owned());
+            let copy = dir.join(format!("{}-{name}", i + 1));
+            let copied = std::fs::create_dir_all(dir).and_then(|_| std::fs::copy(original, &copy));
+            if let Err(e) = copied {
+                tracing::warn!("cannot freeze the check {}: {e}", original.display());
+                return Check::command(
+                    format!(
+                        "echo 'the check {} could not be copied into the run folder: {e}' >&2; \
+                         exit 1",
+                        original.display()
+                    ),
+                    c.timeout,
+                );
+            }
+            Check {
+                name: c.name.clone(),
+                kind: CheckKind::Script(copy),
+                timeout: c.timeout,
+                origin: original.parent().map(Path::to_path_buf),
+            }
+        })
+        .collect()
 }
 
 /// The contents of every script check, to notice changes later.
@@ -124,6 +174,8 @@ pub fn changed(checks: &[Check], originals: &[Option<Vec<u8>>]) -> Option<String
 /// What a round of checks runs with.
 pub struct CheckRun<'a> {
     pub workspace: &'a Path,
+    /// The run's sandbox.
+    pub jail: &'a Arc<Jail>,
     pub env: &'a [(String, String)],
     /// Where outputs go (`RUN/try-N`).
     pub dir: &'a Path,
@@ -197,11 +249,16 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
     }
     let (program, args) = check.argv();
     let base = format!("check-{}-{}", index + 1, file_stem(&check.name));
+    let mut env = run.env.to_vec();
+    if let Some(origin) = &check.origin {
+        env.push(("SUP_CHECK_DIR".into(), origin.display().to_string()));
+    }
     let spec = process::Spec {
         program,
         args,
         cwd: run.workspace.to_path_buf(),
-        env: run.env.to_vec(),
+        env,
+        jail: run.jail.clone(),
         stdin: None,
         timeout: check.timeout,
         stdout: run.dir.join(format!("{base}.stdout")),

@@ -14,6 +14,7 @@ use crate::approval::Gate;
 use crate::model::{Message, Model, Usage};
 use crate::store::RunDir;
 use crate::tools::Registry;
+use crate::tools::sandbox::Jail;
 use crate::trace::{CheckReport, Event, Events, Status, StopReason};
 use crate::work::{self, Limits, Work};
 pub use check::{Check, CheckKind};
@@ -53,6 +54,8 @@ pub struct Runtime<'a> {
     pub cancel: &'a CancellationToken,
     pub run: &'a RunDir,
     pub gate: Option<&'a Gate>,
+    /// The sandbox of every process the run starts.
+    pub jail: Arc<Jail>,
 }
 
 /// How a goal run ended.
@@ -106,7 +109,9 @@ fn status_of(stop: StopReason) -> Status {
 pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
     let started = Instant::now();
     let originals = check::snapshot(&goal.checks);
-    let protected: Vec<PathBuf> = goal.checks.iter().filter_map(Check::script_path).collect();
+    let frozen = check::freeze(&goal.checks, &rt.run.dir.join("checks"));
+    let mut protected: Vec<PathBuf> = goal.checks.iter().filter_map(Check::script_path).collect();
+    protected.extend(rt.jail.protected.iter().cloned());
     let env: Vec<(String, String)> = vec![
         ("SUP_WORKSPACE".into(), goal.workspace.display().to_string()),
         ("SUP_GOAL".into(), goal.name.clone()),
@@ -122,6 +127,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         output_dir: rt.run.outputs(),
         protected: Arc::new(protected),
         env: Arc::new(env.clone()),
+        jail: rt.jail.clone(),
         started,
         gate: rt.gate,
     };
@@ -167,14 +173,19 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         if let Some(changed) = check::changed(&goal.checks, &originals) {
             return tampered(out, changed);
         }
+        // Nothing the agent started may run while the checks judge.
+        if !rt.jail.keep_background {
+            rt.jail.sweep();
+        }
         let answer_file = rt.run.dir.join(format!("try-{attempt}")).join("answer.txt");
         let mut check_env = env.clone();
         check_env.push(("SUP_TRY".into(), attempt.to_string()));
         check_env.push(("SUP_ANSWER".into(), answer_file.display().to_string()));
         let results = check::run_all(
-            &goal.checks,
+            &frozen,
             &check::CheckRun {
                 workspace: &goal.workspace,
+                jail: &rt.jail,
                 env: &check_env,
                 dir: &rt.run.dir.join(format!("try-{attempt}")),
                 answer: w.answer.as_deref().unwrap_or(""),

@@ -63,6 +63,8 @@ pub struct Work<'a> {
     pub protected: Arc<Vec<PathBuf>>,
     /// Environment given to every process a tool starts.
     pub env: Arc<Vec<(String, String)>>,
+    /// The sandbox of every process a tool starts.
+    pub jail: Arc<crate::tools::sandbox::Jail>,
     /// When the run started: event times are offsets from it.
     pub started: Instant,
     /// The approval gate every call passes; `None` allows everything (library use).
@@ -394,6 +396,7 @@ impl Work<'_> {
             protected: self.protected.clone(),
             env: self.env.clone(),
             rules: Arc::new(self.gate.map(|g| g.rules().clone()).unwrap_or_default()),
+            jail: self.jail.clone(),
         };
         // Tools that run processes time out on their own and report what they printed;
         // this is the backstop for every other tool.

@@ -118,6 +118,7 @@ impl Fixture {
             limits: &self.limits,
             workspace: self.ws(),
             output_dir: self.ws().join(".outputs"),
+            jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
             protected: Arc::new(Vec::new()),
             env: Arc::new(Vec::new()),
             started: Instant::now(),
@@ -298,6 +299,7 @@ async fn the_verify_loop_retries_with_the_failure_report_until_the_check_passes(
         cancel: &f.cancel,
         run: &run,
         gate: None,
+        jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
     };
     let out = sup::verify::run(&goal, &rt).await;
     assert_eq!(out.status, Status::Achieved, "{out:?}");
@@ -340,6 +342,7 @@ async fn the_verify_loop_stops_after_the_last_try_as_failed() {
         cancel: &f.cancel,
         run: &run,
         gate: None,
+        jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
     };
     let out = sup::verify::run(&goal, &rt).await;
     assert_eq!(out.status, Status::Failed);

@@ -14,6 +14,7 @@ mod mcp;
 mod providers;
 mod reliability;
 mod rules;
+mod sandbox;
 mod schedule;
 mod unattended;
 mod verify_loop;

@@ -406,7 +406,9 @@ fn a_server_killed_mid_run_turns_its_calls_into_errors_and_the_run_finishes() {
             {"tool_calls": [{"id": "after", "name": "everything__echo", "input": {"message": "anyone?"}}]},
             {"text": "the server died"}
         ]),
-        &[],
+        // Sandboxed commands cannot signal processes outside their own domain (Landlock
+        // ABI 6), the server included; this test needs one that can.
+        &["--sandbox", "off"],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.tool_result("before")["content"], "Echo: alive");

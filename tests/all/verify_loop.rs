@@ -203,7 +203,8 @@ fn a_check_changed_behind_its_back_fails_the_goal() {
             {"tool_calls": [{"name": "run_command", "input": {"command": "echo 'exit 0' > check.sh"}}]},
             say("done")
         ]),
-        &["--check", "check.sh"],
+        // The sandbox makes the check read-only; without it the tamper report still holds.
+        &["--check", "check.sh", "--sandbox", "off"],
     );
     assert_eq!(run.code, 1, "{}", run.stderr);
     let r = run.result();
@@ -228,7 +229,7 @@ fn the_human_trace_says_when_a_check_was_changed() {
         {"tool_calls": [{"name": "run_command", "input": {"command": "echo 'exit 0' > check.sh"}}]},
         say("done")
     ]),
-        &["--check", "check.sh"],
+        &["--check", "check.sh", "--sandbox", "off"],
     );
     assert_eq!(run.code, 1);
     assert!(

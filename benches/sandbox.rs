@@ -1,0 +1,126 @@
+//! What the sandbox costs a command: `bash -c true` (what `run_command "true"` runs) through
+//! the process runner, unconfined and in the default `workspace-write` jail (Landlock only,
+//! and with a `.git` folder, which adds a mount namespace with a read-only bind). Median and
+//! mean per command, and the sandbox's extra time. Run: `cargo bench --bench sandbox`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sup::tools::process::{self, Spec};
+use sup::tools::sandbox::{Jail, Policy, Sandbox};
+use tokio_util::sync::CancellationToken;
+
+const RUNS: usize = 300;
+
+fn spec(dir: &std::path::Path, jail: Arc<Jail>) -> Spec {
+    Spec {
+        program: "bash".into(),
+        args: vec!["-c".into(), "true".into()],
+        cwd: dir.to_path_buf(),
+        env: vec![("SUP_RUN_ID".into(), "bench".into())],
+        stdin: None,
+        timeout: Duration::from_secs(10),
+        stdout: dir.join("out"),
+        stderr: dir.join("err"),
+        jail,
+    }
+}
+
+/// Run the configurations in turn, one command each round, so that load on the machine
+/// weighs on all of them alike; each one's times, sorted.
+async fn time(specs: &[&Spec]) -> Vec<Vec<Duration>> {
+    let cancel = CancellationToken::new();
+    let mut times = vec![Vec::with_capacity(RUNS); specs.len()];
+    for _ in 0..RUNS {
+        for (i, spec) in specs.iter().enumerate() {
+            let started = Instant::now();
+            let done = process::run(spec, &cancel).await.expect("bash runs");
+            assert!(done.ending.success());
+            times[i].push(started.elapsed());
+        }
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    times
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn stats(times: &[Duration]) -> (f64, f64) {
+    let mean = times.iter().sum::<Duration>() / times.len() as u32;
+    (ms(times[times.len() / 2]), ms(mean))
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let home = tempfile::tempdir().expect("tempdir");
+    let ws = tempfile::tempdir().expect("tempdir");
+    let ws_path = std::fs::canonicalize(ws.path()).expect("canonical");
+    let git_ws = tempfile::tempdir().expect("tempdir");
+    let git_path = std::fs::canonicalize(git_ws.path()).expect("canonical");
+    std::fs::create_dir(git_path.join(".git")).expect(".git");
+    let settings = Sandbox {
+        policy: Some(Policy::WorkspaceWrite),
+        ..Sandbox::default()
+    };
+    let plain = Jail::new(
+        &settings,
+        &ws_path,
+        &home.path().join("r1"),
+        "bench",
+        home.path(),
+        &[],
+    )
+    .expect("jail");
+    let with_git = Jail::new(
+        &settings,
+        &git_path,
+        &home.path().join("r2"),
+        "bench",
+        home.path(),
+        &[],
+    )
+    .expect("jail");
+    println!("{}", plain.describe());
+    println!("{}", with_git.describe());
+    let configs = [
+        ("unconfined", spec(&ws_path, Arc::new(Jail::unconfined()))),
+        ("workspace-write", spec(&ws_path, Arc::new(plain))),
+        (
+            "workspace-write + .git",
+            spec(&git_path, Arc::new(with_git)),
+        ),
+    ];
+    // What preparing a command costs in `sup` itself (the ruleset, its path fds).
+    for (name, spec) in &configs {
+        let started = Instant::now();
+        for _ in 0..RUNS {
+            let mut cmd = tokio::process::Command::new("true");
+            let armed = spec.jail.apply(&mut cmd, &spec.env, None).expect("apply");
+            drop(armed);
+        }
+        println!(
+            "{name:>24}: preparing a command takes {:.3} ms",
+            ms(started.elapsed()) / RUNS as f64
+        );
+    }
+    println!("{RUNS} × `bash -c true` through the process runner, configurations interleaved");
+    let specs: Vec<&Spec> = configs.iter().map(|(_, s)| s).collect();
+    // Warm up, then measure.
+    runtime.block_on(time(&specs));
+    let times = runtime.block_on(time(&specs));
+    let (base, _) = stats(&times[0]);
+    for ((name, _), t) in configs.iter().zip(&times) {
+        let (median, mean) = stats(t);
+        println!(
+            "{name:>24}: median {median:.3} ms, mean {mean:.3} ms, sandbox adds {:+.3} ms (median)",
+            median - base
+        );
+    }
+}

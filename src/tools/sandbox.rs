@@ -1,0 +1,1051 @@
+//! The sandbox of every process started for the agent (`run_command`, command tools, MCP
+//! servers, checks): its settings (`SandboxSettings`, the goal keys), the per-run `Jail` that
+//! applies them to a command before exec (Landlock rules, read-only bind mounts over `.git`,
+//! goal, check and config files inside writable folders, a private `TMPDIR`, an environment
+//! without secrets), the start-up hardening of `sup` itself (non-dumpable, child subreaper,
+//! secret variables moved out of its environment) and the sweep that ends the processes a run
+//! left behind.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope,
+};
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "the sandbox is required (sandbox_required / --sandbox-required) but {0}; run where \
+         the kernel has these Landlock features, or drop the requirement"
+    )]
+    Required(String),
+    #[error("cannot set up the sandbox: {0}")]
+    Setup(String),
+}
+
+/// What commands may write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Write in the workspace, the run's temp folder and `writable`; read anywhere.
+    #[default]
+    WorkspaceWrite,
+    /// Write only in the run's temp folder.
+    ReadOnly,
+    /// No sandbox.
+    Off,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Result<Policy, String> {
+        match s {
+            "workspace-write" => Ok(Policy::WorkspaceWrite),
+            "read-only" => Ok(Policy::ReadOnly),
+            "off" => Ok(Policy::Off),
+            _ => Err(format!(
+                "`{s}` is not a sandbox policy: use workspace-write, read-only or off"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::WorkspaceWrite => "workspace-write",
+            Policy::ReadOnly => "read-only",
+            Policy::Off => "off",
+        }
+    }
+}
+
+/// The sandbox keys of a goal file, as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSettings {
+    pub sandbox: Option<Policy>,
+    pub network: Option<bool>,
+    #[serde(default)]
+    pub writable: Vec<Spanned<String>>,
+    pub sandbox_required: Option<bool>,
+    pub keep_background: Option<bool>,
+    #[serde(default)]
+    pub env_pass: Vec<Spanned<String>>,
+}
+
+/// Sandbox settings with paths resolved: from a goal file, from flags, or both merged.
+#[derive(Clone, Debug, Default)]
+pub struct Sandbox {
+    pub policy: Option<Policy>,
+    pub network: Option<bool>,
+    /// Canonical folders writable besides the workspace.
+    pub writable: Vec<PathBuf>,
+    pub required: bool,
+    pub keep_background: bool,
+    pub env_pass: Vec<String>,
+    /// Files never writable by the agent (the goal file, the user config).
+    pub protect: Vec<PathBuf>,
+}
+
+/// A name a variable can have: a letter or `_`, then letters, digits or `_`.
+pub fn is_var_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+pub fn check_env_pass(name: &str) -> Result<(), String> {
+    if is_var_name(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a variable name (letters, digits and `_`, not starting with a digit)"
+        ))
+    }
+}
+
+impl SandboxSettings {
+    /// Resolve against the goal file's folder. A bad value gives its byte offset in the file
+    /// and what is wrong.
+    pub fn resolve(&self, dir: &Path) -> Result<Sandbox, (usize, String)> {
+        let mut writable = Vec::new();
+        for w in &self.writable {
+            let given = w.get_ref();
+            let path = match given.strip_prefix("~/") {
+                Some(rest) => std::env::var_os("HOME")
+                    .map(|h| PathBuf::from(h).join(rest))
+                    .unwrap_or_else(|| PathBuf::from(given)),
+                None => dir.join(given),
+            };
+            let full = std::fs::canonicalize(&path)
+                .ok()
+                .filter(|p| p.is_dir())
+                .ok_or_else(|| {
+                    (
+                        w.span().start,
+                        format!(
+                            "key `writable`: {} is not an existing folder; create it or \
+                             remove it from the list",
+                            path.display()
+                        ),
+                    )
+                })?;
+            writable.push(full);
+        }
+        let mut env_pass = Vec::new();
+        for e in &self.env_pass {
+            check_env_pass(e.get_ref())
+                .map_err(|m| (e.span().start, format!("key `env_pass`: {m}")))?;
+            env_pass.push(e.get_ref().clone());
+        }
+        Ok(Sandbox {
+            policy: self.sandbox,
+            network: self.network,
+            writable,
+            required: self.sandbox_required.unwrap_or(false),
+            keep_background: self.keep_background.unwrap_or(false),
+            env_pass,
+            protect: Vec::new(),
+        })
+    }
+}
+
+
+// ---------------------------------------------------------------------------------------
+// Start-up hardening and secrets.
+
+/// Whether a variable is withheld from the agent's processes: its name contains KEY, SECRET,
+/// TOKEN, PASSWORD, PASSWD, CREDENTIAL or AUTH, in any case.
+pub fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    [
+        "KEY",
+        "SECRET",
+        "TOKEN",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "AUTH",
+    ]
+    .iter()
+    .any(|w| upper.contains(w))
+}
+
+struct Start {
+    /// The environment `sup` started with, secrets included.
+    env: Vec<(OsString, OsString)>,
+    /// What hardening failed, for the first trace line.
+    problems: Vec<String>,
+}
+
+static START: OnceLock<Start> = OnceLock::new();
+
+/// Harden `sup` right after start-up, before any thread or child exists: make it
+/// non-dumpable (so processes of the same user cannot read its memory or
+/// `/proc/PID/environ`), make it the subreaper of what it starts (orphans come back to it, so
+/// they can be found and ended), and move every secret-named variable from its environment
+/// into memory. Failures are kept for the trace; none stops a run.
+pub fn at_start() {
+    let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let mut problems = Vec::new();
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        problems.push(format!(
+            "sup could not make itself non-dumpable ({}): processes of your user can read its \
+             environment",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: as above.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        problems.push(format!(
+            "sup could not become a child subreaper ({}): processes that leave their session \
+             may outlive their run",
+            std::io::Error::last_os_error()
+        ));
+    }
+    for (name, _) in &env {
+        if name.to_str().is_some_and(is_secret_name) {
+            // SAFETY: called from `main` before the runtime or any other thread starts.
+            unsafe { std::env::remove_var(name) };
+        }
+    }
+    let _ = START.set(Start { env, problems });
+}
+
+/// A variable of the environment `sup` started with (secrets included), or of the current
+/// one when `at_start` did not run (library use).
+pub fn var(name: &str) -> Option<String> {
+    match START.get() {
+        Some(start) => start
+            .env
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.to_str().map(str::to_string)),
+        None => std::env::var(name).ok(),
+    }
+}
+
+fn start_env() -> Vec<(OsString, OsString)> {
+    match START.get() {
+        Some(start) => start.env.clone(),
+        None => std::env::vars_os().collect(),
+    }
+}
+
+/// The environment for the agent's processes: sup's own without secret-named variables,
+/// plus those passed by name; and the names withheld.
+pub fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>) {
+    let mut env = Vec::new();
+    let mut withheld = Vec::new();
+    for (k, v) in start_env() {
+        let name = k.to_string_lossy();
+        if is_secret_name(&name) && !pass.iter().any(|p| *p == name) {
+            withheld.push(name.into_owned());
+        } else {
+            env.push((k, v));
+        }
+    }
+    withheld.sort();
+    (env, withheld)
+}
+
+// ---------------------------------------------------------------------------------------
+// The jail of a run.
+
+/// The Landlock ABI of this kernel; 0 without Landlock.
+pub fn landlock_abi() -> i32 {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    i32::try_from(v).unwrap_or(0).max(0)
+}
+
+/// Device files ordinary tools write.
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// A path made read-only by a bind mount, with the flags its mount already has (a remount
+/// in a user namespace must keep them).
+#[derive(Clone, Debug)]
+struct Bind {
+    path: CString,
+    flags: libc::c_ulong,
+}
+
+/// Everything a run's processes are started with: which policy, the scrubbed environment,
+/// the private temp folder; applied to each command by `Jail::apply`.
+#[derive(Debug)]
+pub struct Jail {
+    policy: Policy,
+    network: bool,
+    pub keep_background: bool,
+    abi: i32,
+    writable: Vec<PathBuf>,
+    binds: Vec<Bind>,
+    /// Read-only paths inside writable folders, for the model's explanations.
+    read_only: Vec<PathBuf>,
+    env: Vec<(OsString, OsString)>,
+    pub withheld: Vec<String>,
+    /// Protections this run lacks, in words.
+    pub missing: Vec<String>,
+    pub tmp: PathBuf,
+    run_id: String,
+    /// Where commands start; relative paths in their messages are relative to it.
+    workspace: PathBuf,
+    /// The run folder, where the lock and the process-group record live.
+    run_dir: PathBuf,
+    /// Held while the run lives: a run whose lock nobody holds is over.
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// The record of the run's process groups, open for appending.
+    groups: Option<Mutex<std::fs::File>>,
+    /// Files the file tools must refuse to write (goal file, user config), canonical.
+    pub protected: Vec<PathBuf>,
+}
+
+/// What a command needs kept open until it has been spawned.
+pub struct Armed {
+    _ruleset: Option<OwnedFd>,
+}
+
+impl Jail {
+    /// No sandbox, but the scrubbed environment (library use and tests).
+    pub fn unconfined() -> Jail {
+        let (env, withheld) = scrubbed_env(&[]);
+        Jail {
+            policy: Policy::Off,
+            network: true,
+            keep_background: false,
+            abi: 0,
+            writable: Vec::new(),
+            binds: Vec::new(),
+            read_only: Vec::new(),
+            env,
+            withheld,
+            missing: Vec::new(),
+            tmp: std::env::temp_dir(),
+            run_id: String::new(),
+            workspace: PathBuf::new(),
+            run_dir: PathBuf::new(),
+            _lock: None,
+            groups: None,
+            protected: Vec::new(),
+        }
+    }
+
+    /// Set up the jail of a run. Besides `s.protect` (goal file, user config), SUP_HOME
+    /// and the check scripts are never writable.
+    pub fn new(
+        s: &Sandbox,
+        workspace: &Path,
+        run_dir: &Path,
+        run_id: &str,
+        home: &Path,
+        checks: &[PathBuf],
+    ) -> Result<Jail, SandboxError> {
+        let tmp = run_dir.join("tmp");
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", tmp.display())))?;
+        let (env, withheld) = scrubbed_env(&s.env_pass);
+        let policy = s.policy.unwrap_or_default();
+        let mut jail = Jail {
+            policy,
+            network: s.network.unwrap_or(true),
+            keep_background: s.keep_background,
+            abi: landlock_abi(),
+            writable: Vec::new(),
+            binds: Vec::new(),
+            read_only: Vec::new(),
+            env,
+            withheld,
+            missing: START.get().map(|s| s.problems.clone()).unwrap_or_default(),
+            tmp: tmp.clone(),
+            run_id: run_id.to_string(),
+            workspace: workspace.to_path_buf(),
+            run_dir: run_dir.to_path_buf(),
+            _lock: Some(lock(run_dir)?),
+            groups: std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(run_dir.join(GROUPS))
+                .ok()
+                .map(Mutex::new),
+            protected: s
+                .protect
+                .iter()
+                .filter_map(|p| std::fs::canonicalize(p).ok())
+                .collect(),
+        };
+        if policy == Policy::Off {
+            jail.missing
+                .push("sandbox off: commands can write and connect wherever you can".into());
+            return jail.finish(s.required);
+        }
+        if jail.abi == 0 {
+            jail.missing.push(
+                "this kernel has no Landlock: commands are not confined to the workspace".into(),
+            );
+            jail.policy = Policy::Off;
+            return jail.finish(s.required);
+        }
+        if policy == Policy::WorkspaceWrite {
+            jail.writable.push(workspace.to_path_buf());
+            jail.writable.extend(s.writable.iter().cloned());
+        }
+        jail.writable.push(tmp);
+        let git = workspace.join(".git");
+        let mut keep_out: Vec<PathBuf> = s.protect.clone();
+        keep_out.extend(checks.iter().cloned());
+        keep_out.push(home.to_path_buf());
+        if !s.writable.contains(&git) {
+            keep_out.push(git);
+        }
+        for p in keep_out {
+            let Ok(p) = std::fs::canonicalize(&p) else {
+                continue;
+            };
+            if jail.writable.iter().any(|w| p.starts_with(w)) && !jail.read_only.contains(&p) {
+                let flags = nix::sys::statvfs::statvfs(&p)
+                    .map(|v| mount_flags(v.flags()))
+                    .unwrap_or(0);
+                if let Ok(path) = CString::new(p.as_os_str().as_bytes()) {
+                    jail.binds.push(Bind { path, flags });
+                    jail.read_only.push(p);
+                }
+            }
+        }
+        if jail.abi < 3 {
+            jail.missing
+                .push("truncating files is not confined (needs Landlock ABI 3)".into());
+        }
+        if !jail.network && jail.abi < 4 {
+            jail.missing
+                .push("network = false is not enforced (needs Landlock ABI 4)".into());
+        }
+        if jail.abi < 6 {
+            jail.missing.push(
+                "signals and abstract unix sockets are not scoped (needs Landlock ABI 6)".into(),
+            );
+        }
+        if !jail.binds.is_empty()
+            && let Err(e) = jail.probe()
+        {
+            jail.missing.push(format!(
+                "{} stay writable by commands (no mount namespace: {e})",
+                jail.read_only
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            jail.binds.clear();
+            jail.read_only.clear();
+        }
+        if let Err(e) = jail.probe() {
+            jail.missing.push(format!(
+                "Landlock could not be applied ({e}): commands are not confined"
+            ));
+            jail.policy = Policy::Off;
+        }
+        jail.finish(s.required)
+    }
+
+    fn finish(self, required: bool) -> Result<Jail, SandboxError> {
+        if required && !self.missing.is_empty() {
+            return Err(SandboxError::Required(self.missing.join("; ")));
+        }
+        Ok(self)
+    }
+
+    /// Start `true` in the jail once, so a kernel that refuses part of it is known before
+    /// any real command runs.
+    fn probe(&self) -> std::io::Result<()> {
+        let mut cmd = std::process::Command::new("true");
+        // Marked as this run's, so a concurrent run's sweep leaves it alone.
+        cmd.env("SUP_RUN_ID", &self.run_id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let _armed = self.arm(&mut cmd, self.policy)?;
+        let status = cmd.status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "the probe ended with {status}"
+            )))
+        }
+    }
+
+    /// One line for the start of the trace: the policy, what is missing, what was withheld.
+    pub fn describe(&self) -> String {
+        let mut s = format!("sandbox: {}", self.policy.name());
+        if self.policy != Policy::Off {
+            s.push_str(if self.network {
+                ", network on"
+            } else {
+                ", network off"
+            });
+            let shown: Vec<String> = self
+                .writable
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            s.push_str(&format!("; writable: {}", shown.join(", ")));
+            if !self.read_only.is_empty() {
+                let shown: Vec<String> = self
+                    .read_only
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                s.push_str(&format!("; read-only: {}", shown.join(", ")));
+            }
+        }
+        if !self.missing.is_empty() {
+            s.push_str(&format!(
+                "; MISSING PROTECTION: {}",
+                self.missing.join("; ")
+            ));
+        }
+        if !self.withheld.is_empty() {
+            s.push_str(&format!(
+                "; withheld from tools: {}",
+                self.withheld.join(", ")
+            ));
+        }
+        s
+    }
+
+    /// Give `cmd` the scrubbed environment (then `extra`, then `TMPDIR`) and, unless the
+    /// policy is off, the sandbox, applied in the child before exec.
+    pub fn apply(
+        &self,
+        cmd: &mut tokio::process::Command,
+        extra: &[(String, String)],
+        policy: Option<Policy>,
+    ) -> Result<Armed, SandboxError> {
+        cmd.env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra.iter().map(|(k, v)| (k, v)))
+            .env("TMPDIR", &self.tmp);
+        // A direct child dies with `sup`, however `sup` ends.
+        // SAFETY: prctl with integer arguments only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        self.arm(cmd.as_std_mut(), policy.unwrap_or(self.policy))
+            .map_err(|e| SandboxError::Setup(e.to_string()))
+    }
+
+    fn arm(&self, cmd: &mut std::process::Command, policy: Policy) -> std::io::Result<Armed> {
+        if policy == Policy::Off || self.policy == Policy::Off {
+            return Ok(Armed { _ruleset: None });
+        }
+        let ruleset = self.ruleset().map_err(std::io::Error::other)?;
+        let fd = ruleset.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let binds = self.binds.clone();
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let maps = (uid != 0).then(|| {
+            (
+                format!("{uid} {uid} 1").into_bytes(),
+                format!("{gid} {gid} 1").into_bytes(),
+            )
+        });
+        let closure = move || -> std::io::Result<()> {
+            // Runs in the child between fork and exec: system calls only, no allocation.
+            if !binds.is_empty() {
+                hide_behind_read_only_mounts(&binds, maps.as_ref())?;
+            }
+            // SAFETY: plain system calls on integers and an fd we own.
+            unsafe {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if fd >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        };
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure only makes async-signal-safe system calls.
+        unsafe { cmd.pre_exec(closure) };
+        Ok(Armed { _ruleset: ruleset })
+    }
+
+    /// The Landlock ruleset: read everywhere, write in the writable folders and the device
+    /// files, TCP only when the network is on, signals and abstract sockets scoped.
+    fn ruleset(&self) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+        let abi = ABI::from(self.abi.min(6));
+        let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi))?;
+        if !self.network && self.abi >= 4 {
+            ruleset = ruleset.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
+        }
+        if self.abi >= 6 {
+            ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal)?;
+        }
+        let mut created = ruleset.create()?;
+        if let Ok(root) = PathFd::new("/") {
+            created = created.add_rule(PathBeneath::new(root, AccessFs::from_read(abi)))?;
+        }
+        for w in &self.writable {
+            if let Ok(fd) = PathFd::new(w) {
+                created = created.add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))?;
+            }
+        }
+        for d in DEVICES {
+            if let Ok(fd) = PathFd::new(d) {
+                created = created.add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))?;
+            }
+        }
+        Ok(created.into())
+    }
+
+    /// When a command failed and its stderr shows a refusal, say which path the sandbox
+    /// stopped and by which rule, so the model can act on it.
+    pub fn explain(&self, stderr: &str) -> Option<String> {
+        if self.policy == Policy::Off {
+            return None;
+        }
+        let refused = [
+            "Permission denied",
+            "Read-only file system",
+            "Operation not permitted",
+        ];
+        let mut notes = Vec::new();
+        for line in stderr
+            .lines()
+            .filter(|l| refused.iter().any(|r| l.contains(r)))
+        {
+            let note = if !self.network
+                && (line.contains("connect") || line.contains("/dev/tcp/") || line.contains("bind"))
+            {
+                "the sandbox blocks TCP connections and listening (network = false)".to_string()
+            } else {
+                let Some(path) = path_in(line) else { continue };
+                let path = self.workspace.join(path);
+                format!(
+                    "the sandbox stopped writing {}: {}",
+                    path.display(),
+                    self.rule_for(&path)
+                )
+            };
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+        if notes.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "[sandbox {}] {}. Write inside the workspace ({}) or $TMPDIR instead; the \
+             sandbox cannot be turned off from inside a run.",
+            self.policy.name(),
+            notes.join("; "),
+            self.writable
+                .first()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ))
+    }
+
+    fn rule_for(&self, path: &Path) -> String {
+        if let Some(p) = self.read_only.iter().find(|p| path.starts_with(p)) {
+            if p.file_name() == Some(OsStr::new(".git")) {
+                return "`.git` is read-only (a goal can allow it with writable = [\".git\"])"
+                    .into();
+            }
+            return format!(
+                "{} is a goal, check or configuration file of sup, never writable by the agent",
+                p.display()
+            );
+        }
+        match self.policy {
+            Policy::ReadOnly => "policy read-only: nothing but $TMPDIR is writable".into(),
+            _ => {
+                let shown: Vec<String> = self
+                    .writable
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                format!(
+                    "policy workspace-write: only {} are writable",
+                    shown.join(", ")
+                )
+            }
+        }
+    }
+
+    /// End every process this run left behind: its orphans (background jobs, `setsid`,
+    /// `nohup` and double-fork escapes, which the subreaper brought back to `sup`) and all
+    /// their descendants. Processes of other runs (told by their `SUP_RUN_ID`), running
+    /// tool processes and MCP servers are left alone.
+    pub fn sweep(&self) -> usize {
+        sweep(&self.run_id)
+    }
+
+    /// Note a process group this run started, with its start time, so that a later `sup`
+    /// can end it should this one be killed.
+    pub fn record(&self, pid: i32) {
+        let Some(groups) = &self.groups else { return };
+        let Some(start) = start_time(pid) else { return };
+        use std::io::Write;
+        if let Ok(mut f) = groups.lock() {
+            // One write per line, so a reader never sees half of one.
+            let _ = f.write_all(format!("{pid} {start}\n").as_bytes());
+        }
+    }
+}
+
+impl Drop for Jail {
+    /// A run that ends normally leaves nothing to sweep after it.
+    fn drop(&mut self) {
+        if !self.run_dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(self.run_dir.join(GROUPS));
+        }
+    }
+}
+
+const LOCK: &str = "lock";
+const GROUPS: &str = "process-groups";
+
+fn lock(run_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError> {
+    let path = run_dir.join(LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", path.display())))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| SandboxError::Setup(format!("cannot lock {}: {e}", path.display())))
+}
+
+/// Whether the run in `run_dir` is alive: `Some(true)` while its lock is held, `Some(false)`
+/// when nobody holds it, `None` when it has no lock file (older runs).
+pub fn run_alive(run_dir: &Path) -> Option<bool> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(run_dir.join(LOCK))
+        .ok()?;
+    Some(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err())
+}
+
+/// The start time of a process (clock ticks since boot), to tell it from a later process
+/// with the same pid.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    stat.get(close + 2..)?.split(' ').nth(19)?.parse().ok()
+}
+
+/// At start-up: end what runs under `home` that are over (killed with `kill -9`, crashed)
+/// left running — every process that started with their `SUP_RUN_ID`, and their recorded
+/// process groups whose leader has the recorded start time (a reused pid is never hit).
+pub fn sweep_dead_runs(home: &Path) -> usize {
+    let runs = home.join("runs");
+    let dead =
+        |id: &str| !id.is_empty() && !id.contains('/') && run_alive(&runs.join(id)) == Some(false);
+    let mut killed = 0;
+    let procs = processes();
+    let mut doomed: Vec<i32> = procs
+        .iter()
+        .filter(|(pid, _, _)| run_of(*pid).is_some_and(|r| dead(&r)))
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for (pid, ppid, _) in &procs {
+        children.entry(*ppid).or_default().push(*pid);
+    }
+    if let Ok(dir) = std::fs::read_dir(&runs) {
+        for entry in dir.flatten() {
+            let record = entry.path().join(GROUPS);
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if !record.exists() || !dead(&id) {
+                continue;
+            }
+            for line in std::fs::read_to_string(&record).unwrap_or_default().lines() {
+                let mut it = line.split(' ');
+                let (Some(Ok(pid)), Some(Ok(start))) = (
+                    it.next().map(str::parse::<i32>),
+                    it.next().map(str::parse::<u64>),
+                ) else {
+                    continue;
+                };
+                if start_time(pid) == Some(start) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    doomed.push(pid);
+                }
+            }
+            let _ = std::fs::remove_file(&record);
+        }
+    }
+    let mut i = 0;
+    while i < doomed.len() {
+        if let Some(c) = children.get(&doomed[i]) {
+            doomed.extend(c.iter().copied());
+        }
+        i += 1;
+    }
+    for pid in doomed {
+        if nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// Mount flags that a read-only remount must keep (from `statvfs`).
+fn mount_flags(f: nix::sys::statvfs::FsFlags) -> libc::c_ulong {
+    use nix::sys::statvfs::FsFlags;
+    let mut m = 0;
+    for (st, ms) in [
+        (FsFlags::ST_NOSUID, libc::MS_NOSUID),
+        (FsFlags::ST_NODEV, libc::MS_NODEV),
+        (FsFlags::ST_NOEXEC, libc::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, libc::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if f.contains(st) {
+            m |= ms;
+        }
+    }
+    m
+}
+
+/// In the child before exec: a private mount namespace (inside a user namespace when not
+/// root) in which each of `binds` is a read-only bind mount of itself.
+fn hide_behind_read_only_mounts(
+    binds: &[Bind],
+    maps: Option<&(Vec<u8>, Vec<u8>)>,
+) -> std::io::Result<()> {
+    let err = std::io::Error::last_os_error;
+    // SAFETY: system calls on NUL-terminated strings that live as long as the closure.
+    unsafe {
+        match maps {
+            Some((uid_map, gid_map)) => {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(err());
+                }
+                write_proc(c"/proc/self/setgroups", b"deny")?;
+                write_proc(c"/proc/self/uid_map", uid_map)?;
+                write_proc(c"/proc/self/gid_map", gid_map)?;
+            }
+            None => {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(err());
+                }
+            }
+        }
+        let none = std::ptr::null::<libc::c_char>();
+        if libc::mount(
+            none,
+            c"/".as_ptr(),
+            none,
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(err());
+        }
+        for b in binds {
+            let p = b.path.as_ptr();
+            if libc::mount(p, p, none, libc::MS_BIND | libc::MS_REC, std::ptr::null()) != 0 {
+                return Err(err());
+            }
+            let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | b.flags;
+            if libc::mount(none, p, none, flags, std::ptr::null()) != 0 {
+                return Err(err());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write `data` to a `/proc` file with raw system calls (safe between fork and exec).
+unsafe fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
+    // SAFETY: the caller is in the child; the path is NUL-terminated.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        libc::close(fd);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The path a refusal message names: quoted (`'x'`, `‘x’`, `"x"`), or the field before the
+/// reason (`bash: line 1: x: Permission denied`).
+fn path_in(line: &str) -> Option<PathBuf> {
+    for (open, close) in [('\'', '\''), ('‘', '’'), ('"', '"')] {
+        if let Some(start) = line.find(open) {
+            let rest = &line[start + open.len_utf8()..];
+            if let Some(end) = rest.find(close) {
+                let p = &rest[..end];
+                if !p.is_empty() {
+                    return Some(PathBuf::from(p));
+                }
+            }
+        }
+    }
+    let fields: Vec<&str> = line.split(": ").collect();
+    fields
+        .len()
+        .checked_sub(2)
+        .map(|i| fields[i].trim())
+        .filter(|p| !p.is_empty() && !p.contains(' '))
+        .map(PathBuf::from)
+}
+
+// ---------------------------------------------------------------------------------------
+// Process lifetime.
+
+/// Process group leaders that tools and checks run right now (pids). The sweep leaves them
+/// and what hangs below them alone.
+static LEADERS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+pub fn hold(pid: i32) {
+    if let Ok(mut l) = LEADERS.lock() {
+        l.push(pid);
+    }
+}
+
+pub fn release(pid: i32) {
+    if let Ok(mut l) = LEADERS.lock() {
+        l.retain(|p| *p != pid);
+    }
+}
+
+/// `(pid, ppid, comm)` of every process.
+fn processes() -> Vec<(i32, i32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let comm = stat.get(open + 1..close)?.to_string();
+        let ppid = stat.get(close + 2..)?.split(' ').nth(1)?.parse().ok()?;
+        Some((pid, ppid, comm))
+    })
+    .collect()
+}
+
+/// The `SUP_RUN_ID` a process started with, if it can be read.
+fn run_of(pid: i32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"SUP_RUN_ID="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// See `Jail::sweep`. Returns how many processes were killed.
+pub fn sweep(run_id: &str) -> usize {
+    let me = std::process::id() as i32;
+    let own_exe = std::fs::read_link("/proc/self/exe").ok();
+    let mut killed = 0;
+    for _ in 0..50 {
+        let procs = processes();
+        let mut known: HashSet<i32> = LEADERS
+            .lock()
+            .map(|l| l.iter().copied().collect())
+            .unwrap_or_default();
+        known.extend(crate::tools::mcp::live_groups());
+        let roots: Vec<i32> = procs
+            .iter()
+            .filter(|(pid, ppid, comm)| {
+                *ppid == me
+                    && !known.contains(pid)
+                    // A child forked by sup that has not reached exec yet.
+                    && !(comm.starts_with("tokio-runtime")
+                        && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == own_exe)
+                    && run_of(*pid).is_none_or(|r| r == run_id)
+            })
+            .map(|(pid, _, _)| *pid)
+            .collect();
+        if roots.is_empty() {
+            break;
+        }
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for (pid, ppid, _) in &procs {
+            children.entry(*ppid).or_default().push(*pid);
+        }
+        let mut doomed = roots.clone();
+        let mut i = 0;
+        while i < doomed.len() {
+            if let Some(c) = children.get(&doomed[i]) {
+                doomed.extend(c.iter().copied());
+            }
+            i += 1;
+        }
+        for pid in &doomed {
+            if nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+            {
+                killed += 1;
+            }
+        }
+        for pid in roots {
+            reap(pid);
+        }
+    }
+    killed
+}
+
+/// Wait for a killed child of ours to end (briefly; a process stuck in the kernel is left).
+fn reap(pid: i32) {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    for _ in 0..200 {
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            _ => return,
+        }
+    }
+}

@@ -1,0 +1,751 @@
+//! The sandbox of everything `sup` starts for the agent, tried as a hostile model would:
+//! commands that write outside the workspace, into `.git`, SUP_HOME or the user config; a
+//! background job that swaps the check; a module that shadows a Python check's imports; the
+//! agent rewriting its own goal file; a background `sup approve` loop; `setsid` escapes; the
+//! network; and secrets in the environment of commands, command tools, checks, MCP servers and
+//! `sup` itself.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::{Env, Run};
+use serde_json::{Value, json};
+
+fn cmd(id: &str, command: &str) -> Value {
+    json!({"tool_calls": [{"id": id, "name": "run_command", "input": {"command": command}}]})
+}
+
+fn say(text: &str) -> Value {
+    json!({"text": text})
+}
+
+fn text(v: &Value) -> String {
+    v["content"].as_str().unwrap_or_default().to_string()
+}
+
+/// A folder outside both the workspace and SUP_HOME.
+fn outside() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// The trace line that describes the sandbox.
+fn sandbox_line(run: &Run) -> String {
+    run.of_type("notice")
+        .into_iter()
+        .map(|n| n["text"].as_str().unwrap_or_default().to_string())
+        .find(|t| t.starts_with("sandbox: "))
+        .unwrap_or_else(|| panic!("no sandbox notice: {}", run.stdout))
+}
+
+#[test]
+fn the_first_notice_names_the_policy_and_this_kernel_misses_nothing() {
+    let env = Env::new();
+    let run = env.run_json(json!([say("done")]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let first = run.of_type("notice")[0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(first.starts_with("sandbox: workspace-write"), "{first}");
+    // The kernel these tests run on has Landlock ABI 6 or later; where it lacks a right,
+    // the line must name it.
+    let abi = landlock_abi();
+    if abi >= 6 {
+        assert!(!first.contains("MISSING"), "{first}");
+    } else {
+        assert!(first.contains("MISSING PROTECTION"), "{first}");
+    }
+}
+
+#[test]
+fn commands_cannot_write_outside_the_workspace_into_git_sup_home_or_the_user_config() {
+    let env = Env::new();
+    let out = outside();
+    std::fs::create_dir(env.ws().join(".git")).unwrap();
+    env.write(".git/config", "[core]\n");
+    let config = env.home.path().join("config.toml");
+    let o = out.path().display().to_string();
+    let home = env.home.path().display().to_string();
+    let run = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args(["run", "work", "--json", "--model"])
+        .arg(format!(
+            "script:{}",
+            env.script(json!([
+                cmd("out", &format!("echo x > {o}/escaped")),
+                cmd("git", "echo '[core] fsmonitor = evil' >> .git/config"),
+                cmd("hook", "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit"),
+                cmd("home", &format!("echo x > {home}/planted")),
+                cmd("cfg", "printf '[approval_rules]\\nallow = [\"run_command\"]\\n' > x.toml && cat x.toml > $SUP_CONFIG"),
+                cmd("ok", "echo fine > inside.txt && echo tmp > $TMPDIR/t && cat $TMPDIR/t"),
+                say("done"),
+            ]))
+            .display()
+        ))
+        .output()
+        .unwrap();
+    let run = Run::new(run);
+    assert!(!out.path().join("escaped").exists());
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+    assert!(!env.ws().join(".git/hooks/pre-commit").exists());
+    assert!(!env.home.path().join("planted").exists());
+    assert!(!config.exists(), "the user config was written");
+    for id in ["out", "git", "hook", "home", "cfg"] {
+        let r = run.tool_result(id);
+        assert_eq!(r["is_error"], true, "{id}: {r}");
+        assert!(text(r).contains("[sandbox workspace-write]"), "{id}: {r}");
+    }
+    assert!(text(run.tool_result("git")).contains("`.git` is read-only"));
+    assert!(text(run.tool_result("out")).contains(&format!("{o}/escaped")));
+    let ok = run.tool_result("ok");
+    assert_eq!(ok["is_error"], false, "{ok}");
+    assert!(text(ok).contains("tmp"));
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("inside.txt")).unwrap(),
+        "fine\n"
+    );
+}
+
+#[test]
+fn read_only_lets_commands_write_only_their_temp_folder() {
+    let env = Env::new();
+    let run = env.run_json(
+        json!([
+            cmd("ws", "echo x > inside.txt"),
+            cmd("tmp", "echo x > $TMPDIR/t"),
+            say("done")
+        ]),
+        &["--sandbox", "read-only"],
+    );
+    assert!(!env.ws().join("inside.txt").exists());
+    assert!(text(run.tool_result("ws")).contains("policy read-only"));
+    assert_eq!(run.tool_result("tmp")["is_error"], false);
+}
+
+#[test]
+fn writable_adds_a_folder_and_git_when_asked() {
+    let env = Env::new();
+    let extra = tempfile::tempdir_in(env.ws().parent().unwrap()).unwrap();
+    std::fs::create_dir(env.ws().join(".git")).unwrap();
+    let name = extra
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let goal = env.write(
+        "goal.toml",
+        &format!("prompt = \"work\"\nworkspace = \".\"\nwritable = [\"../{name}\", \".git\"]\n"),
+    );
+    let x = extra.path().display().to_string();
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([
+            cmd("extra", &format!("echo x > {x}/f")),
+            cmd("git", "echo x > .git/f"),
+            say("done")
+        ]),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(extra.path().join("f").exists());
+    assert!(env.ws().join(".git/f").exists());
+}
+
+#[test]
+fn sandbox_off_restores_the_old_behaviour_and_says_so() {
+    let env = Env::new();
+    let out = outside();
+    let o = out.path().display().to_string();
+    let run = env.run_json(
+        json!([cmd("out", &format!("echo x > {o}/escaped")), say("done")]),
+        &["--sandbox", "off"],
+    );
+    assert_eq!(run.tool_result("out")["is_error"], false);
+    assert!(out.path().join("escaped").exists());
+    assert!(sandbox_line(&run).starts_with("sandbox: off"));
+    assert!(sandbox_line(&run).contains("MISSING PROTECTION: sandbox off"));
+    // And SUP_SANDBOX picks the same.
+    let out2 = outside();
+    let o2 = out2.path().display().to_string();
+    let script = env.script(json!([
+        cmd("out", &format!("echo x > {o2}/e")),
+        say("done")
+    ]));
+    let status = env
+        .sup()
+        .env("SUP_SANDBOX", "off")
+        .args(["run", "w", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0));
+    assert!(out2.path().join("e").exists());
+}
+
+#[test]
+fn sandbox_required_refuses_a_run_without_the_sandbox() {
+    let env = Env::new();
+    let run = env.run_json(
+        json!([say("done")]),
+        &["--sandbox", "off", "--sandbox-required"],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("sandbox is required"), "{}", run.stderr);
+    let run = env.run_json(json!([say("done")]), &["--sandbox-required"]);
+    if landlock_abi() >= 6 {
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    } else {
+        assert_eq!(run.code, 2, "{}", run.stderr);
+    }
+}
+
+#[test]
+fn network_false_stops_a_tcp_connect_to_a_loopback_listener() {
+    let env = Env::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
+    let goal = env.write("g/goal.toml", "prompt = \"work\"\nnetwork = false\n");
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap(), "--workspace", "."],
+        json!([cmd("net", &connect), say("done")]),
+        &[],
+    );
+    let r = run.tool_result("net");
+    assert_eq!(r["is_error"], true, "{r}");
+    assert!(!text(r).contains("connected"));
+    assert!(text(r).contains("network = false"), "{r}");
+    assert!(listener.accept().is_err(), "a connection got through");
+    // With the network on, the same command connects.
+    let run = env.run_json(json!([cmd("net", &connect), say("done")]), &[]);
+    assert!(text(run.tool_result("net")).contains("connected"));
+    assert!(listener.accept().is_ok());
+}
+
+#[test]
+fn a_background_job_cannot_swap_the_check() {
+    let env = Env::new();
+    env.write("check.js", "process.exit(1)\n");
+    let home = env.home.path().display().to_string();
+    // Waits for the try's answer, swaps the check for a pass, puts it back.
+    let job = format!(
+        "nohup bash -c 'for i in $(seq 400); do ls {home}/runs/*/try-1/answer.txt >/dev/null 2>&1 \
+         && break; sleep 0.02; done; cp check.js $TMPDIR/orig; echo \"process.exit(0)\" > check.js; \
+         sleep 2; cp $TMPDIR/orig check.js' >/dev/null 2>&1 &"
+    );
+    let run = env.json(
+        &["goal", "do it", "--check", "check.js", "--tries", "1"],
+        json!([cmd("job", &job), say("done")]),
+        &[],
+    );
+    assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("check.js")).unwrap(),
+        "process.exit(1)\n"
+    );
+}
+
+#[test]
+fn a_json_py_in_the_workspace_does_not_shadow_a_python_checks_import() {
+    let env = Env::new();
+    env.write(
+        "check.py",
+        "import json, sys, os\nsys.exit(0 if json.loads('{\"a\": 1}')['a'] == 2 else 1)\n",
+    );
+    let run = env.json(
+        &["goal", "do it", "--check", "check.py", "--tries", "1"],
+        json!([
+            {"tool_calls": [{"id": "w", "name": "write_file",
+              "input": {"path": "json.py", "content": "def loads(s):\n    return {'a': 2}\n"}}]},
+            say("done")
+        ]),
+        &[],
+    );
+    assert!(env.ws().join("json.py").exists());
+    assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
+}
+
+#[test]
+fn a_frozen_check_knows_its_original_folder() {
+    let env = Env::new();
+    env.write("checks/data.txt", "expected\n");
+    env.write(
+        "checks/check.sh",
+        "set -e\ngrep -q expected \"$SUP_CHECK_DIR/data.txt\"\ncase \"$0\" in */runs/*) ;; *) exit 3;; esac\n",
+    );
+    let run = env.json(
+        &[
+            "goal",
+            "do it",
+            "--check",
+            "checks/check.sh",
+            "--tries",
+            "1",
+        ],
+        json!([say("done")]),
+        &[],
+    );
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+}
+
+#[test]
+fn the_agent_cannot_rewrite_its_own_goal_file() {
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"never\"\n\
+                    [approval_rules]\nallow = [\"write_file\", \"run_command\"]\n";
+    let goal = env.write("goal.toml", original);
+    let rewritten = original.replace("never", "auto");
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([
+            {"tool_calls": [{"id": "w", "name": "write_file",
+              "input": {"path": "goal.toml", "content": rewritten}}]},
+            cmd("sed", "sed -i 's/never/auto/' goal.toml"),
+            cmd("mv", "cp goal.toml g2 && sed -i 's/never/auto/' g2 && mv g2 goal.toml"),
+            say("done")
+        ]),
+        &[],
+    );
+    assert_eq!(run.tool_result("w")["is_error"], true);
+    assert_eq!(run.tool_result("sed")["is_error"], true);
+    assert_eq!(run.tool_result("mv")["is_error"], true);
+    assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
+}
+
+#[test]
+fn a_background_loop_cannot_answer_the_runs_own_approvals() {
+    let env = Env::new();
+    let sup = env!("CARGO_BIN_EXE_sup");
+    let loop_ = format!(
+        "nohup bash -c 'for i in $(seq 100); do for id in $({sup} approvals | grep -v \"^ \" \
+         | grep -v \"^no \" | cut -d\" \" -f1); do {sup} approve $id; done; sleep 0.05; done' \
+         >/dev/null 2>&1 &"
+    );
+    let run = env.run_json(
+        json!([
+            cmd("loop", &loop_),
+            {"tool_calls": [{"id": "w", "name": "write_file",
+              "input": {"path": "forbidden.txt", "content": "x"}}]},
+            say("done")
+        ]),
+        &[
+            "--approval",
+            "queue",
+            "--allow",
+            "run_command",
+            "--approval-timeout",
+            "3s",
+        ],
+    );
+    assert!(!env.ws().join("forbidden.txt").exists(), "{}", run.stdout);
+    assert_eq!(run.tool_result("w")["is_error"], true);
+}
+
+#[test]
+fn approvals_record_the_os_user_not_dollar_user() {
+    let env = Env::new();
+    let sup = env!("CARGO_BIN_EXE_sup");
+    let home = env.home.path().to_path_buf();
+    let child = std::thread::spawn({
+        let home = home.clone();
+        move || {
+            for _ in 0..300 {
+                let out = std::process::Command::new(sup)
+                    .env("SUP_HOME", &home)
+                    .arg("approvals")
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                if let Some(id) = text
+                    .lines()
+                    .find(|l| !l.starts_with(' ') && !l.starts_with("no "))
+                    .and_then(|l| l.split(' ').next())
+                {
+                    std::process::Command::new(sup)
+                        .env("SUP_HOME", &home)
+                        .env("USER", "mallory")
+                        .args(["approve", id])
+                        .output()
+                        .unwrap();
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    });
+    let run = env.run_json(
+        json!([
+            {"tool_calls": [{"id": "w", "name": "write_file",
+              "input": {"path": "ok.txt", "content": "x"}}]},
+            say("done")
+        ]),
+        &["--approval", "queue", "--approval-timeout", "20s"],
+    );
+    child.join().unwrap();
+    assert!(env.ws().join("ok.txt").exists(), "{}", run.stdout);
+    let db = home.join("sup.db");
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select decided_by from approvals').fetchone()[0])",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let by = String::from_utf8_lossy(&out.stdout).to_string();
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    assert!(
+        by.starts_with(&me),
+        "{by} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!by.contains("mallory"), "{by}");
+}
+
+/// The pid a command wrote to `file` in the workspace, once it is there.
+fn pid_in(file: &Path) -> u32 {
+    for _ in 0..200 {
+        if let Ok(s) = std::fs::read_to_string(file)
+            && let Ok(p) = s.trim().parse()
+        {
+            return p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("no pid in {}", file.display());
+}
+
+#[test]
+fn setsid_and_background_jobs_are_gone_before_the_check_runs() {
+    let env = Env::new();
+    let spawn = "setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
+                 (sleep 300 & echo $! > b.pid) ; \
+                 for i in $(seq 100); do [ -s s.pid ] && [ -s b.pid ] && break; sleep 0.02; done";
+    let check = "for f in s.pid b.pid; do test -e /proc/$(cat $f) && { echo alive $f; exit 1; }; done; exit 0";
+    let run = env.json(
+        &["goal", "do it", "--check-cmd", check, "--tries", "1"],
+        json!([cmd("spawn", spawn), say("done")]),
+        &[],
+    );
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    for f in ["s.pid", "b.pid"] {
+        let pid = pid_in(&env.ws().join(f));
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{f} alive");
+    }
+}
+
+#[test]
+fn keep_background_leaves_them_running_for_the_checks_but_not_after_the_run() {
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nkeep_background = true\n[[check]]\nrun = \"test -e /proc/$(cat s.pid)\"\n",
+    );
+    let spawn = "setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
+                 for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done";
+    let run = env.json(
+        &[
+            "goal",
+            "--file",
+            goal.to_str().unwrap(),
+            "--workspace",
+            ".",
+            "--tries",
+            "1",
+        ],
+        json!([cmd("spawn", spawn), say("done")]),
+        &[],
+    );
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    let pid = pid_in(&env.ws().join("s.pid"));
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "alive after the run"
+    );
+}
+
+const KEY: &str = "sk-test-very-secret-4242";
+
+fn with_keys(mut c: std::process::Command) -> std::process::Command {
+    c.env("OPENAI_API_KEY", KEY)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env("my_db_password", KEY)
+        .env("GITHUB_TOKEN", "ghp-passed-on-purpose");
+    c
+}
+
+#[test]
+fn no_key_reaches_a_command_a_command_tool_a_check_or_an_mcp_server() {
+    let env = Env::new();
+    let everything = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/.bin/mcp-server-everything");
+    assert!(
+        everything.exists(),
+        "run `npm ci` in tests/mcp first (see PREAMBLE)"
+    );
+    let goal = env.write(
+        "g/goal.toml",
+        &format!(
+            "prompt = \"work\"\nenv_pass = [\"GITHUB_TOKEN\"]\n\
+             [[tool]]\nname = \"printenv\"\ncommand = [\"bash\", \"-c\", \"env\"]\n\
+             [[check]]\nrun = \"env; exit 1\"\n\
+             [[mcp]]\nname = \"everything\"\ncommand = [\"{}\"]\n",
+            everything.display()
+        ),
+    );
+    let script = env.script(json!([
+        cmd("env", "env | grep -i -E 'KEY|PASSWORD|TOKEN'; env"),
+        {"tool_calls": [
+            {"id": "tool", "name": "printenv", "input": {}},
+            {"id": "mcp", "name": "everything__get-env", "input": {}}
+        ]},
+        say("done")
+    ]));
+    let mut c = with_keys(env.sup());
+    c.args(["goal", "--file", goal.to_str().unwrap(), "--workspace", "."])
+        .args(["--tries", "1", "--json", "--model"])
+        .arg(format!("script:{}", script.display()));
+    let run = Run::new(c.output().unwrap());
+    for id in ["env", "tool", "mcp"] {
+        let r = text(run.tool_result(id));
+        assert!(!r.contains(KEY), "{id} saw the key: {r}");
+        assert!(r.contains("PATH"), "{id}: {r}");
+        assert!(
+            r.contains("ghp-passed-on-purpose"),
+            "{id} lacks env_pass: {r}"
+        );
+    }
+    let check = &run.result()["checks"][0][0];
+    assert!(check["output_tail"].as_str().unwrap().contains("PATH"));
+    assert!(!check.to_string().contains(KEY), "{check}");
+    let line = sandbox_line(&run);
+    let withheld = line
+        .split("withheld from tools: ")
+        .nth(1)
+        .unwrap_or_default();
+    for name in ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "my_db_password"] {
+        assert!(withheld.split(", ").any(|n| n == name), "{name}: {line}");
+    }
+    assert!(!withheld.contains("GITHUB_TOKEN"), "{line}");
+    assert!(!line.contains(KEY));
+    assert!(!run.stdout.contains(KEY));
+}
+
+#[test]
+fn an_env_pass_that_is_not_a_variable_name_is_exit_2_with_file_and_line() {
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\n\nenv_pass = [\"NOT A NAME\"]\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &[],
+    );
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains(&format!("{}:3", goal.display())) && run.stderr.contains("env_pass"),
+        "{}",
+        run.stderr
+    );
+    let run = env.run_json(json!([say("x")]), &["--env-pass", "1BAD"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    // A variable name is accepted, in the file and as a flag.
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nenv_pass = [\"GOOD_NAME\"]\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &["--env-pass", "OTHER_1"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
+    let env = Env::new();
+    for (body, key) in [
+        ("sandbox = \"jail\"\n", "sandbox"),
+        ("network = \"yes\"\n", "network"),
+        ("writable = [\"../no-such-folder\"]\n", "writable"),
+    ] {
+        let goal = env.write("g/goal.toml", &format!("prompt = \"work\"\n{body}"));
+        let run = env.json(
+            &["goal", "--file", goal.to_str().unwrap()],
+            json!([say("x")]),
+            &[],
+        );
+        assert_eq!(run.code, 2, "{body}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!("{}:2", goal.display())) && run.stderr.contains(key),
+            "{body}: {}",
+            run.stderr
+        );
+    }
+    // The same keys with good values are accepted.
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nsandbox = \"read-only\"\nnetwork = false\nwritable = [\".\"]\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(sandbox_line(&run).starts_with("sandbox: read-only, network off"));
+}
+
+/// Make `path` and everything under it belong to `uid`.
+fn chown_all(path: &Path, uid: u32) {
+    let status = std::process::Command::new("chown")
+        .args(["-R", &format!("{uid}:{uid}")])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_command_cannot_read_keys_from_sups_own_environment() {
+    let env = Env::new();
+    // The test must run `sup` as an unprivileged user: root can read any process's memory.
+    let nobody = 65534;
+    if !nix::unistd::getuid().is_root() {
+        // Already unprivileged: run as we are.
+    }
+    let script = env.script(json!([
+        cmd(
+            "peek",
+            "cat /proc/$PPID/environ | tr '\\0' '\\n' | grep KEY; echo peeked"
+        ),
+        say("done")
+    ]));
+    let mut c = if nix::unistd::getuid().is_root() {
+        chown_all(env.home.path(), nobody);
+        chown_all(env.ws.path(), nobody);
+        let mut c = std::process::Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_sup"),
+        ]);
+        c.env("SUP_HOME", env.home.path())
+            .env("SUP_APPROVAL", "auto")
+            .env("SUP_CONFIG", env.home.path().join("no-config.toml"))
+            .env("HOME", env.home.path())
+            .env_remove("SUP_MODEL")
+            .current_dir(env.ws.path());
+        c
+    } else {
+        env.sup()
+    };
+    c.args(["run", "peek", "--json", "--model"])
+        .arg(format!("script:{}", script.display()));
+    let run = Run::new(with_keys(c).output().unwrap());
+    let r = text(run.tool_result("peek"));
+    assert!(r.contains("peeked"), "{r}");
+    assert!(!r.contains(KEY), "the key was read from sup: {r}");
+}
+
+#[test]
+fn a_blocked_command_says_which_path_and_which_rule() {
+    let env = Env::new();
+    let home = env.home.path().display().to_string();
+    let run = env.run_json(
+        json!([cmd("x", &format!("touch {home}/x")), say("done")]),
+        &[],
+    );
+    let r = text(run.tool_result("x"));
+    assert!(
+        r.contains(&format!("the sandbox stopped writing {home}/x"))
+            && r.contains("policy workspace-write: only"),
+        "{r}"
+    );
+}
+
+/// The Landlock ABI of this kernel; 0 without Landlock.
+fn landlock_abi() -> i64 {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
+    unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    }
+    .max(0)
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
+    let env = Env::new();
+    let spawn = "echo $$ > l.pid; \
+                 setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
+                 (sleep 300 & echo $! > b.pid); sleep 300";
+    let script = env.script(json!([cmd("spawn", spawn), say("done")]));
+    let mut first = env
+        .sup()
+        .args(["run", "w", "--json", "--tool-timeout", "600s", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids: Vec<u32> = ["l.pid", "s.pid", "b.pid"]
+        .iter()
+        .map(|f| pid_in(&env.ws().join(f)))
+        .collect();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // The direct child dies with sup; what escaped its group and session does not, yet.
+    assert!(!alive(pids[0]), "the tool's leader outlived sup");
+    assert!(alive(pids[1]) && alive(pids[2]), "nothing escaped?");
+    // The killed run says it is running, under a pid that is always alive.
+    let db = env.home.path().join("sup.db");
+    let sql = |q: &str| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchall(); c.commit(); print(r)"])
+            .arg(&db)
+            .arg(q)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    sql("update runs set pid = 1");
+    let run = env.run_json(json!([say("done")]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for pid in &pids {
+        assert!(!alive(*pid), "{pid} survived the next start");
+    }
+    let out = env.sup().args(["runs", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let statuses = sql("select status from runs order by started_at");
+    assert!(statuses.contains("interrupted"), "{statuses}");
+    assert!(!statuses.contains("running"), "{statuses}");
+}
