@@ -92,9 +92,12 @@ struct Ephemeral {
 const EPHEMERAL: Ephemeral = Ephemeral { kind: "ephemeral" };
 const MARK: &[u8] = b",\"cache_control\":{\"type\":\"ephemeral\"}}";
 
+fn block(b: &WireBlock) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(b)
+}
+
 /// One message of ours as wire blocks.
 pub fn piece(m: &Message) -> Result<Piece, ModelError> {
-    let block = |b: &WireBlock| serde_json::to_vec(b);
     Ok(match m {
         Message::System { .. } => Piece {
             role: Role::System,
@@ -162,6 +165,7 @@ pub fn write_body<'p>(
     stream: bool,
     continuation: &[Value],
 ) -> Result<Vec<u8>, ModelError> {
+    let mut tail: Vec<Vec<u8>> = Vec::new();
     // The wire messages: a role and its blocks, borrowed.
     let mut turns: Vec<(Role, Vec<&[u8]>)> = Vec::new();
     let mut size = 0;
@@ -177,7 +181,6 @@ pub fn write_body<'p>(
             _ => turns.push((p.role, p.blocks.iter().map(Vec::as_slice).collect())),
         }
     }
-    let mut tail: Vec<Vec<u8>> = Vec::new();
     if !continuation.is_empty() {
         // The paused turn's blocks, the last one marked (it may carry any keys).
         for (i, b) in continuation.iter().enumerate() {
@@ -226,9 +229,9 @@ pub fn write_body<'p>(
         out.extend_from_slice(b"]}");
     }
     out.extend_from_slice(if stream {
-        b"],\"stream\":true"
+        &b"],\"stream\":true"[..]
     } else {
-        b"],\"stream\":false"
+        &b"],\"stream\":false"[..]
     });
     let system: Vec<&str> = messages
         .iter()

@@ -155,9 +155,9 @@ pub fn write_body<'p>(
         out.extend_from_slice(p);
     }
     out.extend_from_slice(if stream {
-        b"],\"stream\":true"
+        &b"],\"stream\":true"[..]
     } else {
-        b"],\"stream\":false"
+        &b"],\"stream\":false"[..]
     });
     if !tools.is_empty() {
         out.extend_from_slice(b",\"tools\":");
