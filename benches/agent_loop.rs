@@ -252,7 +252,13 @@ fn run(steps: usize) -> Figures {
     // SUP_BENCH_BIN: another build of sup to measure (e.g. the one before a change).
     let bin = std::env::var("SUP_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sup").into());
     let mut child = Command::new(bin)
-        .args(["run", "read the files", "--model", "openai:bench", "--max-steps"])
+        .args([
+            "run",
+            "read the files",
+            "--model",
+            "openai:bench",
+            "--max-steps",
+        ])
         .arg(steps.to_string())
         .env("SUP_HOME", home.path())
         .env("SUP_CONFIG", home.path().join("no-config.toml"))
@@ -316,7 +322,10 @@ fn main() {
             v[v.len() / 2]
         };
         let late = format!("{}–{}", steps - 10, steps);
-        println!("{steps} steps (last request body {:.0} KB):", median(&|f| f.late_body_kb));
+        println!(
+            "{steps} steps (last request body {:.0} KB):",
+            median(&|f| f.late_body_kb)
+        );
         let target = match steps {
             400 => "   (target: under 0.3 s)",
             _ => "",

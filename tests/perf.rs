@@ -82,7 +82,11 @@ fn each_chat_completions_request_extends_the_last_one() {
     let bodies = four_steps(Protocol::OpenAi);
     for pair in bodies.windows(2) {
         let (before, after) = (messages(&pair[0]), messages(&pair[1]));
-        assert_eq!(after[..before.len()], before[..], "the old part is unchanged");
+        assert_eq!(
+            after[..before.len()],
+            before[..],
+            "the old part is unchanged"
+        );
         let new: Vec<&str> = after[before.len()..]
             .iter()
             .map(|m| m["role"].as_str().unwrap())
@@ -93,12 +97,23 @@ fn each_chat_completions_request_extends_the_last_one() {
     let text = serde_json::to_string(&last).unwrap();
     assert_eq!(text.matches("alpha \\\"quoted\\\" ✓").count(), 3 * 50);
     // The second step's assistant turn has no text and sends `content: null`.
-    let second = last.iter().filter(|m| m["role"] == "assistant").nth(1).unwrap();
+    let second = last
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .nth(1)
+        .unwrap();
     assert_eq!(second["content"], Value::Null);
-    assert_eq!(second["tool_calls"][1]["function"]["arguments"], r#"{"path": "#);
+    assert_eq!(
+        second["tool_calls"][1]["function"]["arguments"],
+        r#"{"path": "#
+    );
     let errors = last
         .iter()
-        .filter(|m| m["content"].as_str().is_some_and(|c| c.starts_with("Error: ")))
+        .filter(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("Error: "))
+        })
         .count();
     assert_eq!(errors, 3, "every failed call is sent as an error: {text}");
 }
@@ -124,7 +139,10 @@ fn the_anthropic_cache_breakpoint_moves_to_the_latest_block() {
     for (k, body) in bodies.iter().enumerate() {
         let (_, marks) = unmarked(body);
         let m = messages(body);
-        let last = (m.len() - 1, m[m.len() - 1]["content"].as_array().unwrap().len() - 1);
+        let last = (
+            m.len() - 1,
+            m[m.len() - 1]["content"].as_array().unwrap().len() - 1,
+        );
         assert_eq!(marks, [last], "request {k}: one mark, on the latest block");
         let tools = body["tools"].as_array().unwrap();
         assert_eq!(tools.last().unwrap()["cache_control"]["type"], "ephemeral");
@@ -281,7 +299,10 @@ async fn a_scheduled_run_that_cannot_start_is_on_record_as_an_error() {
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0].status, "error");
     let error = runs[0].error.as_deref().unwrap_or("");
-    assert!(error.contains("gone"), "the error says which server: {error}");
+    assert!(
+        error.contains("gone"),
+        "the error says which server: {error}"
+    );
     let occ = db.occurrences("broken", 10).unwrap();
     assert_eq!(occ[0].2.as_deref(), Some(runs[0].id.as_str()));
     d.stop().await;

@@ -599,56 +599,55 @@ mod tests {
     use super::*;
     use crate::model::ToolResult;
 
-
-/// The request body as it was built before the wire cache: the reference.
-fn old_request_body(
-    model: &str,
-    max_tokens: u32,
-    messages: &[Message],
-    tools: &[ToolSpec],
-    stream: bool,
-    continuation: &[Value],
-) -> Value {
-    let mut system = Vec::new();
-    let mut out: Vec<Value> = Vec::new();
-    let mut push = |role: &str, blocks: Vec<Value>| {
-        if let Some(last) = out.last_mut().filter(|m| m["role"] == role)
-            && let Some(content) = last["content"].as_array_mut()
-        {
-            content.extend(blocks);
-            return;
-        }
-        out.push(json!({"role": role, "content": blocks}));
-    };
-    for m in messages {
-        match m {
-            Message::System { content } => system.push(content.clone()),
-            Message::User { content } => {
-                push("user", vec![json!({"type": "text", "text": content})])
+    /// The request body as it was built before the wire cache: the reference.
+    fn old_request_body(
+        model: &str,
+        max_tokens: u32,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        continuation: &[Value],
+    ) -> Value {
+        let mut system = Vec::new();
+        let mut out: Vec<Value> = Vec::new();
+        let mut push = |role: &str, blocks: Vec<Value>| {
+            if let Some(last) = out.last_mut().filter(|m| m["role"] == role)
+                && let Some(content) = last["content"].as_array_mut()
+            {
+                content.extend(blocks);
+                return;
             }
-            Message::Assistant {
-                text, tool_calls, ..
-            } => {
-                let mut blocks = Vec::new();
-                if !text.is_empty() {
-                    blocks.push(json!({"type": "text", "text": text}));
+            out.push(json!({"role": role, "content": blocks}));
+        };
+        for m in messages {
+            match m {
+                Message::System { content } => system.push(content.clone()),
+                Message::User { content } => {
+                    push("user", vec![json!({"type": "text", "text": content})])
                 }
-                for c in tool_calls {
-                    let input = serde_json::from_str::<Value>(&c.arguments)
-                        .ok()
-                        .filter(Value::is_object)
-                        .unwrap_or_else(|| json!({}));
-                    blocks.push(
-                        json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
-                    );
+                Message::Assistant {
+                    text, tool_calls, ..
+                } => {
+                    let mut blocks = Vec::new();
+                    if !text.is_empty() {
+                        blocks.push(json!({"type": "text", "text": text}));
+                    }
+                    for c in tool_calls {
+                        let input = serde_json::from_str::<Value>(&c.arguments)
+                            .ok()
+                            .filter(Value::is_object)
+                            .unwrap_or_else(|| json!({}));
+                        blocks.push(
+                            json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
+                        );
+                    }
+                    if blocks.is_empty() {
+                        blocks.push(json!({"type": "text", "text": "(no answer)"}));
+                    }
+                    push("assistant", blocks);
                 }
-                if blocks.is_empty() {
-                    blocks.push(json!({"type": "text", "text": "(no answer)"}));
-                }
-                push("assistant", blocks);
-            }
-            Message::Tool { results } => {
-                let blocks = results
+                Message::Tool { results } => {
+                    let blocks = results
                     .iter()
                     .map(|r| {
                         let mut b = json!({"type": "tool_result", "tool_use_id": r.call_id, "content": r.content});
@@ -658,41 +657,40 @@ fn old_request_body(
                         b
                     })
                     .collect();
-                push("user", blocks);
+                    push("user", blocks);
+                }
             }
         }
-    }
-    if !continuation.is_empty() {
-        push("assistant", continuation.to_vec());
-    }
-    // The latest turn is a cache breakpoint, so the next step re-reads all of this.
-    if let Some(block) = out
-        .last_mut()
-        .and_then(|m| m["content"].as_array_mut())
-        .and_then(|c| c.last_mut())
-    {
-        cache_mark(block);
-    }
-    let mut body =
-        json!({"model": model, "max_tokens": max_tokens, "messages": out, "stream": stream});
-    if !system.is_empty() {
-        let mut block = json!({"type": "text", "text": system.join("\n\n")});
-        cache_mark(&mut block);
-        body["system"] = json!([block]);
-    }
-    if !tools.is_empty() {
-        let mut list: Vec<Value> = tools
+        if !continuation.is_empty() {
+            push("assistant", continuation.to_vec());
+        }
+        // The latest turn is a cache breakpoint, so the next step re-reads all of this.
+        if let Some(block) = out
+            .last_mut()
+            .and_then(|m| m["content"].as_array_mut())
+            .and_then(|c| c.last_mut())
+        {
+            cache_mark(block);
+        }
+        let mut body =
+            json!({"model": model, "max_tokens": max_tokens, "messages": out, "stream": stream});
+        if !system.is_empty() {
+            let mut block = json!({"type": "text", "text": system.join("\n\n")});
+            cache_mark(&mut block);
+            body["system"] = json!([block]);
+        }
+        if !tools.is_empty() {
+            let mut list: Vec<Value> = tools
             .iter()
             .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
             .collect();
-        if let Some(last) = list.last_mut() {
-            cache_mark(last);
+            if let Some(last) = list.last_mut() {
+                cache_mark(last);
+            }
+            body["tools"] = json!(list);
         }
-        body["tools"] = json!(list);
+        body
     }
-    body
-}
-
 
     fn tools() -> Vec<ToolSpec> {
         vec![
@@ -742,7 +740,12 @@ fn old_request_body(
                 drop(pieces);
                 let got: Value = serde_json::from_slice(&body).unwrap();
                 let want = old_request_body("claude", 1000, messages, &tools, stream, continuation);
-                assert_eq!(got, want, "{n} messages, continuation {}", continuation.len());
+                assert_eq!(
+                    got,
+                    want,
+                    "{n} messages, continuation {}",
+                    continuation.len()
+                );
                 let marks = got.to_string().matches("cache_control").count();
                 let expected = usize::from(got.get("system").is_some())
                     + usize::from(!tools.is_empty())
@@ -757,8 +760,16 @@ fn old_request_body(
         let cache = WireCache::default();
         let body = |messages: &[Message]| -> Value {
             let pieces = cache.pieces(messages, piece).unwrap();
-            let body = write_body("m", 10, messages, pieces.iter().map(|(_, p)| p), &[], true, &[])
-                .unwrap();
+            let body = write_body(
+                "m",
+                10,
+                messages,
+                pieces.iter().map(|(_, p)| p),
+                &[],
+                true,
+                &[],
+            )
+            .unwrap();
             serde_json::from_slice(&body).unwrap()
         };
         let mut messages = crate::model::sample::conversation(5);
@@ -770,7 +781,10 @@ fn old_request_body(
         assert_eq!(got, old_request_body("m", 10, &messages, &[], true, &[]));
         assert!(got.to_string().contains("other.txt"));
         let fresh = crate::model::sample::conversation(1);
-        assert_eq!(body(&fresh), old_request_body("m", 10, &fresh, &[], true, &[]));
+        assert_eq!(
+            body(&fresh),
+            old_request_body("m", 10, &fresh, &[], true, &[])
+        );
     }
 
     fn decode(events: &[Value]) -> MessagesDecoder {

@@ -491,30 +491,32 @@ mod tests {
     use super::*;
     use crate::model::ToolResult;
 
-/// The request body as it was built before the wire cache: the reference.
-fn old_request_body(
-    model: &str,
-    messages: &[Message],
-    tools: &[ToolSpec],
-    stream: bool,
-    dialect: &Dialect,
-) -> Value {
-    let mut out = Vec::new();
-    for m in messages {
-        match m {
-            Message::System { content } => out.push(json!({"role": "system", "content": content})),
-            Message::User { content } => out.push(json!({"role": "user", "content": content})),
-            Message::Assistant {
-                text,
-                tool_calls,
-                reasoning,
-            } => {
-                let mut msg = json!({
-                    "role": "assistant",
-                    "content": if text.is_empty() { Value::Null } else { json!(text) },
-                });
-                if !tool_calls.is_empty() {
-                    msg["tool_calls"] = tool_calls
+    /// The request body as it was built before the wire cache: the reference.
+    fn old_request_body(
+        model: &str,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        dialect: &Dialect,
+    ) -> Value {
+        let mut out = Vec::new();
+        for m in messages {
+            match m {
+                Message::System { content } => {
+                    out.push(json!({"role": "system", "content": content}))
+                }
+                Message::User { content } => out.push(json!({"role": "user", "content": content})),
+                Message::Assistant {
+                    text,
+                    tool_calls,
+                    reasoning,
+                } => {
+                    let mut msg = json!({
+                        "role": "assistant",
+                        "content": if text.is_empty() { Value::Null } else { json!(text) },
+                    });
+                    if !tool_calls.is_empty() {
+                        msg["tool_calls"] = tool_calls
                         .iter()
                         .map(|c| {
                             json!({
@@ -527,46 +529,45 @@ fn old_request_body(
                             })
                         })
                         .collect();
+                    }
+                    if let (true, Some(r)) = (dialect.send_reasoning, reasoning) {
+                        msg["reasoning_content"] = json!(r);
+                    }
+                    out.push(msg);
                 }
-                if let (true, Some(r)) = (dialect.send_reasoning, reasoning) {
-                    msg["reasoning_content"] = json!(r);
-                }
-                out.push(msg);
-            }
-            Message::Tool { results } => {
-                for r in results {
-                    let content = if r.is_error {
-                        format!("Error: {}", r.content)
-                    } else {
-                        r.content.clone()
-                    };
-                    out.push(
-                        json!({"role": "tool", "tool_call_id": r.call_id, "content": content}),
-                    );
+                Message::Tool { results } => {
+                    for r in results {
+                        let content = if r.is_error {
+                            format!("Error: {}", r.content)
+                        } else {
+                            r.content.clone()
+                        };
+                        out.push(
+                            json!({"role": "tool", "tool_call_id": r.call_id, "content": content}),
+                        );
+                    }
                 }
             }
         }
+        let mut body = json!({"model": model, "messages": out, "stream": stream});
+        if !tools.is_empty() {
+            body["tools"] = tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.input_schema,
+                    }})
+                })
+                .collect();
+        }
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        if let Some(n) = dialect.max_tokens {
+            body[dialect.max_tokens_field] = json!(n);
+        }
+        body
     }
-    let mut body = json!({"model": model, "messages": out, "stream": stream});
-    if !tools.is_empty() {
-        body["tools"] = tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name, "description": t.description, "parameters": t.input_schema,
-                }})
-            })
-            .collect();
-    }
-    if stream {
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    if let Some(n) = dialect.max_tokens {
-        body[dialect.max_tokens_field] = json!(n);
-    }
-    body
-}
-
 
     fn body_value(
         model: &str,
@@ -718,7 +719,8 @@ fn old_request_body(
                         .unwrap();
                         drop(pieces);
                         let got: Value = serde_json::from_slice(&body).unwrap();
-                        let want = old_request_body("gpt \"x\"", messages, &tools, stream, &dialect);
+                        let want =
+                            old_request_body("gpt \"x\"", messages, &tools, stream, &dialect);
                         assert_eq!(got, want, "{n} messages, {dialect:?}, stream {stream}");
                     }
                 }
@@ -736,7 +738,9 @@ fn old_request_body(
         };
         let cache = WireCache::default();
         let body = |messages: &[Message]| -> Value {
-            let pieces = cache.pieces(messages, |m| message_json(m, &dialect)).unwrap();
+            let pieces = cache
+                .pieces(messages, |m| message_json(m, &dialect))
+                .unwrap();
             let body = write_body(
                 "m",
                 pieces.iter().map(|(_, p)| p.as_slice()),
@@ -759,8 +763,14 @@ fn old_request_body(
         assert_eq!(got, old_request_body("m", &messages, &[], true, &dialect));
         assert!(got.to_string().contains("LINE"));
         let fresh = crate::model::sample::conversation(1);
-        assert_eq!(body(&fresh), old_request_body("m", &fresh, &[], true, &dialect));
-        assert_eq!(body(&messages[..2]), old_request_body("m", &messages[..2], &[], true, &dialect));
+        assert_eq!(
+            body(&fresh),
+            old_request_body("m", &fresh, &[], true, &dialect)
+        );
+        assert_eq!(
+            body(&messages[..2]),
+            old_request_body("m", &messages[..2], &[], true, &dialect)
+        );
     }
 
     #[test]

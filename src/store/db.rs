@@ -292,7 +292,10 @@ impl Db {
     /// The model of a run recorded before its model was built, once its name is known.
     pub fn set_run_model(&self, id: &str, model: &str) -> Result<(), DbError> {
         self.conn
-            .execute("UPDATE runs SET model = ?2 WHERE id = ?1", params![id, model])
+            .execute(
+                "UPDATE runs SET model = ?2 WHERE id = ?1",
+                params![id, model],
+            )
             .map_err(|e| self.err(e))?;
         Ok(())
     }
