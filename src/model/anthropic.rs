@@ -714,7 +714,7 @@ mod tests {
     fn cached_body_equals_the_full_serialization_at_every_step() {
         let all = crate::model::sample::conversation(8);
         let cache = WireCache::default();
-        let paused = vec![
+        let paused = [
             json!({"type": "text", "text": "Let me"}),
             json!({"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {"q": "x"}}),
         ];

@@ -95,7 +95,7 @@ pub fn message_json(m: &Message, dialect: &Dialect) -> Result<Vec<u8>, ModelErro
         } => {
             let mut msg = WireMessage::new(
                 "assistant",
-                (!text.is_empty()).then(|| Cow::Borrowed(text.as_str())),
+                (!text.is_empty()).then_some(Cow::Borrowed(text.as_str())),
             );
             msg.tool_calls = tool_calls
                 .iter()
