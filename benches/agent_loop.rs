@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Sum of the on-CPU time (ns) of every thread of `pid`, from /proc/PID/task/*/schedstat.
 fn cpu_ns(pid: &str) -> u64 {
@@ -58,7 +58,11 @@ fn sse(events: &[String]) -> Vec<u8> {
 }
 
 fn tool_turn(step: usize) -> Vec<u8> {
-    let path = if step % 2 == 0 { "a.txt" } else { "b.txt" };
+    let path = if step.is_multiple_of(2) {
+        "a.txt"
+    } else {
+        "b.txt"
+    };
     let call = serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null,
         "tool_calls": [{"index": 0, "id": format!("call_{step}"), "type": "function",
             "function": {"name": "read_file", "arguments": format!("{{\"path\":\"{path}\"}}")}}]}}]});
