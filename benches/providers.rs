@@ -118,6 +118,7 @@ async fn overhead() {
         http: HttpOptions::default(),
         dialect: Dialect::default(),
         client: client.clone(),
+        wire: Default::default(),
     };
     let messages = vec![
         Message::System {

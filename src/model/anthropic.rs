@@ -4,13 +4,14 @@
 //! turn back and continues. Pure conversion apart from the transport.
 
 use async_trait::async_trait;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::http::{DecodeError, Decoder, Endpoint, HttpOptions, exchange};
 use super::sse::SseEvent;
 use super::{
     FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec,
-    Usage,
+    Usage, WireCache,
 };
 
 pub const DEFAULT_MAX_TOKENS: u32 = 8192;
@@ -21,7 +22,254 @@ fn cache_mark(block: &mut Value) {
     block["cache_control"] = json!({"type": "ephemeral"});
 }
 
-/// The request body. `continuation` holds the content of a paused assistant turn.
+/// Which side of the conversation a message is on; system text goes apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    fn wire(self) -> &'static [u8] {
+        match self {
+            Role::System => b"system",
+            Role::User => b"user",
+            Role::Assistant => b"assistant",
+        }
+    }
+}
+
+/// One message of ours as content blocks, each a JSON object without a cache mark.
+#[derive(Debug)]
+pub struct Piece {
+    pub role: Role,
+    pub blocks: Vec<Vec<u8>>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct WireSystem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+    cache_control: Ephemeral,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<Ephemeral>,
+}
+
+#[derive(Serialize)]
+struct Ephemeral {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const EPHEMERAL: Ephemeral = Ephemeral { kind: "ephemeral" };
+const MARK: &[u8] = b",\"cache_control\":{\"type\":\"ephemeral\"}}";
+
+fn block(b: &WireBlock) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(b)
+}
+
+/// One message of ours as wire blocks.
+pub fn piece(m: &Message) -> Result<Piece, ModelError> {
+    Ok(match m {
+        Message::System { .. } => Piece {
+            role: Role::System,
+            blocks: Vec::new(),
+        },
+        Message::User { content } => Piece {
+            role: Role::User,
+            blocks: vec![block(&WireBlock::Text { text: content })?],
+        },
+        Message::Assistant {
+            text, tool_calls, ..
+        } => {
+            let mut blocks = Vec::new();
+            if !text.is_empty() {
+                blocks.push(block(&WireBlock::Text { text })?);
+            }
+            for c in tool_calls {
+                let input = serde_json::from_str::<Value>(&c.arguments)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({}));
+                blocks.push(block(&WireBlock::ToolUse {
+                    id: &c.id,
+                    name: &c.name,
+                    input,
+                })?);
+            }
+            if blocks.is_empty() {
+                blocks.push(block(&WireBlock::Text {
+                    text: "(no answer)",
+                })?);
+            }
+            Piece {
+                role: Role::Assistant,
+                blocks,
+            }
+        }
+        Message::Tool { results } => Piece {
+            role: Role::User,
+            blocks: results
+                .iter()
+                .map(|r| {
+                    block(&WireBlock::ToolResult {
+                        tool_use_id: &r.call_id,
+                        content: &r.content,
+                        is_error: r.is_error,
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        },
+    })
+}
+
+/// The request body, written from each message's blocks (`pieces`, in the order of
+/// `messages`). Messages of one role in a row share one wire message; the latest block is a
+/// cache breakpoint, so the next step re-reads all of this; that mark is written here, never
+/// kept, since it moves on with every turn. `continuation` holds the content of a paused
+/// assistant turn.
+pub fn write_body<'p>(
+    model: &str,
+    max_tokens: u32,
+    messages: &[Message],
+    pieces: impl IntoIterator<Item = &'p Piece>,
+    tools: &[ToolSpec],
+    stream: bool,
+    continuation: &[Value],
+) -> Result<Vec<u8>, ModelError> {
+    let mut tail: Vec<Vec<u8>> = Vec::new();
+    // The wire messages: a role and its blocks, borrowed.
+    let mut turns: Vec<(Role, Vec<&[u8]>)> = Vec::new();
+    let mut size = 0;
+    for p in pieces {
+        if p.role == Role::System {
+            continue;
+        }
+        size += p.blocks.iter().map(|b| b.len() + 1).sum::<usize>();
+        match turns.last_mut() {
+            Some((role, blocks)) if *role == p.role => {
+                blocks.extend(p.blocks.iter().map(Vec::as_slice))
+            }
+            _ => turns.push((p.role, p.blocks.iter().map(Vec::as_slice).collect())),
+        }
+    }
+    if !continuation.is_empty() {
+        // The paused turn's blocks, the last one marked (it may carry any keys).
+        for (i, b) in continuation.iter().enumerate() {
+            if i + 1 == continuation.len() {
+                let mut b = b.clone();
+                cache_mark(&mut b);
+                tail.push(serde_json::to_vec(&b)?);
+            } else {
+                tail.push(serde_json::to_vec(b)?);
+            }
+        }
+        let blocks = tail.iter().map(Vec::as_slice);
+        match turns.last_mut() {
+            Some((Role::Assistant, list)) => list.extend(blocks),
+            _ => turns.push((Role::Assistant, blocks.collect())),
+        }
+    }
+    let mut out = Vec::with_capacity(size + 64 * turns.len() + 512);
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(&mut out, model)?;
+    out.extend_from_slice(b",\"max_tokens\":");
+    serde_json::to_writer(&mut out, &max_tokens)?;
+    out.extend_from_slice(b",\"messages\":[");
+    let last_turn = turns.len().wrapping_sub(1);
+    for (t, (role, blocks)) in turns.iter().enumerate() {
+        if t > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"role\":\"");
+        out.extend_from_slice(role.wire());
+        out.extend_from_slice(b"\",\"content\":[");
+        for (i, b) in blocks.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let latest = t == last_turn && i + 1 == blocks.len();
+            // Our own blocks are objects without a mark; the continuation's last has it.
+            match b.split_last() {
+                Some((b'}', body)) if latest && continuation.is_empty() => {
+                    out.extend_from_slice(body);
+                    out.extend_from_slice(MARK);
+                }
+                _ => out.extend_from_slice(b),
+            }
+        }
+        out.extend_from_slice(b"]}");
+    }
+    out.extend_from_slice(if stream {
+        &b"],\"stream\":true"[..]
+    } else {
+        &b"],\"stream\":false"[..]
+    });
+    let system: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::System { content } => Some(content.as_str()),
+            _ => None,
+        })
+        .collect();
+    if !system.is_empty() {
+        out.extend_from_slice(b",\"system\":");
+        serde_json::to_writer(
+            &mut out,
+            &[WireSystem {
+                kind: "text",
+                text: &system.join("\n\n"),
+                cache_control: EPHEMERAL,
+            }],
+        )?;
+    }
+    if !tools.is_empty() {
+        out.extend_from_slice(b",\"tools\":");
+        let list: Vec<WireTool> = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| WireTool {
+                name: &t.name,
+                description: &t.description,
+                input_schema: &t.input_schema,
+                cache_control: (i + 1 == tools.len()).then_some(EPHEMERAL),
+            })
+            .collect();
+        serde_json::to_writer(&mut out, &list)?;
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
+/// The request body of a whole conversation, built from nothing (no cache).
 pub fn request_body(
     model: &str,
     max_tokens: u32,
@@ -29,89 +277,17 @@ pub fn request_body(
     tools: &[ToolSpec],
     stream: bool,
     continuation: &[Value],
-) -> Value {
-    let mut system = Vec::new();
-    let mut out: Vec<Value> = Vec::new();
-    let mut push = |role: &str, blocks: Vec<Value>| {
-        if let Some(last) = out.last_mut().filter(|m| m["role"] == role)
-            && let Some(content) = last["content"].as_array_mut()
-        {
-            content.extend(blocks);
-            return;
-        }
-        out.push(json!({"role": role, "content": blocks}));
-    };
-    for m in messages {
-        match m {
-            Message::System { content } => system.push(content.clone()),
-            Message::User { content } => {
-                push("user", vec![json!({"type": "text", "text": content})])
-            }
-            Message::Assistant {
-                text, tool_calls, ..
-            } => {
-                let mut blocks = Vec::new();
-                if !text.is_empty() {
-                    blocks.push(json!({"type": "text", "text": text}));
-                }
-                for c in tool_calls {
-                    let input = serde_json::from_str::<Value>(&c.arguments)
-                        .ok()
-                        .filter(Value::is_object)
-                        .unwrap_or_else(|| json!({}));
-                    blocks.push(
-                        json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
-                    );
-                }
-                if blocks.is_empty() {
-                    blocks.push(json!({"type": "text", "text": "(no answer)"}));
-                }
-                push("assistant", blocks);
-            }
-            Message::Tool { results } => {
-                let blocks = results
-                    .iter()
-                    .map(|r| {
-                        let mut b = json!({"type": "tool_result", "tool_use_id": r.call_id, "content": r.content});
-                        if r.is_error {
-                            b["is_error"] = json!(true);
-                        }
-                        b
-                    })
-                    .collect();
-                push("user", blocks);
-            }
-        }
-    }
-    if !continuation.is_empty() {
-        push("assistant", continuation.to_vec());
-    }
-    // The latest turn is a cache breakpoint, so the next step re-reads all of this.
-    if let Some(block) = out
-        .last_mut()
-        .and_then(|m| m["content"].as_array_mut())
-        .and_then(|c| c.last_mut())
-    {
-        cache_mark(block);
-    }
-    let mut body =
-        json!({"model": model, "max_tokens": max_tokens, "messages": out, "stream": stream});
-    if !system.is_empty() {
-        let mut block = json!({"type": "text", "text": system.join("\n\n")});
-        cache_mark(&mut block);
-        body["system"] = json!([block]);
-    }
-    if !tools.is_empty() {
-        let mut list: Vec<Value> = tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
-            .collect();
-        if let Some(last) = list.last_mut() {
-            cache_mark(last);
-        }
-        body["tools"] = json!(list);
-    }
-    body
+) -> Result<Vec<u8>, ModelError> {
+    let pieces = messages.iter().map(piece).collect::<Result<Vec<_>, _>>()?;
+    write_body(
+        model,
+        max_tokens,
+        messages,
+        &pieces,
+        tools,
+        stream,
+        continuation,
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -367,6 +543,8 @@ pub struct MessagesModel {
     pub endpoint: Endpoint,
     pub http: HttpOptions,
     pub client: reqwest::Client,
+    /// Each message's blocks, built once.
+    pub wire: WireCache<Piece>,
 }
 
 #[async_trait]
@@ -379,14 +557,19 @@ impl Model for MessagesModel {
         let mut continuation: Vec<Value> = Vec::new();
         let mut merged: Option<ModelResponse> = None;
         for _ in 0..=MAX_CONTINUATIONS {
-            let body = request_body(
-                &self.model,
-                self.max_tokens,
-                request.messages,
-                request.tools,
-                self.http.stream,
-                &continuation,
-            );
+            let body = {
+                let pieces = self.wire.pieces(request.messages, piece)?;
+                write_body(
+                    &self.model,
+                    self.max_tokens,
+                    request.messages,
+                    pieces.iter().map(|(_, p)| p),
+                    request.tools,
+                    self.http.stream,
+                    &continuation,
+                )?
+            };
+            let body = bytes::Bytes::from(body);
             let mut decoder = MessagesDecoder::new();
             exchange(
                 &self.client,
@@ -425,6 +608,194 @@ impl Model for MessagesModel {
 mod tests {
     use super::*;
     use crate::model::ToolResult;
+
+    /// The request body as it was built before the wire cache: the reference.
+    fn old_request_body(
+        model: &str,
+        max_tokens: u32,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        continuation: &[Value],
+    ) -> Value {
+        let mut system = Vec::new();
+        let mut out: Vec<Value> = Vec::new();
+        let mut push = |role: &str, blocks: Vec<Value>| {
+            if let Some(last) = out.last_mut().filter(|m| m["role"] == role)
+                && let Some(content) = last["content"].as_array_mut()
+            {
+                content.extend(blocks);
+                return;
+            }
+            out.push(json!({"role": role, "content": blocks}));
+        };
+        for m in messages {
+            match m {
+                Message::System { content } => system.push(content.clone()),
+                Message::User { content } => {
+                    push("user", vec![json!({"type": "text", "text": content})])
+                }
+                Message::Assistant {
+                    text, tool_calls, ..
+                } => {
+                    let mut blocks = Vec::new();
+                    if !text.is_empty() {
+                        blocks.push(json!({"type": "text", "text": text}));
+                    }
+                    for c in tool_calls {
+                        let input = serde_json::from_str::<Value>(&c.arguments)
+                            .ok()
+                            .filter(Value::is_object)
+                            .unwrap_or_else(|| json!({}));
+                        blocks.push(
+                            json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
+                        );
+                    }
+                    if blocks.is_empty() {
+                        blocks.push(json!({"type": "text", "text": "(no answer)"}));
+                    }
+                    push("assistant", blocks);
+                }
+                Message::Tool { results } => {
+                    let blocks = results
+                    .iter()
+                    .map(|r| {
+                        let mut b = json!({"type": "tool_result", "tool_use_id": r.call_id, "content": r.content});
+                        if r.is_error {
+                            b["is_error"] = json!(true);
+                        }
+                        b
+                    })
+                    .collect();
+                    push("user", blocks);
+                }
+            }
+        }
+        if !continuation.is_empty() {
+            push("assistant", continuation.to_vec());
+        }
+        // The latest turn is a cache breakpoint, so the next step re-reads all of this.
+        if let Some(block) = out
+            .last_mut()
+            .and_then(|m| m["content"].as_array_mut())
+            .and_then(|c| c.last_mut())
+        {
+            cache_mark(block);
+        }
+        let mut body =
+            json!({"model": model, "max_tokens": max_tokens, "messages": out, "stream": stream});
+        if !system.is_empty() {
+            let mut block = json!({"type": "text", "text": system.join("\n\n")});
+            cache_mark(&mut block);
+            body["system"] = json!([block]);
+        }
+        if !tools.is_empty() {
+            let mut list: Vec<Value> = tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+            .collect();
+            if let Some(last) = list.last_mut() {
+                cache_mark(last);
+            }
+            body["tools"] = json!(list);
+        }
+        body
+    }
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "read_file".into(),
+                description: "Read \"a\" file".into(),
+                input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            },
+            ToolSpec {
+                name: "run".into(),
+                description: "d".into(),
+                input_schema: json!({"type": "object"}),
+            },
+        ]
+    }
+
+    /// Step by step, the body from cached blocks is the old full serialization for every
+    /// prefix of a conversation: the cache breakpoint moves to the latest block each step and
+    /// the block it left is sent without it; with and without a paused turn to continue.
+    #[test]
+    fn cached_body_equals_the_full_serialization_at_every_step() {
+        let all = crate::model::sample::conversation(8);
+        let cache = WireCache::default();
+        let paused = [
+            json!({"type": "text", "text": "Let me"}),
+            json!({"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {"q": "x"}}),
+        ];
+        for n in 0..=all.len() {
+            let messages = &all[..n];
+            for (tools, stream, continuation) in [
+                (tools(), true, &[][..]),
+                (vec![], false, &[][..]),
+                (tools(), true, &paused[..]),
+                (tools(), true, &paused[..1]),
+            ] {
+                let pieces = cache.pieces(messages, piece).unwrap();
+                let body = write_body(
+                    "claude",
+                    1000,
+                    messages,
+                    pieces.iter().map(|(_, p)| p),
+                    &tools,
+                    stream,
+                    continuation,
+                )
+                .unwrap();
+                drop(pieces);
+                let got: Value = serde_json::from_slice(&body).unwrap();
+                let want = old_request_body("claude", 1000, messages, &tools, stream, continuation);
+                assert_eq!(
+                    got,
+                    want,
+                    "{n} messages, continuation {}",
+                    continuation.len()
+                );
+                let marks = got.to_string().matches("cache_control").count();
+                let expected = usize::from(got.get("system").is_some())
+                    + usize::from(!tools.is_empty())
+                    + usize::from(got["messages"].as_array().is_some_and(|m| !m.is_empty()));
+                assert_eq!(marks, expected, "one breakpoint on the latest block only");
+            }
+        }
+    }
+
+    #[test]
+    fn an_edited_message_is_never_sent_stale() {
+        let cache = WireCache::default();
+        let body = |messages: &[Message]| -> Value {
+            let pieces = cache.pieces(messages, piece).unwrap();
+            let body = write_body(
+                "m",
+                10,
+                messages,
+                pieces.iter().map(|(_, p)| p),
+                &[],
+                true,
+                &[],
+            )
+            .unwrap();
+            serde_json::from_slice(&body).unwrap()
+        };
+        let mut messages = crate::model::sample::conversation(5);
+        body(&messages);
+        if let Message::Assistant { tool_calls, .. } = &mut messages[2] {
+            tool_calls[0].arguments = "{\"path\": \"other.txt\"}".into();
+        }
+        let got = body(&messages);
+        assert_eq!(got, old_request_body("m", 10, &messages, &[], true, &[]));
+        assert!(got.to_string().contains("other.txt"));
+        let fresh = crate::model::sample::conversation(1);
+        assert_eq!(
+            body(&fresh),
+            old_request_body("m", 10, &fresh, &[], true, &[])
+        );
+    }
 
     fn decode(events: &[Value]) -> MessagesDecoder {
         let mut d = MessagesDecoder::new();
@@ -484,7 +855,10 @@ mod tests {
             description: "d".into(),
             input_schema: json!({"type": "object"}),
         }];
-        let body = request_body("claude", 1000, &messages, &tools, true, &[]);
+        let body: Value = serde_json::from_slice(
+            &request_body("claude", 1000, &messages, &tools, true, &[]).unwrap(),
+        )
+        .unwrap();
         assert_eq!(body["max_tokens"], 1000);
         assert_eq!(body["system"][0]["text"], "sys");
         assert_eq!(body["system"][0]["cache_control"]["type"], "ephemeral");

@@ -281,12 +281,12 @@ fn shown_wait(wait: Duration) -> String {
     }
 }
 
-/// POST `body` and decode the answer, retrying as the module doc says.
+/// POST `body` (JSON) and decode the answer, retrying as the module doc says.
 pub async fn exchange(
     client: &reqwest::Client,
     ep: &Endpoint,
     opts: &HttpOptions,
-    body: &Value,
+    body: &bytes::Bytes,
     decoder: &mut dyn Decoder,
     on_text: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), ModelError> {
@@ -390,11 +390,15 @@ async fn attempt_once(
     client: &reqwest::Client,
     ep: &Endpoint,
     opts: &HttpOptions,
-    body: &Value,
+    body: &bytes::Bytes,
     decoder: &mut dyn Decoder,
     on_text: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), Failure> {
-    let request = client.post(&ep.url).headers(ep.headers.clone()).json(body);
+    let request = client
+        .post(&ep.url)
+        .headers(ep.headers.clone())
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body.clone());
     let response = match tokio::time::timeout(opts.request_timeout, request.send()).await {
         Err(_) => {
             return Err(Failure::retry(format!(

@@ -1,5 +1,6 @@
 //! The model seam: provider-neutral messages and tool specs, the `Model` trait with its one
-//! async step, token usage, and `from_spec`, which turns `PROVIDER:MODEL` into a model.
+//! async step, token usage, the per-message cache of wire bytes the protocols build their
+//! request bodies from, and `from_spec`, which turns `PROVIDER:MODEL` into a model.
 
 pub mod anthropic;
 pub mod http;
@@ -10,6 +11,7 @@ pub mod script;
 pub mod sse;
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -155,6 +157,59 @@ pub enum ModelError {
     /// The model would not or could not answer (refusal, content filter, context window).
     #[error("{0}")]
     Refused(String),
+    /// The request body could not be written.
+    #[error("cannot encode the request: {0}")]
+    Encode(String),
+}
+
+impl From<serde_json::Error> for ModelError {
+    fn from(e: serde_json::Error) -> Self {
+        ModelError::Encode(e.to_string())
+    }
+}
+
+/// Each message's wire form (`P`), built once. A conversation only grows, so a step builds
+/// only what is new. Every entry keeps a copy of the message it was built from and is used
+/// only while the conversation still holds an equal message at its place: an edited or
+/// replaced message (another conversation, `--fresh`) is rebuilt, never sent stale.
+pub struct WireCache<P> {
+    entries: Mutex<Vec<(Message, P)>>,
+}
+
+impl<P> Default for WireCache<P> {
+    fn default() -> Self {
+        WireCache {
+            entries: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<P> WireCache<P> {
+    /// The wire form of every message of `messages`, in order, building what is missing.
+    pub fn pieces<'a>(
+        &'a self,
+        messages: &[Message],
+        mut build: impl FnMut(&Message) -> Result<P, ModelError>,
+    ) -> Result<MutexGuard<'a, Vec<(Message, P)>>, ModelError> {
+        // A poisoned lock only means a panic elsewhere mid-build: start over.
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| {
+            self.entries.clear_poison();
+            let mut e = poisoned.into_inner();
+            e.clear();
+            e
+        });
+        let valid = entries
+            .iter()
+            .zip(messages)
+            .take_while(|((built_from, _), m)| built_from == *m)
+            .count();
+        entries.truncate(valid);
+        for m in &messages[valid..] {
+            let piece = build(m)?;
+            entries.push((m.clone(), piece));
+        }
+        Ok(entries)
+    }
 }
 
 impl ModelError {
@@ -244,6 +299,7 @@ pub fn from_spec(
             http: opts.http.clone(),
             dialect,
             client: client()?,
+            wire: WireCache::default(),
         }))
     };
     let need_key = |var: &str| {
@@ -332,10 +388,90 @@ pub fn from_spec(
                 endpoint,
                 http: opts.http.clone(),
                 client: client()?,
+                wire: WireCache::default(),
             }))
         }
         other => Err(ModelError::Config(format!(
             "unknown model provider `{other}` in `{spec}` (providers: {PROVIDERS})"
         ))),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod sample {
+    use super::{Message, ToolCall, ToolResult};
+
+    /// A conversation of `turns` steps with every kind of message and field: system text
+    /// (twice), user text, assistant text, tool calls with empty, invalid and valid
+    /// arguments, reasoning, error results, an empty result list, quotes and non-ASCII.
+    pub fn conversation(turns: usize) -> Vec<Message> {
+        let mut m = vec![
+            Message::System {
+                content: "You are \"sup\" — be brief.".into(),
+            },
+            Message::User {
+                content: "Read the files, then say 完成.".into(),
+            },
+        ];
+        for i in 0..turns {
+            m.push(Message::Assistant {
+                text: if i % 3 == 0 {
+                    String::new()
+                } else {
+                    format!("step {i}\n")
+                },
+                tool_calls: vec![
+                    ToolCall {
+                        id: format!("call_{i}_a"),
+                        name: "read_file".into(),
+                        arguments: format!("{{\"path\": \"f{i}.txt\"}}"),
+                    },
+                    ToolCall {
+                        id: format!("call_{i}_b"),
+                        name: "run".into(),
+                        arguments: if i % 2 == 0 { "".into() } else { "{bad".into() },
+                    },
+                ],
+                reasoning: (i % 2 == 1).then(|| format!("thinking about {i}")),
+            });
+            m.push(Message::Tool {
+                results: vec![
+                    ToolResult {
+                        call_id: format!("call_{i}_a"),
+                        name: "read_file".into(),
+                        content: format!("line \"{i}\"\n\ttabbed ✓\n").repeat(20),
+                        is_error: false,
+                    },
+                    ToolResult {
+                        call_id: format!("call_{i}_b"),
+                        name: "run".into(),
+                        content: "invalid input".into(),
+                        is_error: true,
+                    },
+                ],
+            });
+            if i == 2 {
+                m.push(Message::User {
+                    content: "checks failed: tests.sh exited 1".into(),
+                });
+                m.push(Message::System {
+                    content: "second system text".into(),
+                });
+            }
+            if i == 4 {
+                m.push(Message::Tool { results: vec![] });
+            }
+        }
+        m.push(Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![],
+            reasoning: None,
+        });
+        m.push(Message::Assistant {
+            text: "Done: 完成".into(),
+            tool_calls: vec![],
+            reasoning: None,
+        });
+        m
     }
 }

@@ -2,16 +2,18 @@
 //! compatible server): our messages → request JSON, and streamed chunks or a whole answer →
 //! our response. Pure conversion apart from the transport, so each is tested from strings.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::http::{DecodeError, Decoder, Endpoint, HttpOptions, exchange};
 use super::sse::SseEvent;
 use super::{
     FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec,
-    Usage,
+    Usage, WireCache,
 };
 
 /// Settings of the request body that vary by server.
@@ -24,80 +26,186 @@ pub struct Dialect {
     pub max_tokens: Option<u32>,
 }
 
-/// The request body.
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+impl<'a> WireMessage<'a> {
+    fn new(role: &'static str, content: Option<Cow<'a, str>>) -> Self {
+        WireMessage {
+            role,
+            content,
+            tool_call_id: None,
+            tool_calls: Vec::new(),
+            reasoning_content: None,
+        }
+    }
+}
+
+/// One message of ours as wire JSON: one object, or one per tool result, comma-separated.
+pub fn message_json(m: &Message, dialect: &Dialect) -> Result<Vec<u8>, ModelError> {
+    let mut out = Vec::new();
+    match m {
+        Message::System { content } => {
+            serde_json::to_writer(&mut out, &WireMessage::new("system", Some(content.into())))?
+        }
+        Message::User { content } => {
+            serde_json::to_writer(&mut out, &WireMessage::new("user", Some(content.into())))?
+        }
+        Message::Assistant {
+            text,
+            tool_calls,
+            reasoning,
+        } => {
+            let mut msg = WireMessage::new(
+                "assistant",
+                (!text.is_empty()).then_some(Cow::Borrowed(text.as_str())),
+            );
+            msg.tool_calls = tool_calls
+                .iter()
+                .map(|c| WireCall {
+                    id: &c.id,
+                    kind: "function",
+                    function: WireFunction {
+                        name: &c.name,
+                        arguments: if c.arguments.trim().is_empty() {
+                            "{}"
+                        } else {
+                            &c.arguments
+                        },
+                    },
+                })
+                .collect();
+            msg.reasoning_content = reasoning.as_deref().filter(|_| dialect.send_reasoning);
+            serde_json::to_writer(&mut out, &msg)?;
+        }
+        Message::Tool { results } => {
+            for (i, r) in results.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let content = if r.is_error {
+                    Cow::Owned(format!("Error: {}", r.content))
+                } else {
+                    Cow::Borrowed(r.content.as_str())
+                };
+                let mut msg = WireMessage::new("tool", Some(content));
+                msg.tool_call_id = Some(&r.call_id);
+                serde_json::to_writer(&mut out, &msg)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The request body, written from each message's wire JSON (`pieces`, in order).
+pub fn write_body<'p>(
+    model: &str,
+    pieces: impl IntoIterator<Item = &'p [u8]>,
+    tools: &[ToolSpec],
+    stream: bool,
+    dialect: &Dialect,
+) -> Result<Vec<u8>, ModelError> {
+    let pieces: Vec<&[u8]> = pieces.into_iter().filter(|p| !p.is_empty()).collect();
+    let size: usize = pieces.iter().map(|p| p.len() + 1).sum();
+    let mut out = Vec::with_capacity(size + 256);
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(&mut out, model)?;
+    out.extend_from_slice(b",\"messages\":[");
+    for (i, p) in pieces.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(p);
+    }
+    out.extend_from_slice(if stream {
+        &b"],\"stream\":true"[..]
+    } else {
+        &b"],\"stream\":false"[..]
+    });
+    if !tools.is_empty() {
+        out.extend_from_slice(b",\"tools\":");
+        let tools: Vec<WireTool> = tools
+            .iter()
+            .map(|t| WireTool {
+                kind: "function",
+                function: WireToolFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.input_schema,
+                },
+            })
+            .collect();
+        serde_json::to_writer(&mut out, &tools)?;
+    }
+    if stream {
+        out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true}");
+    }
+    if let Some(n) = dialect.max_tokens {
+        out.push(b',');
+        serde_json::to_writer(&mut out, dialect.max_tokens_field)?;
+        out.push(b':');
+        serde_json::to_writer(&mut out, &n)?;
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
+/// The request body of a whole conversation, built from nothing (no cache).
 pub fn request_body(
     model: &str,
     messages: &[Message],
     tools: &[ToolSpec],
     stream: bool,
     dialect: &Dialect,
-) -> Value {
-    let mut out = Vec::new();
-    for m in messages {
-        match m {
-            Message::System { content } => out.push(json!({"role": "system", "content": content})),
-            Message::User { content } => out.push(json!({"role": "user", "content": content})),
-            Message::Assistant {
-                text,
-                tool_calls,
-                reasoning,
-            } => {
-                let mut msg = json!({
-                    "role": "assistant",
-                    "content": if text.is_empty() { Value::Null } else { json!(text) },
-                });
-                if !tool_calls.is_empty() {
-                    msg["tool_calls"] = tool_calls
-                        .iter()
-                        .map(|c| {
-                            json!({
-                                "id": c.id,
-                                "type": "function",
-                                "function": {
-                                    "name": c.name,
-                                    "arguments": if c.arguments.trim().is_empty() { "{}" } else { &c.arguments },
-                                }
-                            })
-                        })
-                        .collect();
-                }
-                if let (true, Some(r)) = (dialect.send_reasoning, reasoning) {
-                    msg["reasoning_content"] = json!(r);
-                }
-                out.push(msg);
-            }
-            Message::Tool { results } => {
-                for r in results {
-                    let content = if r.is_error {
-                        format!("Error: {}", r.content)
-                    } else {
-                        r.content.clone()
-                    };
-                    out.push(
-                        json!({"role": "tool", "tool_call_id": r.call_id, "content": content}),
-                    );
-                }
-            }
-        }
-    }
-    let mut body = json!({"model": model, "messages": out, "stream": stream});
-    if !tools.is_empty() {
-        body["tools"] = tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name, "description": t.description, "parameters": t.input_schema,
-                }})
-            })
-            .collect();
-    }
-    if stream {
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    if let Some(n) = dialect.max_tokens {
-        body[dialect.max_tokens_field] = json!(n);
-    }
-    body
+) -> Result<Vec<u8>, ModelError> {
+    let pieces = messages
+        .iter()
+        .map(|m| message_json(m, dialect))
+        .collect::<Result<Vec<_>, _>>()?;
+    write_body(
+        model,
+        pieces.iter().map(Vec::as_slice),
+        tools,
+        stream,
+        dialect,
+    )
 }
 
 fn usage_of(u: &Value) -> Usage {
@@ -347,6 +455,8 @@ pub struct ChatModel {
     pub http: HttpOptions,
     pub dialect: Dialect,
     pub client: reqwest::Client,
+    /// Each message's wire JSON, built once.
+    pub wire: WireCache<Vec<u8>>,
 }
 
 #[async_trait]
@@ -356,13 +466,19 @@ impl Model for ChatModel {
     }
 
     async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = request_body(
-            &self.model,
-            request.messages,
-            request.tools,
-            self.http.stream,
-            &self.dialect,
-        );
+        let body = {
+            let pieces = self
+                .wire
+                .pieces(request.messages, |m| message_json(m, &self.dialect))?;
+            write_body(
+                &self.model,
+                pieces.iter().map(|(_, p)| p.as_slice()),
+                request.tools,
+                self.http.stream,
+                &self.dialect,
+            )?
+        };
+        let body = bytes::Bytes::from(body);
         let mut decoder = ChatDecoder::new();
         exchange(
             &self.client,
@@ -381,6 +497,95 @@ impl Model for ChatModel {
 mod tests {
     use super::*;
     use crate::model::ToolResult;
+
+    /// The request body as it was built before the wire cache: the reference.
+    fn old_request_body(
+        model: &str,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        dialect: &Dialect,
+    ) -> Value {
+        let mut out = Vec::new();
+        for m in messages {
+            match m {
+                Message::System { content } => {
+                    out.push(json!({"role": "system", "content": content}))
+                }
+                Message::User { content } => out.push(json!({"role": "user", "content": content})),
+                Message::Assistant {
+                    text,
+                    tool_calls,
+                    reasoning,
+                } => {
+                    let mut msg = json!({
+                        "role": "assistant",
+                        "content": if text.is_empty() { Value::Null } else { json!(text) },
+                    });
+                    if !tool_calls.is_empty() {
+                        msg["tool_calls"] = tool_calls
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "id": c.id,
+                                "type": "function",
+                                "function": {
+                                    "name": c.name,
+                                    "arguments": if c.arguments.trim().is_empty() { "{}" } else { &c.arguments },
+                                }
+                            })
+                        })
+                        .collect();
+                    }
+                    if let (true, Some(r)) = (dialect.send_reasoning, reasoning) {
+                        msg["reasoning_content"] = json!(r);
+                    }
+                    out.push(msg);
+                }
+                Message::Tool { results } => {
+                    for r in results {
+                        let content = if r.is_error {
+                            format!("Error: {}", r.content)
+                        } else {
+                            r.content.clone()
+                        };
+                        out.push(
+                            json!({"role": "tool", "tool_call_id": r.call_id, "content": content}),
+                        );
+                    }
+                }
+            }
+        }
+        let mut body = json!({"model": model, "messages": out, "stream": stream});
+        if !tools.is_empty() {
+            body["tools"] = tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.input_schema,
+                    }})
+                })
+                .collect();
+        }
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        if let Some(n) = dialect.max_tokens {
+            body[dialect.max_tokens_field] = json!(n);
+        }
+        body
+    }
+
+    fn body_value(
+        model: &str,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        dialect: &Dialect,
+    ) -> Value {
+        serde_json::from_slice(&request_body(model, messages, tools, stream, dialect).unwrap())
+            .unwrap()
+    }
 
     fn decode(stream: &str) -> ModelResponse {
         let mut d = ChatDecoder::new();
@@ -447,7 +652,7 @@ mod tests {
             max_tokens_field: "max_tokens",
             max_tokens: Some(100),
         };
-        let body = request_body("m", &messages, &tools, true, &dialect);
+        let body = body_value("m", &messages, &tools, true, &dialect);
         assert_eq!(body["model"], "m");
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!(body["max_tokens"], 100);
@@ -461,9 +666,118 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "a", "content": "ok"})
         );
         assert_eq!(m[4]["content"], "Error: bad");
-        let plain = request_body("m", &messages, &tools, false, &Dialect::default());
+        let plain = body_value("m", &messages, &tools, false, &Dialect::default());
         assert!(plain["messages"][2].get("reasoning_content").is_none());
         assert!(plain.get("stream_options").is_none());
+    }
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "read_file".into(),
+                description: "Read \"a\" file".into(),
+                input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            },
+            ToolSpec {
+                name: "run".into(),
+                description: "d".into(),
+                input_schema: json!({"type": "object"}),
+            },
+        ]
+    }
+
+    fn dialects() -> Vec<Dialect> {
+        vec![
+            Dialect::default(),
+            Dialect {
+                send_reasoning: true,
+                max_tokens_field: "max_tokens",
+                max_tokens: Some(100),
+            },
+            Dialect {
+                send_reasoning: false,
+                max_tokens_field: "max_completion_tokens",
+                max_tokens: Some(7),
+            },
+        ]
+    }
+
+    /// Step by step, the body from cached pieces is the old full serialization, for every
+    /// prefix of a conversation with every kind of message.
+    #[test]
+    fn cached_body_equals_the_full_serialization_at_every_step() {
+        let all = crate::model::sample::conversation(8);
+        for dialect in dialects() {
+            let cache = WireCache::default();
+            for stream in [true, false] {
+                for n in 0..=all.len() {
+                    let messages = &all[..n];
+                    for tools in [tools(), vec![]] {
+                        let pieces = cache
+                            .pieces(messages, |m| message_json(m, &dialect))
+                            .unwrap();
+                        let body = write_body(
+                            "gpt \"x\"",
+                            pieces.iter().map(|(_, p)| p.as_slice()),
+                            &tools,
+                            stream,
+                            &dialect,
+                        )
+                        .unwrap();
+                        drop(pieces);
+                        let got: Value = serde_json::from_slice(&body).unwrap();
+                        let want =
+                            old_request_body("gpt \"x\"", messages, &tools, stream, &dialect);
+                        assert_eq!(got, want, "{n} messages, {dialect:?}, stream {stream}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// An entry is only used while its message is unchanged: an edited message, a shorter
+    /// conversation or another conversation is rebuilt, never sent stale.
+    #[test]
+    fn an_edited_message_is_never_sent_stale() {
+        let dialect = Dialect {
+            send_reasoning: true,
+            ..Dialect::default()
+        };
+        let cache = WireCache::default();
+        let body = |messages: &[Message]| -> Value {
+            let pieces = cache
+                .pieces(messages, |m| message_json(m, &dialect))
+                .unwrap();
+            let body = write_body(
+                "m",
+                pieces.iter().map(|(_, p)| p.as_slice()),
+                &[],
+                true,
+                &dialect,
+            )
+            .unwrap();
+            serde_json::from_slice(&body).unwrap()
+        };
+        let mut messages = crate::model::sample::conversation(5);
+        body(&messages);
+        if let Message::Tool { results } = &mut messages[3] {
+            results[0].content.replace_range(0..4, "LINE");
+        }
+        if let Message::Assistant { reasoning, .. } = &mut messages[4] {
+            *reasoning = Some("changed my mind".into());
+        }
+        let got = body(&messages);
+        assert_eq!(got, old_request_body("m", &messages, &[], true, &dialect));
+        assert!(got.to_string().contains("LINE"));
+        let fresh = crate::model::sample::conversation(1);
+        assert_eq!(
+            body(&fresh),
+            old_request_body("m", &fresh, &[], true, &dialect)
+        );
+        assert_eq!(
+            body(&messages[..2]),
+            old_request_body("m", &messages[..2], &[], true, &dialect)
+        );
     }
 
     #[test]

@@ -551,6 +551,39 @@ pub async fn launch(
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
+    launch_in(spec, home, trigger, None, sinks, cancel).await
+}
+
+/// `launch` for a run whose row the caller wrote already (the daemon, in the transaction
+/// that claimed its occurrence), in the folder `run` names. A run that cannot start is
+/// recorded as an error.
+pub async fn launch_recorded(
+    spec: &RunSpec,
+    home: &Path,
+    trigger: Trigger,
+    run: RunDir,
+    sinks: Vec<Arc<dyn EventSink>>,
+    cancel: &CancellationToken,
+) -> Result<Launched, RunError> {
+    let id = run.id.clone();
+    let result = launch_in(spec, home, trigger, Some(run), sinks, cancel).await;
+    if let Err(e) = &result {
+        let failed = Db::open(home).and_then(|db| db.fail_run(&id, &e.to_string()));
+        if let Err(db) = failed {
+            tracing::error!("run {id}: cannot record that it could not start: {db}");
+        }
+    }
+    result
+}
+
+async fn launch_in(
+    spec: &RunSpec,
+    home: &Path,
+    trigger: Trigger,
+    recorded: Option<RunDir>,
+    sinks: Vec<Arc<dyn EventSink>>,
+    cancel: &CancellationToken,
+) -> Result<Launched, RunError> {
     let mut model = model::from_spec(&spec.model, &spec.model_base, &spec.providers)?;
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);
@@ -565,7 +598,14 @@ pub async fn launch(
     crate::tools::sandbox::sweep_dead_runs(home);
     let previous = db.previous_run(&spec.goal.name, "")?;
     let goal = this_run(spec, &db, trigger, previous.as_ref())?;
-    let run = RunDir::create(home)?;
+    let prerecorded = recorded.is_some();
+    let run = match recorded {
+        Some(run) => {
+            run.make()?;
+            run
+        }
+        None => RunDir::create(home)?,
+    };
     let checks: Vec<PathBuf> = spec
         .goal
         .checks
@@ -602,15 +642,19 @@ pub async fn launch(
             tools.add(t)?;
         }
         let transcript = Transcript::create(&run.transcript())?;
-        db.start_run(&NewRun {
-            id: &run.id,
-            goal: &spec.goal.name,
-            trigger: trigger.kind,
-            scheduled_for: trigger.scheduled_for,
-            model: model.name(),
-            workspace: &spec.goal.workspace.display().to_string(),
-            dir: &run.dir.display().to_string(),
-        })?;
+        if !prerecorded {
+            db.start_run(&NewRun {
+                id: &run.id,
+                goal: &spec.goal.name,
+                trigger: trigger.kind,
+                scheduled_for: trigger.scheduled_for,
+                model: model.name(),
+                workspace: &spec.goal.workspace.display().to_string(),
+                dir: &run.dir.display().to_string(),
+            })?;
+        } else if model.name() != spec.model {
+            db.set_run_model(&run.id, model.name())?;
+        }
         Ok::<_, RunError>(transcript)
     };
     let transcript = match started() {

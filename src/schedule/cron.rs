@@ -2,8 +2,12 @@
 //! seconds field, `L`, `W`, `#`, names, and day-of-month OR day-of-week as classic cron,
 //! parsed by `croner` and evaluated in an IANA zone from `chrono-tz`. Across DST a time in the
 //! spring-forward gap runs right after the gap, and a time in the fall-back overlap once.
+//! A parsed expression is shared by every schedule that uses it (croner keeps a year-long
+//! table in each, about 5 KB): ten thousand goals at `0 9 * * *` hold one.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
@@ -14,7 +18,37 @@ use croner::parser::{CronParser, Seconds, Year};
 pub struct Schedule {
     pub expr: String,
     pub tz: Tz,
-    cron: Cron,
+    cron: Arc<Cron>,
+}
+
+/// Parsed expressions by their text, while any schedule holds them.
+fn parsed() -> &'static Mutex<HashMap<String, Weak<Cron>>> {
+    static PARSED: OnceLock<Mutex<HashMap<String, Weak<Cron>>>> = OnceLock::new();
+    PARSED.get_or_init(Default::default)
+}
+
+/// The parsed form of `expr`, shared with every other schedule of the same text.
+fn shared(expr: &str) -> Result<Arc<Cron>, String> {
+    let mut map = parsed()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(cron) = map.get(expr).and_then(Weak::upgrade) {
+        return Ok(cron);
+    }
+    let cron = Arc::new(
+        CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(expr)
+            .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?,
+    );
+    // Forget expressions no schedule uses any more, now and then.
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, c| c.strong_count() > 0);
+    }
+    map.insert(expr.to_string(), Arc::downgrade(&cron));
+    Ok(cron)
 }
 
 /// The machine's zone: `TZ` if it names one, else the system's, else UTC.
@@ -46,12 +80,7 @@ impl Schedule {
                  or 6 (seconds first)"
             ));
         }
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .year(Year::Disallowed)
-            .build()
-            .parse(expr)
-            .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?;
+        let cron = shared(expr)?;
         let schedule = Schedule {
             expr: expr.to_string(),
             tz,
@@ -212,6 +241,25 @@ mod tests {
             got,
             ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
         );
+    }
+
+    #[test]
+    fn schedules_of_one_expression_share_its_parse() {
+        let a = Schedule::parse("0 9 * * MON-FRI", Tz::UTC).unwrap();
+        let b = Schedule::parse("0 9 * * MON-FRI", parse_zone("Asia/Shanghai").unwrap()).unwrap();
+        let c = Schedule::parse("0 10 * * MON-FRI", Tz::UTC).unwrap();
+        assert!(Arc::ptr_eq(&a.cron, &b.cron));
+        assert!(!Arc::ptr_eq(&a.cron, &c.cron));
+        // Each still counts in its own zone.
+        let t = utc("2026-11-27T00:00:00Z");
+        assert_eq!(a.next_after(t).unwrap(), utc("2026-11-27T09:00:00Z"));
+        assert_eq!(b.next_after(t).unwrap(), utc("2026-11-27T01:00:00Z"));
+        // Once no schedule holds it, it is parsed anew.
+        let weak = Arc::downgrade(&c.cron);
+        drop(c);
+        assert!(weak.upgrade().is_none());
+        let c = Schedule::parse("0 10 * * MON-FRI", Tz::UTC).unwrap();
+        assert_eq!(c.next_after(t).unwrap(), utc("2026-11-27T10:00:00Z"));
     }
 
     #[test]

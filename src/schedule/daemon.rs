@@ -2,8 +2,11 @@
 //! each occurrence in the store before it runs (so it runs at most once across daemons),
 //! applies the overlap, catch-up, jitter and pause rules, runs goals through the verify loop
 //! with a global concurrency limit, reloads goal files when they change, and on shutdown
-//! drains or cancels what runs, recording everything. Time comes from a `Clock`, so tests
-//! move time instead of sleeping.
+//! drains or cancels what runs, recording everything. A run that can start at once is
+//! recorded in the transaction that claims its occurrence, on the daemon's one connection,
+//! so a thousand due together are all on record within milliseconds; folders, transcripts
+//! and models are made afterwards, in the runs' own tasks. Time comes from a `Clock`, so
+//! tests move time instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -20,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use super::cron::Schedule;
 use super::goals::{self, Overlap, ScheduledGoal};
 use crate::run::{self, Invocation, RunSpec, Trigger};
-use crate::store::db::{Db, DbError, stamp};
-use crate::store::{OccurrenceStatus, TriggerKind};
+use crate::store::db::{Db, DbError, NewRun, stamp};
+use crate::store::{OccurrenceStatus, RunDir, TriggerKind};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
@@ -466,22 +469,53 @@ impl Daemon {
         let permits = self.permits.clone();
         let done = self.done_tx.clone();
         let goal = name.to_string();
+        // A run that can start now is recorded now, in the claim's transaction.
+        let ready = if jitter.is_zero() {
+            self.permits.clone().try_acquire_owned().ok()
+        } else {
+            None
+        };
+        let recorded = ready.and_then(|permit| {
+            let run = RunDir::planned(&home);
+            let r = self.db.start_run(&NewRun {
+                id: &run.id,
+                goal: &spec.goal.name,
+                trigger: TriggerKind::Schedule,
+                scheduled_for: Some(at),
+                model: &spec.model,
+                workspace: &spec.goal.workspace.display().to_string(),
+                dir: &run.dir.display().to_string(),
+            });
+            match r {
+                Ok(()) => Some((run, permit)),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    None
+                }
+            }
+        });
+        let run_id = recorded.as_ref().map(|(run, _)| run.id.clone());
         let r = self
             .db
-            .occurrence(name, at, OccurrenceStatus::Running, None);
+            .occurrence(name, at, OccurrenceStatus::Running, run_id.as_deref());
         self.log_db(r);
         self.tasks.spawn(async move {
             // The run in a task of its own: should it panic, the occurrence is still closed
             // and the goal's overlap slot freed.
             let name = goal.clone();
             let inner = tokio::spawn(async move {
-                run_one(&name, at, &spec, &home, jitter, &permits, &cancel).await
+                match recorded {
+                    Some((run, _permit)) => {
+                        start_recorded(&name, at, &spec, &home, run, &cancel).await
+                    }
+                    None => run_one(&name, at, &spec, &home, jitter, &permits, &cancel).await,
+                }
             });
             let (run_id, status) = match inner.await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!("goal {goal} at {}: the run failed: {e}", stamp(at));
-                    (None, format!("error: sup hit a bug ({e})"))
+                    (run_id, format!("error: sup hit a bug ({e})"))
                 }
             };
             let _ = done.send(Done {
@@ -519,6 +553,30 @@ impl Daemon {
             && let Some(q) = slot.queued.take()
         {
             self.start(&done.goal, q);
+        }
+    }
+}
+
+/// A run recorded in the claim's transaction, with its permit held by the caller.
+async fn start_recorded(
+    goal: &str,
+    at: DateTime<Utc>,
+    spec: &RunSpec,
+    home: &Path,
+    run: RunDir,
+    cancel: &CancellationToken,
+) -> (Option<String>, String) {
+    tracing::info!("goal {goal} at {}: fired", stamp(at));
+    let trigger = Trigger {
+        kind: TriggerKind::Schedule,
+        scheduled_for: Some(at),
+    };
+    let id = run.id.clone();
+    match run::launch_recorded(spec, home, trigger, run, Vec::new(), cancel).await {
+        Ok(l) => (Some(l.run_id), l.outcome.status.as_str().to_string()),
+        Err(e) => {
+            tracing::error!("goal {goal} at {}: could not start: {e}", stamp(at));
+            (Some(id), format!("could not start: {e}"))
         }
     }
 }

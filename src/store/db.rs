@@ -409,10 +409,11 @@ impl Db {
 
     pub fn start_run(&self, run: &NewRun) -> Result<(), DbError> {
         self.conn
-            .execute(
+            .prepare_cached(
                 "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, pid, model, workspace, dir)
                  VALUES (?1, ?2, ?3, ?4, ?10, ?5, ?6, ?7, ?8, ?9)",
-                params![
+            )
+            .and_then(|mut st| st.execute(params![
                     run.id,
                     run.goal,
                     run.trigger,
@@ -423,7 +424,29 @@ impl Db {
                     run.workspace,
                     run.dir,
                     RunStatus::Running
-                ],
+                ]))
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The model of a run recorded before its model was built, once its name is known.
+    pub fn set_run_model(&self, id: &str, model: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET model = ?2 WHERE id = ?1",
+                params![id, model],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// A run recorded as started that could not start: an error, with why.
+    pub fn fail_run(&self, id: &str, error: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET status = 'error', stop_reason = 'error', ended_at = ?2, error = ?3
+                 WHERE id = ?1 AND status = 'running'",
+                params![id, stamp(Utc::now()), crate::redact::text(error).into_owned()],
             )
             .map_err(|e| self.err(e))?;
         Ok(())
@@ -662,22 +685,24 @@ impl Db {
         status: OccurrenceStatus,
         by: &str,
     ) -> Result<bool, DbError> {
+        // Statements of the claim path are prepared once per connection: the daemon claims
+        // a thousand occurrences in one transaction.
         let n = self
             .conn
-            .execute(
+            .prepare_cached(
                 "INSERT OR IGNORE INTO occurrences (goal, scheduled_for, status, claimed_by, claimed_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![goal, stamp(at), status, by, stamp(Utc::now())],
             )
+            .and_then(|mut st| st.execute(params![goal, stamp(at), status, by, stamp(Utc::now())]))
             .map_err(|e| self.err(e))?;
         if n == 1 {
             self.conn
-                .execute(
+                .prepare_cached(
                     "INSERT INTO goal_state (goal, last_occurrence) VALUES (?1, ?2)
                      ON CONFLICT (goal) DO UPDATE SET last_occurrence =
                          max(coalesce(last_occurrence, ''), excluded.last_occurrence)",
-                    params![goal, stamp(at)],
                 )
+                .and_then(|mut st| st.execute(params![goal, stamp(at)]))
                 .map_err(|e| self.err(e))?;
         }
         Ok(n == 1)
@@ -692,11 +717,11 @@ impl Db {
         run_id: Option<&str>,
     ) -> Result<(), DbError> {
         self.conn
-            .execute(
+            .prepare_cached(
                 "UPDATE occurrences SET status = ?3, run_id = coalesce(?4, run_id)
                  WHERE goal = ?1 AND scheduled_for = ?2",
-                params![goal, stamp(at), status, run_id],
             )
+            .and_then(|mut st| st.execute(params![goal, stamp(at), status, run_id]))
             .map_err(|e| self.err(e))?;
         Ok(())
     }
@@ -729,12 +754,8 @@ impl Db {
     pub fn paused(&self, goal: &str) -> Result<bool, DbError> {
         Ok(self
             .conn
-            .query_row(
-                "SELECT paused FROM goal_state WHERE goal = ?1",
-                [goal],
-                |r| r.get(0),
-            )
-            .optional()
+            .prepare_cached("SELECT paused FROM goal_state WHERE goal = ?1")
+            .and_then(|mut st| st.query_row([goal], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))?
             .unwrap_or(false))
     }

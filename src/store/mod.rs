@@ -51,14 +51,25 @@ pub struct RunDir {
 
 impl RunDir {
     pub fn create(home: &Path) -> Result<Self, StoreError> {
+        let run = RunDir::planned(home);
+        run.make()?;
+        Ok(run)
+    }
+
+    /// A new run's id and folder, not made yet.
+    pub fn planned(home: &Path) -> Self {
         let id = new_run_id();
         let dir = home.join("runs").join(&id);
+        RunDir { id, dir }
+    }
+
+    /// Make the folder.
+    pub fn make(&self) -> Result<(), StoreError> {
         // `outputs/` is made by whoever first needs it: most runs never cut an output.
-        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Create {
-            path: dir.display().to_string(),
+        std::fs::create_dir_all(&self.dir).map_err(|source| StoreError::Create {
+            path: self.dir.display().to_string(),
             source,
-        })?;
-        Ok(RunDir { id, dir })
+        })
     }
 
     pub fn transcript(&self) -> PathBuf {

@@ -11,6 +11,7 @@ mod daemon;
 mod fleet;
 mod inprocess;
 mod mcp;
+mod perf;
 mod providers;
 mod reliability;
 mod rules;

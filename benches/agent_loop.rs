@@ -1,0 +1,388 @@
+//! The whole work loop as a user runs it: the `sup` binary against a loopback Chat Completions
+//! server that streams one `read_file` call per step (2 KB results) and a final answer at the
+//! last step, at 50, 200 and 400 steps. For each run: the CPU of the whole `sup` process, its
+//! CPU per step early (steps 10–20) and late (the last ten), its peak memory, and its time per
+//! step beyond a bare client that replays the very same request bodies to the same server.
+//! Run: `cargo bench --bench agent_loop`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Sum of the on-CPU time (ns) of every thread of `pid`, from /proc/PID/task/*/schedstat.
+fn cpu_ns(pid: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn status_kib(pid: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// CPU time of the waited-for children of this process (cutime + cstime), in seconds.
+fn children_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // After the `)`: state is field 0, so utime is 11, stime 12, cutime 13, cstime 14.
+    (f[13] + f[14]) as f64 / 100.0
+}
+
+fn sse(events: &[String]) -> Vec<u8> {
+    let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn tool_turn(step: usize) -> Vec<u8> {
+    let path = if step.is_multiple_of(2) {
+        "a.txt"
+    } else {
+        "b.txt"
+    };
+    let call = serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null,
+        "tool_calls": [{"index": 0, "id": format!("call_{step}"), "type": "function",
+            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"{path}\"}}")}}]}}]});
+    sse(&[
+        call.to_string(),
+        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.into(),
+        r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}"#.into(),
+        "[DONE]".into(),
+    ])
+}
+
+fn final_turn() -> Vec<u8> {
+    sse(&[
+        r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"done"}}]}"#.into(),
+        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.into(),
+        r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}"#.into(),
+        "[DONE]".into(),
+    ])
+}
+
+/// What the server saw of one client.
+#[derive(Default)]
+struct Seen {
+    /// When each request had fully arrived.
+    arrived: Vec<Instant>,
+    /// The client's CPU (ns) when each request had arrived (only for the `sup` client).
+    cpu: Vec<u64>,
+    /// Bodies of the requests inside the windows, by request number (from 1).
+    bodies: Vec<(usize, Vec<u8>)>,
+    peak_kib: u64,
+}
+
+struct Server {
+    url: String,
+    seen: Arc<Mutex<Seen>>,
+}
+
+/// A keep-alive HTTP/1.1 server: request `k` of `steps` gets a tool call, the last the final
+/// answer. `pid` (set once the client is spawned) is whose CPU to sample.
+fn serve(steps: usize, windows: Vec<(usize, usize)>, pid: Arc<Mutex<Option<String>>>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(socket) = socket else { return };
+            let seen = s.clone();
+            let windows = windows.clone();
+            let pid = pid.clone();
+            std::thread::spawn(move || connection(socket, steps, &windows, &pid, &seen));
+        }
+    });
+    Server { url, seen }
+}
+
+fn connection(
+    socket: TcpStream,
+    steps: usize,
+    windows: &[(usize, usize)],
+    pid: &Mutex<Option<String>>,
+    seen: &Mutex<Seen>,
+) {
+    socket.set_nodelay(true).unwrap();
+    let mut write = socket.try_clone().unwrap();
+    let mut reader = BufReader::with_capacity(1 << 16, socket);
+    let mut line = String::new();
+    loop {
+        let mut len = 0usize;
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let l = line.trim_end().to_ascii_lowercase();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; len];
+        reader.read_exact(&mut body).unwrap();
+        let now = Instant::now();
+        let cpu = pid.lock().unwrap().as_deref().map(cpu_ns).unwrap_or(0);
+        let k = {
+            let mut seen = seen.lock().unwrap();
+            seen.arrived.push(now);
+            seen.cpu.push(cpu);
+            let k = seen.arrived.len();
+            if windows.iter().any(|&(a, b)| (a..=b).contains(&k)) {
+                seen.bodies.push((k, body));
+            }
+            if k == steps
+                && let Some(p) = pid.lock().unwrap().as_deref()
+            {
+                seen.peak_kib = status_kib(p, "VmHWM:");
+            }
+            k
+        };
+        let reply = if k >= steps {
+            final_turn()
+        } else {
+            tool_turn(k)
+        };
+        if write.write_all(&reply).is_err() {
+            return;
+        }
+    }
+}
+
+struct Figures {
+    cpu_total: f64,
+    cpu_early_us: f64,
+    cpu_late_us: f64,
+    wall_early_us: f64,
+    wall_late_us: f64,
+    bare_early_us: f64,
+    bare_late_us: f64,
+    bare_cpu_early_us: f64,
+    bare_cpu_late_us: f64,
+    peak_mb: f64,
+    late_body_kb: f64,
+}
+
+fn mean_interval(arrived: &[Instant], (a, b): (usize, usize)) -> f64 {
+    // Requests are numbered from 1: the interval before request k is arrived[k-1] - arrived[k-2].
+    (arrived[b - 1] - arrived[a - 1]).as_secs_f64() * 1e6 / (b - a) as f64
+}
+
+/// Replay `bodies` back to back to a fresh server with a bare reqwest client on this thread: wall time per
+/// request between arrivals at the server, and this thread's CPU per request.
+fn bare(bodies: &[Vec<u8>]) -> (f64, f64) {
+    let seen_pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let server = serve(usize::MAX, Vec::new(), seen_pid);
+    let endpoint = format!("{}/v1/chat/completions", server.url);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bodies: Vec<bytes::Bytes> = bodies.iter().map(|b| b.clone().into()).collect();
+    let thread_cpu = || -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        // A warm connection, as sup has one.
+        let warm = client
+            .post(&endpoint)
+            .header("content-type", "application/json")
+            .body(bodies[0].clone())
+            .send()
+            .await
+            .unwrap();
+        let _ = warm.bytes().await.unwrap();
+        let cpu0 = thread_cpu();
+        for b in &bodies {
+            let r = client
+                .post(&endpoint)
+                .header("content-type", "application/json")
+                .body(b.clone())
+                .send()
+                .await
+                .unwrap();
+            let _ = r.bytes().await.unwrap();
+        }
+        let cpu = (thread_cpu() - cpu0) as f64 / 1e3 / bodies.len() as f64;
+        let arrived = server.seen.lock().unwrap().arrived.clone();
+        let wall = mean_interval(&arrived, (1, arrived.len()));
+        (wall, cpu)
+    })
+}
+
+fn run(steps: usize) -> Figures {
+    let early = (10, 20);
+    let late = (steps - 10, steps);
+    let pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let server = serve(steps, vec![early, late], pid.clone());
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let page: String = (0..40)
+        .map(|i| format!("line {i:02} of a two-kilobyte file: lorem ipsum dolor sit amet.\n"))
+        .collect();
+    assert!(page.len() >= 2000);
+    std::fs::write(ws.path().join("a.txt"), &page).unwrap();
+    std::fs::write(ws.path().join("b.txt"), page.replace("lorem", "LOREM")).unwrap();
+    // SUP_BENCH_BIN: another build of sup to measure (e.g. the one before a change).
+    let bin = std::env::var("SUP_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sup").into());
+    let mut child = Command::new(bin)
+        .args([
+            "run",
+            "read the files",
+            "--model",
+            "openai:bench",
+            "--max-steps",
+        ])
+        .arg(steps.to_string())
+        .env("SUP_HOME", home.path())
+        .env("SUP_CONFIG", home.path().join("no-config.toml"))
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .env_remove("SUP_MODEL")
+        .env_remove("RUST_LOG")
+        .current_dir(ws.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    *pid.lock().unwrap() = Some(child.id().to_string());
+    let cpu_before = children_cpu();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "sup run failed: {status}");
+    let cpu_total = children_cpu() - cpu_before;
+    let seen = std::mem::take(&mut *server.seen.lock().unwrap());
+    assert_eq!(seen.arrived.len(), steps, "one request per step");
+    let per_step_cpu =
+        |(a, b): (usize, usize)| (seen.cpu[b - 1] - seen.cpu[a - 1]) as f64 / 1e3 / (b - a) as f64;
+    let bodies = |(a, b): (usize, usize)| -> Vec<Vec<u8>> {
+        seen.bodies
+            .iter()
+            .filter(|(k, _)| (a..=b).contains(k))
+            .map(|(_, body)| body.clone())
+            .collect()
+    };
+    let late_bodies = bodies(late);
+    let (bare_early_us, bare_cpu_early_us) = bare(&bodies(early));
+    let (bare_late_us, bare_cpu_late_us) = bare(&late_bodies);
+    Figures {
+        cpu_total,
+        cpu_early_us: per_step_cpu(early),
+        cpu_late_us: per_step_cpu(late),
+        wall_early_us: mean_interval(&seen.arrived, early),
+        wall_late_us: mean_interval(&seen.arrived, late),
+        bare_early_us,
+        bare_late_us,
+        bare_cpu_early_us,
+        bare_cpu_late_us,
+        peak_mb: seen.peak_kib as f64 / 1024.0,
+        late_body_kb: late_bodies.last().map_or(0, Vec::len) as f64 / 1024.0,
+    }
+}
+
+fn main() {
+    let rounds: usize = std::env::var("SUP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    println!(
+        "the work loop: `sup run` against a loopback Chat Completions server, one read_file \
+         call (2 KB result) per step; medians of {rounds} runs"
+    );
+    for steps in [50, 200, 400] {
+        let mut all: Vec<Figures> = (0..rounds).map(|_| run(steps)).collect();
+        let median = |f: &dyn Fn(&Figures) -> f64| {
+            let mut v: Vec<f64> = all.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let late = format!("{}–{}", steps - 10, steps);
+        println!(
+            "{steps} steps (last request body {:.0} KB):",
+            median(&|f| f.late_body_kb)
+        );
+        let target = match steps {
+            400 => "   (target: under 0.3 s)",
+            _ => "",
+        };
+        println!(
+            "  CPU of the whole run                    {:>8.3} s{target}",
+            median(&|f| f.cpu_total)
+        );
+        println!(
+            "  CPU per step, steps 10–20               {:>8.0} µs",
+            median(&|f| f.cpu_early_us)
+        );
+        println!(
+            "  CPU per step, steps {late:<19} {:>8.0} µs",
+            median(&|f| f.cpu_late_us)
+        );
+        println!(
+            "  bare client CPU per request, early/late {:>8.0} / {:.0} µs",
+            median(&|f| f.bare_cpu_early_us),
+            median(&|f| f.bare_cpu_late_us)
+        );
+        let ratio = median(&|f| {
+            (f.cpu_late_us - f.bare_cpu_late_us) / (f.cpu_early_us - f.bare_cpu_early_us)
+        });
+        println!(
+            "  late/early CPU per step beyond the bare client {ratio:>5.2}×{}",
+            if steps == 400 {
+                "   (target: at most 1.5×)"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "  time per step beyond the bare client, steps 10–20 {:>7.0} µs  ({:.0} − {:.0})",
+            median(&|f| f.wall_early_us - f.bare_early_us),
+            median(&|f| f.wall_early_us),
+            median(&|f| f.bare_early_us)
+        );
+        println!(
+            "  time per step beyond the bare client, steps {late:<7} {:>7.0} µs  ({:.0} − {:.0})",
+            median(&|f| f.wall_late_us - f.bare_late_us),
+            median(&|f| f.wall_late_us),
+            median(&|f| f.bare_late_us)
+        );
+        println!(
+            "  peak memory of sup                      {:>8.1} MB{}",
+            median(&|f| f.peak_mb),
+            if steps == 200 {
+                "   (target: at most 20 MB)"
+            } else {
+                ""
+            }
+        );
+        all.clear();
+    }
+}
