@@ -386,7 +386,12 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
     }
 }
 
-pub fn answer(id: &str, approve: bool, always: bool, reason: Option<String>) -> Result<Ending, Fail> {
+pub fn answer(
+    id: &str,
+    approve: bool,
+    always: bool,
+    reason: Option<String>,
+) -> Result<Ending, Fail> {
     let db = db()?;
     // The operating-system user of this process, from its uid; `$USER` is whatever anyone
     // set it to.

@@ -4,9 +4,9 @@
 mod fleet;
 mod manage;
 mod run;
+mod serve;
 mod service;
 mod status;
-mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -99,9 +99,7 @@ impl From<crate::run::RunError> for Fail {
             | RunError::Setup(_)
             | RunError::Tools(_)
             | RunError::Mcp(_)
-            | RunError::Sandbox(_) => {
-                Ending::Usage
-            }
+            | RunError::Sandbox(_) => Ending::Usage,
             RunError::Model(m) if m.is_config() => Ending::Usage,
             RunError::Model(_) => Ending::Model,
             RunError::Store(_) | RunError::Db(_) => Ending::Store,
@@ -437,7 +435,16 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             status,
             limit,
             json,
-        } => fleet::runs(url, goal.as_deref(), status.map(|s| s.as_str()), limit, json).await,
+        } => {
+            fleet::runs(
+                url,
+                goal.as_deref(),
+                status.map(|s| s.as_str()),
+                limit,
+                json,
+            )
+            .await
+        }
         Command::Show { run_id } => fleet::show(url, &run_id).await,
         Command::Trigger { name, goals, json } => fleet::trigger(url, &goals, &name, json).await,
         Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,

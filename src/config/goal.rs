@@ -195,7 +195,11 @@ pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> 
         return Ok(());
     };
     let rules = only.approval_rules;
-    for (key, list) in [("allow", rules.allow), ("ask", rules.ask), ("deny", rules.deny)] {
+    for (key, list) in [
+        ("allow", rules.allow),
+        ("ask", rules.ask),
+        ("deny", rules.deny),
+    ] {
         for r in list {
             crate::approval::Rule::parse(r.get_ref()).map_err(|e| GoalFileError {
                 file: path.display().to_string(),

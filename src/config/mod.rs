@@ -889,7 +889,9 @@ fn env_pass_name(s: &str) -> Result<String, String> {
 }
 
 /// `env_pass = [...]`: each entry a variable name.
-pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<String>, D::Error> {
     let names = Vec::<String>::deserialize(d)?;
     for n in &names {
         crate::tools::sandbox::check_env_pass(n).map_err(serde::de::Error::custom)?;

@@ -610,7 +610,11 @@ impl Daemon {
                 if let Ok(Some(l)) = local.approval(&a.id)
                     && l.status != "pending"
                 {
-                    let _ = self.cfg.store.close_approval(&a.id, l.status.as_str()).await;
+                    let _ = self
+                        .cfg
+                        .store
+                        .close_approval(&a.id, l.status.as_str())
+                        .await;
                 }
             }
         }

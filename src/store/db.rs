@@ -446,7 +446,11 @@ impl Db {
             .execute(
                 "UPDATE runs SET status = 'error', stop_reason = 'error', ended_at = ?2, error = ?3
                  WHERE id = ?1 AND status = 'running'",
-                params![id, stamp(Utc::now()), crate::redact::text(error).into_owned()],
+                params![
+                    id,
+                    stamp(Utc::now()),
+                    crate::redact::text(error).into_owned()
+                ],
             )
             .map_err(|e| self.err(e))?;
         Ok(())

@@ -482,7 +482,12 @@ fn connections_cut_mid_run_lose_nothing_and_fire_nothing_twice() {
             "SELECT status FROM runs WHERE local_id = '{}'",
             r.id
         ));
-        assert_eq!(stored, r.status.as_str(), "run {} in the store\n{logs}", r.id);
+        assert_eq!(
+            stored,
+            r.status.as_str(),
+            "run {} in the store\n{logs}",
+            r.id
+        );
         let events = f.pg.one(&format!(
             "SELECT count(*) FROM events e JOIN runs x ON x.id = e.run_id WHERE x.local_id = '{}'",
             r.id

@@ -799,7 +799,10 @@ fn soak_kill_9_of_the_daemon_twenty_times() {
             pids_of_sleep_300().iter().any(|p| !before.contains(p))
                 && Db::open(env.home.path())
                     .ok()
-                    .and_then(|db| db.runs(Some("soak"), Some(sup::store::RunStatus::Running), 100).ok())
+                    .and_then(|db| {
+                        db.runs(Some("soak"), Some(sup::store::RunStatus::Running), 100)
+                            .ok()
+                    })
                     .is_some_and(|r| r.iter().any(|r| r.pid == pid))
         });
         kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
