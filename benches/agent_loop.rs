@@ -4,6 +4,7 @@
 //! CPU per step early (steps 10–20) and late (the last ten), its peak memory, and its time per
 //! step beyond a bare client that replays the very same request bodies to the same server.
 //! Run: `cargo bench --bench agent_loop`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

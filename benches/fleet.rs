@@ -4,6 +4,7 @@
 //!
 //! `cargo bench --bench fleet`; the server is `SUP_TEST_PG` (default
 //! `postgres://postgres@127.0.0.1:5432/`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

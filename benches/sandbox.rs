@@ -2,6 +2,7 @@
 //! the process runner, unconfined and in the default `workspace-write` jail (Landlock only,
 //! and with a `.git` folder, which adds a mount namespace with a read-only bind). Median and
 //! mean per command, and the sandbox's extra time. Run: `cargo bench --bench sandbox`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -754,6 +754,21 @@ fn mcp_server(s: &str) -> Result<McpServer, String> {
     })
 }
 
+fn env_pass_name(s: &str) -> Result<String, String> {
+    crate::tools::sandbox::check_env_pass(s).map(|()| s.to_string())
+}
+
+/// `env_pass = [...]`: each entry a variable name.
+pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    for n in &names {
+        crate::tools::sandbox::check_env_pass(n).map_err(serde::de::Error::custom)?;
+    }
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -882,19 +897,4 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("max-steps"), "{e}");
     }
-}
-
-fn env_pass_name(s: &str) -> Result<String, String> {
-    crate::tools::sandbox::check_env_pass(s).map(|()| s.to_string())
-}
-
-/// `env_pass = [...]`: each entry a variable name.
-pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Vec<String>, D::Error> {
-    let names = Vec::<String>::deserialize(d)?;
-    for n in &names {
-        crate::tools::sandbox::check_env_pass(n).map_err(serde::de::Error::custom)?;
-    }
-    Ok(names)
 }
