@@ -47,3 +47,13 @@ pub fn answer(
         None => AnswerError::NoRequest(id.to_string()),
     })
 }
+
+/// The operating-system user of this process, from its uid: `$USER` is whatever anyone set it
+/// to.
+pub fn os_user() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {uid}"), |u| u.name)
+}

@@ -15,12 +15,10 @@
 //! are a tripwire; the sandbox is the guarantee.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
 
 use brush_parser::ast;
 use brush_parser::word::WordPiece;
 use globset::{GlobBuilder, GlobMatcher};
-use serde_json::Value;
 
 #[derive(Clone, Debug)]
 pub struct Rule {
@@ -104,12 +102,6 @@ impl Rules {
             ask: all(ask)?,
             deny: all(deny)?,
         })
-    }
-
-    pub fn extend(&mut self, other: Rules) {
-        self.allow.extend(other.allow);
-        self.ask.extend(other.ask);
-        self.deny.extend(other.deny);
     }
 
     /// What the rules say of a call: deny beats ask beats allow; `None` when no rule decides.
@@ -873,20 +865,6 @@ impl Line {
             }
             _ => {}
         }
-    }
-}
-
-/// The main argument of a call, which patterns match; file tools name the path they would
-/// really touch, symlinks in the workspace resolved.
-pub fn main_argument(tool: &str, input: &Value, workspace: &Path) -> String {
-    let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_string);
-    match tool {
-        "run_command" => field("command").unwrap_or_default(),
-        "read_file" | "write_file" | "edit_file" | "list_files" | "search_files" => {
-            let typed = field("path").unwrap_or_else(|| ".".into());
-            crate::tools::paths::rule_path(workspace, &typed)
-        }
-        _ => input.to_string(),
     }
 }
 

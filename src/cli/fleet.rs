@@ -298,7 +298,7 @@ pub async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
 pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let store = open(url).await?;
-    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let user = crate::approval::answer::os_user();
     let by = format!("{user}@{} (sup trigger)", pg::this_host());
     if store.live_daemon_for(name).await.map_err(Fail::usage)? {
         let id = store
@@ -464,7 +464,7 @@ pub async fn answer(
     reason: Option<String>,
 ) -> Result<Ending, Fail> {
     let store = open(url).await?;
-    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let user = crate::approval::answer::os_user();
     let (status, verb) = if approve {
         ("approved", "sup approve")
     } else {

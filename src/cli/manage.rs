@@ -393,13 +393,7 @@ pub fn answer(
     reason: Option<String>,
 ) -> Result<Ending, Fail> {
     let db = db()?;
-    // The operating-system user of this process, from its uid; `$USER` is whatever anyone
-    // set it to.
-    let uid = nix::unistd::getuid();
-    let user = nix::unistd::User::from_uid(uid)
-        .ok()
-        .flatten()
-        .map_or_else(|| format!("uid {uid}"), |u| u.name);
+    let user = crate::approval::answer::os_user();
     let verb = if approve { "sup approve" } else { "sup deny" };
     let by = format!("{user} (via {verb})");
     let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)

@@ -299,6 +299,9 @@ pub(crate) struct GoalArgs {
 }
 
 pub fn main() -> ExitCode {
+    // reqwest is built without a default TLS provider; ring is ours, for every client (model
+    // calls, notifications). Installing twice is refused harmlessly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

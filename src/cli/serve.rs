@@ -17,9 +17,9 @@ pub async fn start(
     goals: PathBuf,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, Fail> {
-    let token = std::env::var("SUP_SERVE_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty());
+    // Read from the environment sup started with: secret-named variables leave the
+    // process environment at start-up.
+    let token = crate::tools::sandbox::var("SUP_SERVE_TOKEN").filter(|t| !t.trim().is_empty());
     let cfg = serve::Config {
         listen,
         goals_dir: std::path::absolute(&goals).unwrap_or(goals),

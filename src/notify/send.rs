@@ -33,10 +33,18 @@ fn expand(value: &str) -> Result<String, String> {
     let mut missing = None;
     let out = re.replace_all(value, |c: &regex::Captures| {
         let name = c.get(1).or_else(|| c.get(2)).map_or("", |m| m.as_str());
-        std::env::var(name).unwrap_or_else(|_| {
-            missing = Some(name.to_string());
-            String::new()
-        })
+        // Secret-named variables left the process environment at start-up; read them from
+        // the environment sup started with, and keep the value out of everything written.
+        match crate::tools::sandbox::var(name) {
+            Some(v) => {
+                crate::redact::add(&v);
+                v
+            }
+            None => {
+                missing = Some(name.to_string());
+                String::new()
+            }
+        }
     });
     match missing {
         Some(name) => Err(format!("${name} is not set in the environment")),
@@ -164,12 +172,12 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
                 }
             }
             if let Some(var) = secret_env {
-                let Some(key) = std::env::var_os(var).filter(|k| !k.is_empty()) else {
+                let Some(key) = crate::tools::sandbox::var(var).filter(|k| !k.is_empty()) else {
                     return Attempt::Fatal(format!(
                         "secret_env: ${var} is not set in the environment"
                     ));
                 };
-                match signature(key.as_encoded_bytes(), &body) {
+                match signature(key.as_bytes(), &body) {
                     Ok(sig) => req = req.header(SIGNATURE_HEADER, sig),
                     Err(e) => return Attempt::Fatal(format!("signature: {e}")),
                 }
@@ -192,7 +200,10 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
         }
         Channel::Command(argv) => {
             let mut cmd = tokio::process::Command::new(&argv[0]);
+            // The user's own command: it gets the environment sup started with.
             cmd.args(&argv[1..])
+                .env_clear()
+                .envs(crate::tools::sandbox::original_env())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

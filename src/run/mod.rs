@@ -632,6 +632,7 @@ async fn launch_in(
         match Servers::start(&spec.mcp, &spec.goal.workspace, &run.dir, &jail, &run.id).await {
             Ok(s) => s,
             Err(e) => {
+                jail.sweep();
                 let _ = std::fs::remove_dir_all(&run.dir);
                 return Err(e.into());
             }
@@ -661,6 +662,7 @@ async fn launch_in(
         Ok(t) => t,
         Err(e) => {
             servers.shutdown().await;
+            jail.sweep();
             let _ = std::fs::remove_dir_all(&run.dir);
             return Err(e);
         }

@@ -806,6 +806,9 @@ pub async fn goal_action(
             .arg(&name)
             .arg("--goals")
             .arg(&state.cfg.goals_dir)
+            // The environment sup started with: the run needs the provider keys.
+            .env_clear()
+            .envs(crate::tools::sandbox::original_env())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -225,6 +225,7 @@ async fn start_one(
     ];
     for name in &spec.env_pass {
         if let Some(v) = super::sandbox::var(name) {
+            crate::redact::add(&v);
             extra.push((name.clone(), v));
         }
     }

@@ -261,14 +261,16 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
 }
 
 /// Let the output pumps finish; a process left in the background may hold the pipes open,
-/// so they get a moment, then what they hold is what was printed.
+/// so they get a moment, then what they hold is what was printed. The pumps are detached,
+/// not aborted: closing the pipes would kill a background server with SIGPIPE at its next
+/// line (they end when the run's sweep ends the writer).
 async fn drain(pumps: &mut tokio::task::JoinSet<()>) {
     let all = async { while pumps.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_millis(500), all)
         .await
         .is_err()
     {
-        pumps.abort_all();
+        pumps.detach_all();
     }
 }
 

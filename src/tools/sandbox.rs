@@ -233,7 +233,9 @@ pub fn var(name: &str) -> Option<String> {
     }
 }
 
-fn start_env() -> Vec<(OsString, OsString)> {
+/// The environment `sup` started with, secrets included: for what the user runs (notify
+/// commands, a console's `sup trigger`), never for the agent's processes.
+pub fn original_env() -> Vec<(OsString, OsString)> {
     match START.get() {
         Some(start) => start.env.clone(),
         None => std::env::vars_os().collect(),
@@ -245,11 +247,18 @@ fn start_env() -> Vec<(OsString, OsString)> {
 pub fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>) {
     let mut env = Vec::new();
     let mut withheld = Vec::new();
-    for (k, v) in start_env() {
+    for (k, v) in original_env() {
         let name = k.to_string_lossy();
-        if is_secret_name(&name) && !pass.iter().any(|p| *p == name) {
+        // `SUP_STORE` may carry a password, and with it the agent could answer its own
+        // approvals in a shared store.
+        let secret = is_secret_name(&name) || name == "SUP_STORE";
+        if secret && !pass.iter().any(|p| *p == name) {
             withheld.push(name.into_owned());
         } else {
+            // A value passed by name stays out of everything sup writes or shows the model.
+            if pass.iter().any(|p| *p == name) {
+                crate::redact::add(&v.to_string_lossy());
+            }
             env.push((k, v));
         }
     }

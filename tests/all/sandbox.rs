@@ -337,10 +337,12 @@ fn a_background_loop_cannot_answer_the_runs_own_approvals() {
             say("done")
         ]),
         &[
+            // The loop runs (auto allows what no rule denies, and no allow rule could allow a
+            // line with `&`); the write waits in the queue for a person.
             "--approval",
-            "queue",
-            "--allow",
-            "run_command",
+            "auto",
+            "--ask",
+            "write_file",
             "--approval-timeout",
             "3s",
         ],
