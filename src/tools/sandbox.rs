@@ -746,15 +746,21 @@ const LOCK: &str = "lock";
 const GROUPS: &str = "process-groups";
 
 fn lock(run_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError> {
+    // Locked under a private name, then renamed: whoever finds `lock` finds it held, never
+    // in the moment between its creation and its locking.
     let path = run_dir.join(LOCK);
+    let tmp = run_dir.join(format!("{LOCK}.{}.tmp", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
+        .open(&tmp)
+        .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", tmp.display())))?;
+    let held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| SandboxError::Setup(format!("cannot lock {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, &path)
         .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", path.display())))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        .map_err(|(_, e)| SandboxError::Setup(format!("cannot lock {}: {e}", path.display())))
+    Ok(held)
 }
 
 /// Whether the run in `run_dir` is alive: `Some(true)` while its lock is held, `Some(false)`
@@ -995,6 +1001,10 @@ fn run_of(pid: i32) -> Option<String> {
 pub fn sweep(run_id: &str) -> usize {
     let me = std::process::id() as i32;
     let own_exe = std::fs::read_link("/proc/self/exe").ok();
+    // Only the `sup` binary, which made itself a subreaper at start-up, owns every child it
+    // has; a program using the library (a test harness) has children of its own, so there
+    // only processes that carry this run's id are the run's.
+    let subreaper = START.get().is_some();
     let mut killed = 0;
     for _ in 0..50 {
         let procs = processes();
@@ -1011,7 +1021,7 @@ pub fn sweep(run_id: &str) -> usize {
                     // A child forked by sup that has not reached exec yet.
                     && !(comm.starts_with("tokio-runtime")
                         && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == own_exe)
-                    && run_of(*pid).is_none_or(|r| r == run_id)
+                    && run_of(*pid).map_or(subreaper, |r| r == run_id)
             })
             .map(|(pid, _, _)| *pid)
             .collect();
