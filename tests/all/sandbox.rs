@@ -523,9 +523,13 @@ fn no_key_reaches_a_command_a_command_tool_a_check_or_an_mcp_server() {
         let r = text(run.tool_result(id));
         assert!(!r.contains(KEY), "{id} saw the key: {r}");
         assert!(r.contains("PATH"), "{id}: {r}");
+        // Passed by name, and its value, like every passed value, is redacted in what the
+        // model sees.
         assert!(
-            r.contains("ghp-passed-on-purpose"),
-            "{id} lacks env_pass: {r}"
+            (r.contains("GITHUB_TOKEN=[redacted]")
+                || r.contains("\"GITHUB_TOKEN\": \"[redacted]\""))
+                && !r.contains("ghp-passed-on-purpose"),
+            "{id} lacks env_pass, or shows its value: {r}"
         );
     }
     let check = &run.result()["checks"][0][0];
