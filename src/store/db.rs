@@ -557,6 +557,19 @@ impl Db {
                 )
                 .map_err(|e| self.err(e))?;
         }
+        // An occurrence whose run is over is over too: a stale run's occurrence closes
+        // with it, so the goal's history and `sup status` do not show it running forever.
+        self.conn
+            .execute(
+                "UPDATE occurrences SET status = ?1
+                 WHERE status = ?2 AND run_id IN (SELECT id FROM runs WHERE status != ?3)",
+                params![
+                    OccurrenceStatus::Done,
+                    OccurrenceStatus::Running,
+                    RunStatus::Running
+                ],
+            )
+            .map_err(|e| self.err(e))?;
         Ok(n)
     }
 

@@ -850,6 +850,7 @@ fn soak_kill_9_of_the_daemon_twenty_times() {
     assert_eq!(running, 0, "runs left running");
     assert_eq!(twice, 0, "occurrences run twice");
     assert_eq!(left.len(), 0, "processes left over");
+    assert_eq!(occurrences_running, 0, "occurrences left running");
 }
 
 // ------------------------------------------------------------- the daemon does not stall
