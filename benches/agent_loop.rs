@@ -311,6 +311,9 @@ fn run(steps: usize) -> Figures {
 }
 
 fn main() {
+    // reqwest is built without a default TLS provider; `sup` installs ring, and so does the
+    // bare client here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rounds: usize = std::env::var("SUP_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())

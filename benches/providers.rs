@@ -173,6 +173,9 @@ async fn overhead() {
 }
 
 fn main() {
+    // reqwest is built without a default TLS provider; `sup` installs ring, and so does the
+    // bare client here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     sse_throughput();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
