@@ -245,6 +245,10 @@ fn a_queued_approval_sends_a_notice_with_its_request_id() {
             "make a file",
             "--approval",
             "queue",
+            // Should an assertion below fail, the run still ends within a minute instead of
+            // waiting out the default hour for an answer.
+            "--approval-timeout",
+            "60s",
             "--json",
             "--model",
         ])
