@@ -223,7 +223,16 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let runs = db.runs(None, None, 100).unwrap();
-            if runs.len() >= n && runs.iter().all(|r| r.ended_at.is_some()) {
+            // A run's row ends before the daemon closes its occurrence: wait for both.
+            let closed = |r: &sup::store::db::RunRow| {
+                r.ended_at.is_some()
+                    && db
+                        .occurrences(&r.goal, 10)
+                        .unwrap()
+                        .iter()
+                        .all(|o| o.1 != "running")
+            };
+            if runs.len() >= n && runs.iter().all(closed) {
                 return db;
             }
             assert!(Instant::now() < deadline, "runs never ended: {runs:?}");

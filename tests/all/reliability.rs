@@ -509,6 +509,59 @@ fn the_partial_answer_of_a_failed_stream_is_in_the_transcript() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("the first part"));
 }
 
+/// A tool that fails on a full disk says so, beside its own words: the workspace is a tiny
+/// tmpfs (mounted in a mount namespace of the test's own), filled by the command itself.
+#[test]
+fn a_command_that_fills_the_disk_is_told_the_disk_is_full() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "fill", "name": "run_command",
+            "input": {"command": "head -c 4000000 /dev/zero > big.bin"}}]},
+        {"tool_calls": [{"id": "write", "name": "write_file",
+            "input": {"path": "more.txt", "content": "x".repeat(300_000)}}]},
+        {"text": "done"}
+    ]));
+    let sup = env.sup();
+    let mut c = std::process::Command::new("unshare");
+    if !nix::unistd::getuid().is_root() {
+        c.args(["--user", "--map-root-user"]);
+    }
+    c.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o size=256k tmpfs "$PWD" && cd "$PWD" && exec "$@""#)
+        .arg("sh")
+        .arg(sup.get_program())
+        .args(["run", "fill the disk", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .current_dir(env.ws.path())
+        .stdin(Stdio::null());
+    for (k, v) in sup.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let run = Run::new(c.output().unwrap());
+    no_panic(&run);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let fill = run.tool_result("fill");
+    let content = fill["content"].as_str().unwrap();
+    assert_eq!(fill["is_error"], true, "{content}");
+    assert!(content.contains("No space left on device"), "{content}");
+    assert!(
+        content.contains("is full (no space left); free some space"),
+        "sup says the disk is full: {content}"
+    );
+    let write = run.tool_result("write");
+    let content = write["content"].as_str().unwrap();
+    assert_eq!(write["is_error"], true, "{content}");
+    assert!(
+        content.contains("is full (no space left)"),
+        "a built-in tool says it too: {content}"
+    );
+    // The workspace behind the tmpfs is untouched: the namespace's mount never leaked out.
+    assert!(!env.ws.path().join("big.bin").exists());
+}
+
 // --------------------------------------------------------------------------- validation
 
 fn goal_file(env: &Env, body: &str) -> Run {
