@@ -211,9 +211,10 @@ pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> 
     Ok(())
 }
 
-/// `writable = [...]`, each folder resolved against the goal file's folder (or `~/`) and
-/// checked to exist; a bad one names the file and its line.
-fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileError> {
+/// `writable = [...]`, each folder resolved against the folder of the file that names it (a
+/// goal file or the user config; or `~/`) and checked to exist; a bad one names the file and
+/// its line.
+pub(super) fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileError> {
     #[derive(Deserialize)]
     struct Only {
         #[serde(default)]

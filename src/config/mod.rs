@@ -243,7 +243,7 @@ settings! {
         /// Whether the agent's processes may open TCP connections (default true).
         #[arg(skip)]
         pub network: Option<bool>,
-        /// Folders writable besides the workspace (relative to the goal file, or `~/…`).
+        /// Folders writable besides the workspace (relative to the file that names them, or `~/…`).
         #[arg(skip)]
         #[serde(default)]
         pub writable: Vec<String>,
@@ -603,8 +603,10 @@ impl UserConfig {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
-        let settings: Settings = goal::from_toml(path, text)?;
+        let mut settings: Settings = goal::from_toml(path, text)?;
         goal::check_notify(path, text, &settings.notify)?;
+        goal::check_rules(path, text)?;
+        settings.writable = goal::writable(path, text)?;
         if let Some(key) = settings.goal_only_keys().first() {
             return Err(ConfigError::Invalid(format!(
                 "{}: key `{key}` belongs in a goal file, not the user config",

@@ -125,6 +125,55 @@ fn the_user_config_is_the_lowest_layer() {
 }
 
 #[test]
+fn the_user_config_is_checked_like_a_goal_file() {
+    let env = Env::new();
+    let dir = env.home.path().join("cfg");
+    std::fs::create_dir_all(dir.join("cache")).unwrap();
+    let config = dir.join("config.toml");
+    let run = |config_text: &str, turns: serde_json::Value| {
+        std::fs::write(&config, config_text).unwrap();
+        let script = env.script(turns);
+        let out = env
+            .sup()
+            .env("SUP_CONFIG", &config)
+            .env("SUP_SANDBOX", "workspace-write")
+            .args(["run", "x", "--json", "--model"])
+            .arg(format!("script:{}", script.display()))
+            .output()
+            .unwrap();
+        Run::new(out)
+    };
+    // A rule that does not parse names the config file and its line, as in a goal file.
+    let r = run(
+        "max_steps = 3\n\n[approval_rules]\nallow = [\"run_command(ls\"]\n",
+        json!([{"text": "done"}]),
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("config.toml:4:") && r.stderr.contains("approval_rules.allow"),
+        "{}",
+        r.stderr
+    );
+    // `writable` is relative to the config file's folder, not to where sup was started.
+    let target = dir.join("cache/out.txt");
+    let r = run(
+        "writable = [\"cache\"]\n",
+        json!([
+            {"tool_calls": [{"id": "w", "name": "run_command",
+                "input": {"command": format!("echo hi > {}", target.display())}}]},
+            {"text": "done"}
+        ]),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.tool_result("w")["is_error"], false, "{}", r.stdout);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi\n");
+    // A folder that does not exist names the file and line too.
+    let r = run("\nwritable = [\"nowhere\"]\n", json!([{"text": "done"}]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("config.toml:2:"), "{}", r.stderr);
+}
+
+#[test]
 fn a_bad_enum_value_names_the_key_and_the_choices() {
     let env = Env::new();
     let file = goal_file(&env, "prompt = \"p\"\n\napproval = \"sometimes\"\n");
