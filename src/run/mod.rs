@@ -727,7 +727,7 @@ async fn launch_in(
         error: outcome.error.as_deref(),
         checks: &outcome.checks,
     };
-    match db.finish_run_patiently(&run.id, &ended, PATIENCE) {
+    match db.finish_run_patiently(&run.id, &ended, PATIENCE).await {
         Ok(()) => {
             // Built from what was recorded; the outcome is final before anyone is told.
             if !spec.notify.is_empty() {

@@ -457,11 +457,11 @@ impl Db {
     }
 
     /// Record how a run ended, retrying a busy or locked store with backoff for up to
-    /// `patience`.
-    pub fn finish_run_patiently(
+    /// `patience`; the waits are async, so a daemon's other runs go on meanwhile.
+    pub async fn finish_run_patiently(
         &mut self,
         id: &str,
-        end: &Ended,
+        end: &Ended<'_>,
         patience: Duration,
     ) -> Result<(), DbError> {
         let started = std::time::Instant::now();
@@ -470,7 +470,7 @@ impl Db {
             match self.finish_run(id, end) {
                 Err(e) if is_busy(&e) && started.elapsed() < patience => {
                     tracing::warn!("{e}; retrying in {}ms", wait.as_millis());
-                    std::thread::sleep(wait);
+                    tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(2));
                 }
                 other => return other,
