@@ -178,14 +178,14 @@ pub async fn runs(
     }
     let _ = writeln!(
         out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {:<16} SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "STARTED", "HOST"
+        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} SCHEDULED FOR",
+        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED", "HOST"
     );
     for f in rows {
         let r = f.run;
         let _ = writeln!(
             out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {:<16} {}",
+            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} {}",
             r.id,
             r.goal,
             r.trigger,
@@ -193,6 +193,7 @@ pub async fn runs(
             r.stop_reason.unwrap_or_default(),
             r.tries,
             r.steps,
+            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
             short(&r.started_at),
             f.host,
             r.scheduled_for.as_deref().map(short).unwrap_or_default()

@@ -102,7 +102,7 @@ impl From<crate::run::RunError> for Fail {
             | RunError::Sandbox(_) => Ending::Usage,
             RunError::Model(m) if m.is_config() => Ending::Usage,
             RunError::Model(_) => Ending::Model,
-            RunError::Store(_) | RunError::Db(_) => Ending::Store,
+            RunError::Store(_) | RunError::Db(_) | RunError::Pg(_) => Ending::Store,
         };
         Fail {
             ending,
