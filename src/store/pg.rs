@@ -12,7 +12,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use super::db::{ApprovalRow, RunRow, stamp};
+use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
 use crate::model::Usage;
 use crate::trace::{CheckReport, Status, StopReason};
 
@@ -1236,7 +1236,7 @@ impl PgStore {
         Ok(c.query_opt(
             &format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE goal = $1 AND id <> $2
-                     AND coalesce(local_id, '') <> $2 AND status <> 'running'
+                     AND status <> 'running'
                  ORDER BY started_at DESC, id DESC LIMIT 1"
             ),
             &[&goal, &except],
@@ -1245,6 +1245,34 @@ impl PgStore {
         .map_err(|e| self.err(&e))?
         .as_ref()
         .map(run_of))
+    }
+
+    /// Whether `goal` is paused, and its last occurrence.
+    pub async fn goal_state(&self, goal: &str) -> Result<(bool, Option<DateTime<Utc>>), PgError> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            "SELECT paused, last_occurrence FROM goal_state WHERE goal = $1",
+            &[&goal],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .map_or((false, None), |r| (r.get(0), r.get(1))))
+    }
+
+    /// The status of the occurrence of `goal` at `at`, if the fleet recorded one.
+    pub async fn occurrence_status(
+        &self,
+        goal: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<String>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            "SELECT status FROM occurrences WHERE goal = $1 AND scheduled_for = $2",
+            &[&goal, &at],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .map(|r| r.get(0)))
     }
 
     /// US dollars spent by the runs of `goal` started at or after `since`, on any daemon.
@@ -1259,6 +1287,96 @@ impl PgStore {
             .await
             .map_err(|e| self.err(&e))?;
         Ok(row.get(0))
+    }
+
+    /// One page of runs (`offset`, `limit`), newest first, and how many match in all: the web
+    /// console's list.
+    pub async fn runs_page(
+        &self,
+        goal: Option<&str>,
+        status: Option<&str>,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<FleetRun>, u64), PgError> {
+        let c = self.client().await?;
+        let total: i64 = c
+            .query_one(
+                "SELECT count(*) FROM runs
+                 WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)",
+                &[&goal, &status],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .get(0);
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
+                     ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4"
+                ),
+                &[&goal, &status, &i64::from(limit), &i64::from(offset)],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok((rows.iter().map(run_of).collect(), total.max(0) as u64))
+    }
+
+    /// The names of goals that have runs, sorted.
+    pub async fn goal_names(&self) -> Result<Vec<String>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query("SELECT DISTINCT goal FROM runs ORDER BY goal", &[])
+            .await
+            .map_err(|e| self.err(&e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// A run's transcript events from sequence number `from` on, each with its number.
+    pub async fn events_from(
+        &self,
+        id: &str,
+        from: i64,
+    ) -> Result<Vec<(i64, serde_json::Value)>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT seq, event FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
+            &[&id, &from],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+    }
+
+    /// What the goals page shows of a goal: paused, skipped and missed occurrences, the last
+    /// run, and occurrences skipped while paused.
+    pub async fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT coalesce((SELECT paused FROM goal_state WHERE goal = $1), false),
+                     count(*) FILTER (WHERE status = 'skipped'),
+                     count(*) FILTER (WHERE status = 'missed'),
+                     count(*) FILTER (WHERE status = 'paused')
+                 FROM occurrences WHERE goal = $1",
+                &[&goal],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        let n = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        let last = self.previous_run(goal, "").await?.map(|f| f.run);
+        Ok((
+            GoalStats {
+                paused: row.get(0),
+                skipped: n(1),
+                missed: n(2),
+                last,
+            },
+            n(3),
+        ))
     }
 
     /// Whether the store asked for a run to be cancelled (overlap `replace`).
@@ -1416,6 +1534,28 @@ impl PgStore {
         .map_err(|e| self.err(&e))?
         .iter()
         .map(approval_of)
+        .collect())
+    }
+
+    /// Answered (or expired) requests, newest answer first, with when they were answered.
+    pub async fn answered_approvals(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<(ApprovalRow, Option<String>)>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
+                 reason, decided_by, decided_at FROM approvals WHERE status <> 'pending'
+             ORDER BY decided_at DESC NULLS LAST, id LIMIT $1",
+            &[&i64::from(limit)],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| {
+            let at: Option<DateTime<Utc>> = r.get(12);
+            (approval_of(r), at.map(stamp))
+        })
         .collect())
     }
 

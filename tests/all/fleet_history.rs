@@ -171,3 +171,200 @@ fn the_days_cost_cap_and_the_previous_answer_hold_across_daemons() {
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("$6.0000"), "{text}");
 }
+
+#[test]
+fn sup_status_with_a_store_judges_by_the_fleets_runs() {
+    let mut f = Fleet::new();
+    f.goal("good", None, 0, "");
+    f.goal("bad", None, 0, "[[check]]\nrun = \"false\"");
+    for g in ["good", "bad"] {
+        let (code, text) = f.out(0, &["trigger", g, "--goals", "."]);
+        assert!(code == 0 || code == 1, "{text}");
+    }
+    // Machine 1 has no local history: what it says comes from the store.
+    let (code, text) = f.out(1, &["status", "--goals", "."]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("✓ good · last achieved (manual"), "{text}");
+    assert!(text.contains("✗ bad · last failed (manual"), "{text}");
+    let (code, text) = f.out(1, &["status", "--goals", ".", "--json"]);
+    assert_eq!(code, 1, "{text}");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["healthy"], false);
+    std::fs::remove_file(f.goals.path().join("bad.toml")).unwrap();
+    let (code, text) = f.out(1, &["status", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    // A scheduled goal whose occurrences nobody ran is overdue: its file is older than its
+    // last occurrence, and the store has no occurrence for it.
+    f.goal("nightly", Some("0 0 * * *"), 0, "");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3 * 86_400);
+    std::fs::File::options()
+        .write(true)
+        .open(f.goals.path().join("nightly.toml"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let (code, text) = f.out(1, &["status", "--goals", "."]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("✗ nightly · never run · OVERDUE"), "{text}");
+}
+
+#[test]
+fn the_web_console_on_a_store_lists_shows_and_answers_for_the_fleet() {
+    use crate::web::{console, csrf_of, get, http, sign_in};
+    let mut f = Fleet::new();
+    f.goal_turns(
+        "w",
+        None,
+        r#"[{"tool_calls": [{"name": "write_file", "input": {"path": "made.txt", "content": "x"}}]}, {"text": "written"}]"#,
+        "approval = \"queue\"\napproval_timeout = \"1h\"",
+    );
+    let d = f.daemon(0, &[]);
+    serving(&f, 0);
+    // The console runs on machine 1, which runs nothing itself.
+    let mut cmd = f.sup(1);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--goals", "."]);
+    let c = console(cmd);
+    let (code, text) = f.out(2, &["trigger", "w", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    let mut id = String::new();
+    until("an approval request in the store", 20, || {
+        id =
+            f.pg.one("SELECT id FROM approvals WHERE status = 'pending'");
+        !id.is_empty()
+    });
+    let page = get(&c.addr, "/approvals", None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(&id), "{}", page.body);
+    assert!(page.body.contains("made.txt"), "{}", page.body);
+    let cookie = sign_in(&c.addr, "ada", None);
+    let csrf = csrf_of(&get(&c.addr, "/approvals", Some(&cookie)).body);
+    let approve = format!("/approvals/{id}/approve");
+    let r = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    until("the approved run ends", 15, || {
+        f.pg.one("SELECT status FROM runs WHERE goal = 'w'") != "running"
+    });
+    let logs = f.logs();
+    let run = f.pg.one("SELECT id FROM runs WHERE goal = 'w'");
+    assert_eq!(
+        f.pg.one("SELECT status FROM runs WHERE goal = 'w'"),
+        "achieved",
+        "{logs}"
+    );
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT decided_by FROM approvals WHERE id = '{id}'"
+        )),
+        "web:ada"
+    );
+    // Answered twice: a conflict that says who answered.
+    let r = http(
+        &c.addr,
+        "POST",
+        &approve,
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("web:ada"), "{}", r.body);
+    let page = get(&c.addr, "/approvals", None);
+    assert!(
+        page.body.contains("No approval requests are waiting"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("web:ada"), "{}", page.body);
+    // The runs list and the run, with its transcript from the store.
+    let page = get(&c.addr, "/runs", None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains(&run) && page.body.contains("achieved"),
+        "{}",
+        page.body
+    );
+    let page = get(&c.addr, &format!("/runs/{run}"), None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("write_file"), "{}", page.body);
+    assert!(page.body.contains("written"), "{}", page.body);
+    assert!(page.body.contains("<dd>m0</dd>"), "{}", page.body);
+    // The transcript from an offset, as server-sent events, ends with the run's end.
+    let page = get(&c.addr, &format!("/runs/{run}/events?from=0"), None);
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("event: line"), "{}", page.body);
+    assert!(page.body.contains("event: end"), "{}", page.body);
+    assert_eq!(get(&c.addr, "/runs/no-such-run", None).status, 404);
+    // Goals, with the fleet's verdict; pausing goes to the store.
+    let page = get(&c.addr, "/goals", Some(&cookie));
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(&format!("run {run}")), "{}", page.body);
+    let r = http(
+        &c.addr,
+        "POST",
+        "/goals/w/pause",
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(
+        f.pg.one("SELECT paused FROM goal_state WHERE goal = 'w'"),
+        "t"
+    );
+    stop(d);
+}
+
+#[test]
+fn service_install_keeps_a_store_password_out_of_the_unit() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = common::Env::new();
+    let config = env.home.path().join("xdg");
+    let goals = env.home.path().join("goals");
+    std::fs::create_dir_all(&goals).unwrap();
+    let install = |store: &str| {
+        let o = env
+            .sup()
+            .env("XDG_CONFIG_HOME", &config)
+            .env("SUP_STORE", store)
+            .args(["service", "install", "--user", "--no-enable", "--goals"])
+            .arg(&goals)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::read_to_string(config.join("systemd/user/sup.service")).unwrap()
+    };
+    let secrets = config.join("sup/env");
+    let unit = install("postgres://sup:s3cret-pass@127.0.0.1:5432/fleet");
+    assert!(!unit.contains("s3cret"), "{unit}");
+    assert!(!unit.contains("Environment=SUP_STORE"), "{unit}");
+    assert!(
+        unit.contains(&format!("EnvironmentFile=-{}", secrets.display())),
+        "{unit}"
+    );
+    let text = std::fs::read_to_string(&secrets).unwrap();
+    assert!(
+        text.contains("SUP_STORE=postgres://sup:s3cret-pass@127.0.0.1:5432/fleet"),
+        "{text}"
+    );
+    let mode = std::fs::metadata(&secrets).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // Without a password the URL is in the unit, and the old one leaves the secrets file,
+    // which would override it.
+    std::fs::write(&secrets, format!("OPENAI_API_KEY=sk-x\n{text}")).unwrap();
+    let unit = install("postgres://sup@127.0.0.1:5432/fleet");
+    assert!(
+        unit.contains("Environment=SUP_STORE=postgres://sup@127.0.0.1:5432/fleet"),
+        "{unit}"
+    );
+    let text = std::fs::read_to_string(&secrets).unwrap();
+    assert_eq!(text, "OPENAI_API_KEY=sk-x\n");
+}
