@@ -64,6 +64,8 @@ pub struct DaemonArgs {
     pub grace: Duration,
     pub lease: Duration,
     pub tags: Vec<String>,
+    /// Also serve the fleet's web console here.
+    pub serve: Option<std::net::SocketAddr>,
 }
 
 pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
@@ -100,6 +102,18 @@ pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         crate::tools::mcp::kill_all();
         std::process::exit(i32::from(Ending::Interrupted.code()));
     });
+    let console = match a.serve {
+        Some(addr) => Some(
+            super::serve::start(
+                addr,
+                a.goals.clone(),
+                Some((store.clone(), url.to_string())),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let cfg = fleet::Config {
         goals_dir: a.goals,
         home: store::home(),
@@ -113,6 +127,9 @@ pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
     fleet::run(cfg, shutdown, reload_rx)
         .await
         .map_err(Fail::usage)?;
+    if let Some(c) = console {
+        let _ = c.await;
+    }
     Ok(Ending::Achieved)
 }
 

@@ -405,7 +405,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             grace,
             lease,
             tags,
-            ..
+            serve,
         } => {
             fleet::daemon(
                 url,
@@ -415,6 +415,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
                     grace,
                     lease,
                     tags,
+                    serve,
                 },
             )
             .await

@@ -368,3 +368,24 @@ fn service_install_keeps_a_store_password_out_of_the_unit() {
     let text = std::fs::read_to_string(&secrets).unwrap();
     assert_eq!(text, "OPENAI_API_KEY=sk-x\n");
 }
+
+#[test]
+fn a_fleet_daemon_with_serve_shows_the_fleets_runs() {
+    use crate::web::{console, get};
+    let mut f = Fleet::new();
+    f.goal("once", None, 0, "");
+    let mut cmd = f.sup(0);
+    cmd.args(["daemon", "--goals", ".", "--serve", "127.0.0.1:0"]);
+    let c = console(cmd);
+    serving(&f, 0);
+    // Machine 1 triggers; the daemon on machine 0 runs it.
+    let (code, text) = f.out(1, &["trigger", "once", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    until("the run ends", 20, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE status = 'achieved'") == "1"
+    });
+    let run = f.pg.one("SELECT id FROM runs");
+    let page = get(&c.addr, "/runs", None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(&run), "{}", page.body);
+}
