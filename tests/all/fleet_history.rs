@@ -389,3 +389,18 @@ fn a_fleet_daemon_with_serve_shows_the_fleets_runs() {
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(page.body.contains(&run), "{}", page.body);
 }
+
+#[test]
+fn a_store_of_schema_1_is_migrated_to_keep_cost_and_answer() {
+    let mut f = Fleet::new();
+    // As the first fleet release left it.
+    f.pg.exec(
+        "ALTER TABLE runs DROP COLUMN cost; ALTER TABLE runs DROP COLUMN answer;
+         UPDATE sup_schema SET version = 1",
+    );
+    f.goal("once", None, 0, "");
+    let (code, text) = f.out(0, &["trigger", "once", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "2");
+    assert_eq!(f.pg.one("SELECT answer FROM runs"), "done");
+}
