@@ -64,6 +64,8 @@ pub struct DaemonArgs {
     pub grace: Duration,
     pub lease: Duration,
     pub tags: Vec<String>,
+    /// Also serve the fleet's web console here.
+    pub serve: Option<std::net::SocketAddr>,
 }
 
 pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
@@ -100,6 +102,18 @@ pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         crate::tools::mcp::kill_all();
         std::process::exit(i32::from(Ending::Interrupted.code()));
     });
+    let console = match a.serve {
+        Some(addr) => Some(
+            super::serve::start(
+                addr,
+                a.goals.clone(),
+                Some((store.clone(), url.to_string())),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let cfg = fleet::Config {
         goals_dir: a.goals,
         home: store::home(),
@@ -113,6 +127,9 @@ pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
     fleet::run(cfg, shutdown, reload_rx)
         .await
         .map_err(Fail::usage)?;
+    if let Some(c) = console {
+        let _ = c.await;
+    }
     Ok(Ending::Achieved)
 }
 
@@ -178,14 +195,14 @@ pub async fn runs(
     }
     let _ = writeln!(
         out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {:<16} SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "STARTED", "HOST"
+        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} SCHEDULED FOR",
+        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED", "HOST"
     );
     for f in rows {
         let r = f.run;
         let _ = writeln!(
             out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5}  {:<19}  {:<16} {}",
+            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} {}",
             r.id,
             r.goal,
             r.trigger,
@@ -193,6 +210,7 @@ pub async fn runs(
             r.stop_reason.unwrap_or_default(),
             r.tries,
             r.steps,
+            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
             short(&r.started_at),
             f.host,
             r.scheduled_for.as_deref().map(short).unwrap_or_default()

@@ -64,7 +64,7 @@ pub async fn daemon(
     let mut int = signal(SignalKind::interrupt()).map_err(Fail::store)?;
     let mut hup = signal(SignalKind::hangup()).map_err(Fail::store)?;
     let console = match serve {
-        Some(addr) => Some(super::serve::start(addr, goals.clone(), shutdown.clone()).await?),
+        Some(addr) => Some(super::serve::start(addr, goals.clone(), None, shutdown.clone()).await?),
         None => None,
     };
     let stop = shutdown.clone();

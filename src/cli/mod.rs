@@ -102,7 +102,7 @@ impl From<crate::run::RunError> for Fail {
             | RunError::Sandbox(_) => Ending::Usage,
             RunError::Model(m) if m.is_config() => Ending::Usage,
             RunError::Model(_) => Ending::Model,
-            RunError::Store(_) | RunError::Db(_) => Ending::Store,
+            RunError::Store(_) | RunError::Db(_) | RunError::Pg(_) => Ending::Store,
         };
         Fail {
             ending,
@@ -355,7 +355,7 @@ pub fn main() -> ExitCode {
             Command::Daemons { .. } => Err(Fail::usage(anyhow::anyhow!(
                 "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
             ))),
-            Command::Serve { listen, goals } => serve::serve(listen, goals).await,
+            Command::Serve { listen, goals } => serve::serve(listen, goals, None).await,
             Command::Goals { goals, json } => manage::goals(&goals, json),
             Command::Runs {
                 goal,
@@ -370,7 +370,7 @@ pub fn main() -> ExitCode {
             Command::Approvals { json } => manage::approvals(json),
             Command::Approve { id, always } => manage::answer(&id, true, always, None),
             Command::Deny { id, reason } => manage::answer(&id, false, false, reason),
-            Command::Status { goals, json } => status::status(&goals, json),
+            Command::Status { goals, json } => status::status(&goals, json).await,
             Command::Service { action } => service::service(action),
         }
     });
@@ -405,7 +405,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             grace,
             lease,
             tags,
-            ..
+            serve,
         } => {
             fleet::daemon(
                 url,
@@ -415,16 +415,28 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
                     grace,
                     lease,
                     tags,
+                    serve,
                 },
             )
             .await
         }
         Command::Daemons { json } => fleet::daemons(url, json).await,
-        Command::Serve { .. } | Command::Status { .. } | Command::Service { .. } => {
-            Err(Fail::usage(anyhow::anyhow!(
-                "`sup serve`, `sup status` and `sup service` read the local store and do not \
-                 take --store yet; run them without --store (and without SUP_STORE)"
-            )))
+        Command::Status { goals, json } => {
+            let store = fleet::open(url).await?;
+            status::status_in(&status::Source::Fleet(store), &goals, json).await
+        }
+        Command::Serve { listen, goals } => {
+            let store = fleet::open(url).await?;
+            serve::serve(listen, goals, Some((store, url.to_string()))).await
+        }
+        Command::Service { action } => {
+            if !crate::store::pg::is_pg_url(url) {
+                return Err(Fail::usage(anyhow::anyhow!(
+                    "--store `{url}` is not a PostgreSQL URL: write \
+                     postgres://USER@HOST:PORT/DATABASE"
+                )));
+            }
+            service::service_with(action, Some(url))
         }
         Command::Goals { goals, json } => {
             let code = manage::goals(&goals, json)?;

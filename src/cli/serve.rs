@@ -1,5 +1,5 @@
 //! `sup serve` and the console of `sup daemon --serve`: read `SUP_SERVE_TOKEN`, bind, say
-//! where it listens, serve until SIGTERM or Ctrl-C.
+//! where it listens, serve until SIGTERM or Ctrl-C; with `--store`, the fleet's console.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +15,7 @@ use crate::store;
 pub async fn start(
     listen: SocketAddr,
     goals: PathBuf,
+    fleet: Option<(crate::store::pg::PgStore, String)>,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, Fail> {
     // Read from the environment sup started with: secret-named variables leave the
@@ -26,6 +27,7 @@ pub async fn start(
         home: store::home(),
         token,
         exe: std::env::current_exe().map_err(Fail::usage)?,
+        fleet,
     };
     let server = serve::bind(cfg, shutdown).await.map_err(Fail::usage)?;
     eprintln!("sup serve: listening on http://{}", server.addr);
@@ -36,11 +38,15 @@ pub async fn start(
     }))
 }
 
-pub async fn serve(listen: SocketAddr, goals: PathBuf) -> Result<Ending, Fail> {
+pub async fn serve(
+    listen: SocketAddr,
+    goals: PathBuf,
+    fleet: Option<(crate::store::pg::PgStore, String)>,
+) -> Result<Ending, Fail> {
     use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
-    let handle = start(listen, goals, shutdown.clone()).await?;
+    let handle = start(listen, goals, fleet, shutdown.clone()).await?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

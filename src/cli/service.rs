@@ -1,7 +1,9 @@
 //! `sup service install|uninstall`: the daemon as a service that survives a reboot. On
 //! Linux a systemd unit (`Restart=on-failure`, absolute paths, `ExecReload` sending SIGHUP,
 //! `KillMode=mixed` with a stop timeout longer than `--grace`), enabled with `--now` where
-//! `systemctl` exists; on macOS a launchd agent.
+//! `systemctl` exists; on macOS a launchd agent. With `--store` the daemon joins the fleet:
+//! a store URL without a password goes in the unit; one with a password goes in the secrets
+//! file (mode 600) that the unit reads, never in the unit, which anyone may read.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,6 +71,8 @@ pub struct Spec {
     pub env_file: PathBuf,
     /// The OS user a system unit runs as.
     pub run_as: Option<String>,
+    /// A fleet's store URL that carries a password: it lives in `env_file`, not in the unit.
+    pub store_in_env_file: bool,
 }
 
 /// One word of an `ExecStart=` line, quoted when needed; `%` and `$` taken literally.
@@ -106,6 +110,14 @@ pub fn unit(spec: &Spec) -> String {
         .map(|e| format!("Environment={}\n", unit_word(e)))
         .collect();
     let workdir = spec.goals.parent().unwrap_or(&spec.goals);
+    let store_note = if spec.store_in_env_file {
+        format!(
+            "# SUP_STORE (its URL carries a password) is in {}.\n",
+            spec.env_file.display()
+        )
+    } else {
+        String::new()
+    };
     let user = spec
         .run_as
         .as_ref()
@@ -123,6 +135,7 @@ pub fn unit(spec: &Spec) -> String {
          ExecStart={exec}\n\
          ExecReload=/bin/kill -HUP $MAINPID\n\
          {env}\
+         {store_note}\
          EnvironmentFile=-{env_file}\n\
          WorkingDirectory={workdir}\n\
          {user}\
@@ -247,7 +260,61 @@ fn absolute(p: &Path) -> Result<PathBuf, Fail> {
         .map_err(Fail::usage)
 }
 
+/// Whether a store URL carries a password (`postgres://user:secret@…` or `?password=…`).
+fn has_password(url: &str) -> Result<bool, Fail> {
+    let cfg: tokio_postgres::Config = url.parse().map_err(|e| {
+        Fail::usage(anyhow!(
+            "--store is not a PostgreSQL URL ({e}); write postgres://USER@HOST:PORT/DATABASE"
+        ))
+    })?;
+    Ok(cfg.get_password().is_some())
+}
+
+/// Set `key=value` in the secrets file (or, with no value, take `key` out of it), created or
+/// kept at mode 600; other lines stay. Returns whether the file changed.
+fn put_secret(path: &Path, key: &str, value: Option<&str>) -> Result<bool, Fail> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))
+            .map_err(Fail::usage)?;
+    }
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let mut text: String = old
+        .lines()
+        .filter(|l| !l.trim_start().starts_with(&format!("{key}=")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    match value {
+        Some(v) => text.push_str(&format!("{key}={v}\n")),
+        // Nothing to take out: the file stays as it is (or absent).
+        None if text.len() == old.len() => return Ok(false),
+        None => {}
+    }
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
+        // An existing file keeps its mode when opened; make it private too.
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        f.write_all(text.as_bytes())
+    };
+    write()
+        .with_context(|| format!("cannot write {}", path.display()))
+        .map_err(Fail::usage)?;
+    Ok(true)
+}
+
 pub fn service(action: Action) -> Result<Ending, Fail> {
+    service_with(action, None)
+}
+
+/// `sup service` with the fleet's store URL (`--store`, `SUP_STORE`) passed to the daemon.
+pub fn service_with(action: Action, store: Option<&str>) -> Result<Ending, Fail> {
     match action {
         Action::Install {
             goals,
@@ -270,6 +337,19 @@ pub fn service(action: Action) -> Result<Ending, Fail> {
             } else {
                 config_home()?.join("sup/env")
             };
+            let secret_store = match store {
+                Some(url) => has_password(url)?,
+                None => false,
+            };
+            let mut passed: Vec<(String, String)> = ["SUP_MODEL", "SUP_APPROVAL", "SUP_CONFIG"]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+                .filter(|(_, v)| !v.is_empty())
+                .collect();
+            // launchd has no secrets file: the URL goes in the agent, written mode 600.
+            if let Some(url) = store.filter(|_| !secret_store || cfg!(target_os = "macos")) {
+                passed.push(("SUP_STORE".into(), url.to_string()));
+            }
             let spec = Spec {
                 exe: std::env::current_exe()
                     .context("cannot find the sup binary")
@@ -279,11 +359,7 @@ pub fn service(action: Action) -> Result<Ending, Fail> {
                 grace,
                 max_concurrent,
                 system,
-                env: ["SUP_MODEL", "SUP_APPROVAL", "SUP_CONFIG"]
-                    .iter()
-                    .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-                    .filter(|(_, v)| !v.is_empty())
-                    .collect(),
+                env: passed,
                 env_file,
                 run_as: system
                     .then(|| {
@@ -293,6 +369,7 @@ pub fn service(action: Action) -> Result<Ending, Fail> {
                     })
                     .flatten()
                     .filter(|u| u != "root"),
+                store_in_env_file: secret_store && !cfg!(target_os = "macos"),
             };
             let text = if cfg!(target_os = "macos") {
                 plist(&spec)
@@ -301,7 +378,28 @@ pub fn service(action: Action) -> Result<Ending, Fail> {
             };
             if print {
                 print!("{text}");
+                if spec.store_in_env_file {
+                    eprintln!(
+                        "install would put SUP_STORE (its URL carries a password) in {} (mode 600)",
+                        spec.env_file.display()
+                    );
+                }
                 return Ok(Ending::Achieved);
+            }
+            // The secrets file overrides the unit: it holds SUP_STORE only when the URL has a
+            // password, so a store given otherwise (or none) is not overridden by an old one.
+            if let (Some(url), true) = (store, spec.store_in_env_file) {
+                put_secret(&spec.env_file, "SUP_STORE", Some(url))?;
+                println!(
+                    "the store URL carries a password: SUP_STORE is in {} (mode 600), not in \
+                     the unit",
+                    spec.env_file.display()
+                );
+            } else if !cfg!(target_os = "macos") && put_secret(&spec.env_file, "SUP_STORE", None)? {
+                println!(
+                    "took the SUP_STORE of an earlier install out of {}",
+                    spec.env_file.display()
+                );
             }
             let path = service_path(system)?;
             if let Some(dir) = path.parent() {
@@ -312,6 +410,12 @@ pub fn service(action: Action) -> Result<Ending, Fail> {
             std::fs::write(&path, text)
                 .with_context(|| format!("cannot write {}", path.display()))
                 .map_err(Fail::usage)?;
+            if secret_store && cfg!(target_os = "macos") {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                    .with_context(|| format!("cannot make {} private", path.display()))
+                    .map_err(Fail::usage)?;
+            }
             println!("wrote {}", path.display());
             println!(
                 "secrets for the service (OPENAI_API_KEY=…) go in {} (mode 600)",
@@ -383,6 +487,7 @@ mod tests {
             env: vec![("SUP_MODEL".into(), "openai:gpt-4o-mini".into())],
             env_file: "/home/u/.config/sup/env".into(),
             run_as: None,
+            store_in_env_file: false,
         }
     }
 

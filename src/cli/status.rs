@@ -1,7 +1,8 @@
 //! `sup status`: health for monitors. Per goal the last occurrence, the last verdict (of any
 //! run, however triggered), the next occurrence, and whether it is overdue: an occurrence
 //! that should have run by now (since the goal file was last written) has no verdict, for
-//! example because no daemon ran. Exit 0 when every goal is healthy, 1 otherwise.
+//! example because no daemon ran. Exit 0 when every goal is healthy, 1 otherwise. With
+//! `--store` the verdicts and occurrences are the fleet's, from PostgreSQL.
 
 use std::io::Write;
 use std::path::Path;
@@ -12,7 +13,54 @@ use serde_json::{Value, json};
 
 use super::manage::{db, goal_files};
 use super::{Ending, Fail};
-use crate::store::db::stamp;
+use crate::store::db::{Db, RunRow, stamp};
+use crate::store::pg::PgStore;
+
+/// Where the verdicts and occurrences are read.
+pub enum Source {
+    Local(Db),
+    Fleet(PgStore),
+}
+
+/// What the store knows of a goal: paused, its last run and its last occurrence.
+type Known = (bool, Option<RunRow>, Option<DateTime<Utc>>);
+
+impl Source {
+    async fn known(&self, name: &str) -> Result<Known, Fail> {
+        match self {
+            Source::Local(db) => Ok((
+                db.paused(name).map_err(Fail::usage)?,
+                db.previous_run(name, "").map_err(Fail::usage)?,
+                db.last_occurrence(name).map_err(Fail::usage)?,
+            )),
+            Source::Fleet(pg) => {
+                let (paused, last_occurrence) = pg.goal_state(name).await.map_err(Fail::usage)?;
+                let last = pg
+                    .previous_run(name, "")
+                    .await
+                    .map_err(Fail::usage)?
+                    .map(|f| f.run);
+                Ok((paused, last, last_occurrence))
+            }
+        }
+    }
+
+    /// The status of the occurrence of `name` at `at`, if one was recorded.
+    async fn occurrence(&self, name: &str, at: DateTime<Utc>) -> Result<Option<String>, Fail> {
+        match self {
+            Source::Local(db) => {
+                let key = stamp(at);
+                Ok(db
+                    .occurrences(name, 100)
+                    .map_err(Fail::usage)?
+                    .into_iter()
+                    .find(|(t, _, _)| *t == key)
+                    .map(|(_, st, _)| st.to_string()))
+            }
+            Source::Fleet(pg) => pg.occurrence_status(name, at).await.map_err(Fail::usage),
+        }
+    }
+}
 
 /// How late an occurrence may still be starting before it counts as overdue.
 const SLACK: Duration = Duration::from_secs(120);
@@ -20,8 +68,11 @@ const SLACK: Duration = Duration::from_secs(120);
 /// Occurrence states that are a verdict or on the way to one: not overdue.
 const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
 
-pub fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
-    let db = db()?;
+pub async fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+    status_in(&Source::Local(db()?), dir, json_out).await
+}
+
+pub async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let now = Utc::now();
     let mut rows = Vec::new();
     for (path, g) in goal_files(dir)? {
@@ -35,9 +86,7 @@ pub fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
             }
         };
         let name = &g.file.name;
-        let paused = db.paused(name).map_err(Fail::usage)?;
-        let last = db.previous_run(name, "").map_err(Fail::usage)?;
-        let last_occurrence = db.last_occurrence(name).map_err(Fail::usage)?;
+        let (paused, last, last_occurrence) = source.known(name).await?;
         let since: DateTime<Utc> = std::fs::metadata(&path)
             .and_then(|m| m.modified())
             .map(DateTime::<Utc>::from)
@@ -46,13 +95,8 @@ pub fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
         if let Some(s) = g.schedule.as_ref().filter(|_| !paused) {
             let until = now - chrono::Duration::from_std(SLACK + g.jitter).unwrap_or_default();
             if let Some(expected) = latest(s, since, until) {
-                let key = stamp(expected);
-                let seen = db
-                    .occurrences(name, 100)
-                    .map_err(Fail::usage)?
-                    .into_iter()
-                    .find(|(at, _, _)| *at == key);
-                let accounted = seen.is_some_and(|(_, st, _)| ACCOUNTED.contains(&st.as_str()));
+                let seen = source.occurrence(name, expected).await?;
+                let accounted = seen.is_some_and(|st| ACCOUNTED.contains(&st.as_str()));
                 if !accounted {
                     overdue = Some(expected.with_timezone(&s.tz).to_rfc3339());
                 }

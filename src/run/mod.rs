@@ -22,13 +22,14 @@ use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::notify::{Notice, Notifier, Notify};
 use crate::store::db::{Db, DbError, Ended, KeptOutcome, NewRun, PATIENCE};
+use crate::store::pg::{self, PgError, PgStore};
 use crate::store::{RunDir, StoreError, Transcript, TriggerKind};
 use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::sandbox::{Jail, Sandbox, SandboxError};
 use crate::tools::{Registry, RegistryError, builtin};
-use crate::trace::{Event, EventSink, Events};
+use crate::trace::{CheckReport, Event, EventSink, Events};
 use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
 use crate::work::Limits;
 use std::collections::BTreeMap;
@@ -51,6 +52,8 @@ pub enum RunError {
     Mcp(#[from] McpError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Pg(#[from] PgError),
 }
 
 /// What the command line and the environment say, apart from a goal file.
@@ -422,7 +425,14 @@ pub struct Launched {
 /// with no terminal never waits on a prompt (its default is `never`), and says so. Calls are
 /// put to the terminal when there is one and the mode is not `queue`, else to the queue;
 /// human checks to the terminal when there is one.
-fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Events) -> Gate {
+fn gate(
+    spec: &RunSpec,
+    trigger: Trigger,
+    run_id: &str,
+    home: &Path,
+    shared: Option<&Shared>,
+    events: &Events,
+) -> Gate {
     let scheduled = trigger.kind == TriggerKind::Schedule;
     let terminal = if scheduled { None } else { Terminal::detect() };
     let notice = |text: String| events.emit(Event::Notice { text });
@@ -456,6 +466,7 @@ fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Ev
         run_id: run_id.to_string(),
         goal: spec.goal.name.clone(),
         timeout: spec.approval_timeout,
+        shared: shared.map(|s| (s.store.clone(), s.run_id.clone())),
     });
     let terminal: Option<Arc<dyn Approver>> = terminal.map(|terminal| {
         Arc::new(TerminalApprover {
@@ -470,15 +481,15 @@ fn gate(spec: &RunSpec, trigger: Trigger, run_id: &str, home: &Path, events: &Ev
     Gate::new(mode, spec.rules.clone(), calls, terminal.unwrap_or(queue))
 }
 
-/// The goal as this run sees it: templates rendered, the price and the cost cap set (the
-/// smaller of `max_cost` and what is left of `max_cost_per_day` today).
+/// The goal as this run sees it at `now`: templates rendered, the price and the cost cap set
+/// (the smaller of `max_cost` and what is left of `max_cost_per_day` after `spent_today`).
 fn this_run(
     spec: &RunSpec,
-    db: &Db,
+    now: DateTime<Utc>,
     trigger: Trigger,
-    previous: Option<&crate::store::db::RunRow>,
+    previous: template::Previous,
+    spent_today: f64,
 ) -> Result<Goal, RunError> {
-    let now = Utc::now();
     let mut goal = spec.goal.clone();
     let ctx = template::Context::new(
         spec.timezone,
@@ -486,7 +497,7 @@ fn this_run(
         &goal.name,
         trigger.kind.as_str(),
         trigger.scheduled_for,
-        previous.map(|p| previous_of(db, p)).unwrap_or_default(),
+        previous,
         spec.params.clone(),
     );
     goal.prompt = spec
@@ -499,19 +510,7 @@ fn this_run(
         .map_err(|e| setup(e.to_string()))?;
     goal.limits.price = spec.price;
     if spec.price.is_some() {
-        let left_today = match spec.max_cost_per_day {
-            Some(cap) => {
-                let day = now.with_timezone(&spec.timezone).date_naive();
-                let midnight = day
-                    .and_hms_opt(0, 0, 0)
-                    .and_then(|t| {
-                        chrono::TimeZone::from_local_datetime(&spec.timezone, &t).earliest()
-                    })
-                    .map_or(now, |t| t.with_timezone(&Utc));
-                Some(cap - db.cost_since(&goal.name, midnight)?)
-            }
-            None => None,
-        };
+        let left_today = spec.max_cost_per_day.map(|cap| cap - spent_today);
         goal.limits.max_cost = match (spec.max_cost, left_today) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -520,9 +519,21 @@ fn this_run(
     Ok(goal)
 }
 
-/// The previous run as templates see it.
-fn previous_of(db: &Db, p: &crate::store::db::RunRow) -> template::Previous {
-    let checks = db.checks(&p.id).unwrap_or_default();
+/// The start of `now`'s day in the goal's time zone, when the day's spending counts: only
+/// when a daily cap is kept.
+fn day_start(spec: &RunSpec, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    spec.price?;
+    spec.max_cost_per_day?;
+    let day = now.with_timezone(&spec.timezone).date_naive();
+    Some(
+        day.and_hms_opt(0, 0, 0)
+            .and_then(|t| chrono::TimeZone::from_local_datetime(&spec.timezone, &t).earliest())
+            .map_or(now, |t| t.with_timezone(&Utc)),
+    )
+}
+
+/// The previous run as templates see it, with its checks.
+fn previous_of(p: &crate::store::db::RunRow, checks: &[(u32, CheckReport)]) -> template::Previous {
     let last_try = checks.iter().map(|(t, _)| *t).max().unwrap_or(0);
     let mut failed = String::new();
     for (_, c) in checks.iter().filter(|(t, c)| *t == last_try && !c.passed) {
@@ -543,6 +554,72 @@ fn previous_of(db: &Db, p: &crate::store::db::RunRow) -> template::Previous {
     }
 }
 
+/// A run of a fleet: its row in the shared store, where `previous.*` and the day's spending
+/// are read (whichever daemon ran the earlier runs) and its approval requests are answered.
+#[derive(Clone)]
+pub struct Shared {
+    pub store: PgStore,
+    /// The run's id in the store.
+    pub run_id: String,
+}
+
+/// How long a fleet's run waits for the store to answer before it does not start.
+const SHARED_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The previous run of the goal and the goal as this run sees it, from the local store.
+fn prepare(
+    spec: &RunSpec,
+    db: &Db,
+    trigger: Trigger,
+) -> Result<(Option<crate::store::db::RunRow>, Goal), RunError> {
+    let name = &spec.goal.name;
+    let now = Utc::now();
+    let previous = db.previous_run(name, "")?;
+    let view = previous
+        .as_ref()
+        .map(|p| previous_of(p, &db.checks(&p.id).unwrap_or_default()));
+    let spent = match day_start(spec, now) {
+        Some(t) => db.cost_since(name, t)?,
+        None => 0.0,
+    };
+    let goal = this_run(spec, now, trigger, view.unwrap_or_default(), spent)?;
+    Ok((previous, goal))
+}
+
+/// `prepare` for a fleet's run, from the shared store: the previous run and the day's
+/// spending of the goal on any daemon.
+async fn prepare_shared(
+    spec: &RunSpec,
+    sh: &Shared,
+    trigger: Trigger,
+) -> Result<(Option<crate::store::db::RunRow>, Goal), RunError> {
+    let name = &spec.goal.name;
+    let now = Utc::now();
+    let previous = pg::retry("reading the previous run", SHARED_PATIENCE, || {
+        sh.store.previous_run(name, &sh.run_id)
+    })
+    .await?
+    .map(|f| f.run);
+    let view = match &previous {
+        Some(p) => Some(previous_of(
+            p,
+            &sh.store.checks(&p.id).await.unwrap_or_default(),
+        )),
+        None => None,
+    };
+    let spent = match day_start(spec, now) {
+        Some(t) => {
+            pg::retry("reading the day's spending", SHARED_PATIENCE, || {
+                sh.store.cost_since(name, t)
+            })
+            .await?
+        }
+        None => 0.0,
+    };
+    let goal = this_run(spec, now, trigger, view.unwrap_or_default(), spent)?;
+    Ok((previous, goal))
+}
+
 /// Set up and run `spec` to its end, recording it in the store under `home`.
 pub async fn launch(
     spec: &RunSpec,
@@ -551,7 +628,20 @@ pub async fn launch(
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
-    launch_in(spec, home, trigger, None, sinks, cancel).await
+    launch_in(spec, home, trigger, None, None, sinks, cancel).await
+}
+
+/// `launch` for a fleet's run: `previous.*`, `max_cost_per_day` and approval answers come
+/// from the shared store.
+pub async fn launch_shared(
+    spec: &RunSpec,
+    home: &Path,
+    trigger: Trigger,
+    shared: &Shared,
+    sinks: Vec<Arc<dyn EventSink>>,
+    cancel: &CancellationToken,
+) -> Result<Launched, RunError> {
+    launch_in(spec, home, trigger, None, Some(shared), sinks, cancel).await
 }
 
 /// `launch` for a run whose row the caller wrote already (the daemon, in the transaction
@@ -566,7 +656,7 @@ pub async fn launch_recorded(
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
     let id = run.id.clone();
-    let result = launch_in(spec, home, trigger, Some(run), sinks, cancel).await;
+    let result = launch_in(spec, home, trigger, Some(run), None, sinks, cancel).await;
     if let Err(e) = &result {
         let failed = Db::open(home).and_then(|db| db.fail_run(&id, &e.to_string()));
         if let Err(db) = failed {
@@ -581,6 +671,7 @@ async fn launch_in(
     home: &Path,
     trigger: Trigger,
     recorded: Option<RunDir>,
+    shared: Option<&Shared>,
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
@@ -596,8 +687,10 @@ async fn launch_in(
         tracing::warn!("{e}");
     }
     crate::tools::sandbox::sweep_dead_runs(home);
-    let previous = db.previous_run(&spec.goal.name, "")?;
-    let goal = this_run(spec, &db, trigger, previous.as_ref())?;
+    let (previous, goal) = match shared {
+        None => prepare(spec, &db, trigger)?,
+        Some(sh) => prepare_shared(spec, sh, trigger).await?,
+    };
     let prerecorded = recorded.is_some();
     let run = match recorded {
         Some(run) => {
@@ -684,7 +777,7 @@ async fn launch_in(
     events.emit(Event::Notice {
         text: jail.describe(),
     });
-    let gate = gate(spec, trigger, &run.id, home, &events);
+    let gate = gate(spec, trigger, &run.id, home, shared, &events);
     if spec.price.is_none() && (spec.max_cost.is_some() || spec.max_cost_per_day.is_some()) {
         events.emit(Event::Notice {
             text: format!(

@@ -750,7 +750,11 @@ pub async fn execute(
         tx,
         seq: AtomicI64::new(0),
     }));
-    let result = launch::launch(spec, home, trigger, sinks, cancel).await;
+    let shared = launch::Shared {
+        store: store.clone(),
+        run_id: run_id.to_string(),
+    };
+    let result = launch::launch_shared(spec, home, trigger, &shared, sinks, cancel).await;
     let _ = writer.await;
     let finish = match &result {
         Ok(l) => Finish {
@@ -761,6 +765,8 @@ pub async fn execute(
             usage: l.outcome.usage,
             error: l.outcome.error.clone(),
             checks: l.outcome.checks.clone(),
+            cost: l.outcome.cost,
+            answer: l.outcome.answer.clone(),
         },
         Err(e) => Finish {
             status: crate::trace::Status::Error,
@@ -770,6 +776,8 @@ pub async fn execute(
             usage: Default::default(),
             error: Some(format!("could not start: {e}")),
             checks: Vec::new(),
+            cost: None,
+            answer: None,
         },
     };
     if let Err(e) = pg::retry("recording an outcome", give_up(), || {

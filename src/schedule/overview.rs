@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::goals::{self, ScheduledGoal};
-use crate::store::db::{Db, DbError};
+use crate::store::db::{Db, DbError, GoalStats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OverviewError {
@@ -61,12 +61,21 @@ pub fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewError> {
 /// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken
 /// file, else name, file, schedule, timezone, next (3), paused, skipped, missed, last.
 pub fn overview(dir: &Path, db: &Db, now: DateTime<Utc>) -> Result<Vec<Value>, OverviewError> {
+    overview_with(dir, now, |name| Ok(db.goal_stats(name)?))
+}
+
+/// `overview` with each goal's figures from `stats` (the fleet's store, for one).
+pub fn overview_with(
+    dir: &Path,
+    now: DateTime<Utc>,
+    mut stats: impl FnMut(&str) -> Result<GoalStats, OverviewError>,
+) -> Result<Vec<Value>, OverviewError> {
     let mut rows = Vec::new();
     for (path, g) in goal_files(dir)? {
         let row = match g {
             Err(e) => json!({"file": path.display().to_string(), "error": e}),
             Ok(g) => {
-                let stats = db.goal_stats(&g.file.name)?;
+                let stats = stats(&g.file.name)?;
                 let next: Vec<String> = g
                     .schedule
                     .as_ref()

@@ -3,7 +3,8 @@
 //! runtime. Templates are maud (compiled into the binary, every value escaped by default);
 //! the style sheet and the one small script are embedded. Loopback by default; any other
 //! address needs `SUP_SERVE_TOKEN`. Every state-changing request is a POST carrying the
-//! session's CSRF token.
+//! session's CSRF token. With a fleet's store (`--store`) runs, transcripts, approvals and
+//! goal figures come from PostgreSQL, and answers reach waiting runs on any machine.
 
 mod auth;
 mod pages;
@@ -48,6 +49,8 @@ pub struct Config {
     pub token: Option<String>,
     /// This binary, for "run now" (`sup trigger NAME`).
     pub exe: PathBuf,
+    /// A fleet's store, and its URL for the processes the console starts.
+    pub fleet: Option<(crate::store::pg::PgStore, String)>,
 }
 
 /// A signed-in person.

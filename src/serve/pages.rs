@@ -1,7 +1,8 @@
 //! The pages and actions: runs (filters, pages), one run (transcript live over server-sent
 //! events, checks, kept outputs), approvals (waiting and answered; approve, approve always,
 //! deny with a reason), goals (schedule, next occurrences, last verdict, paused, file
-//! errors; run now, pause, resume), and the embedded style sheet and script.
+//! errors; run now, pause, resume), and the embedded style sheet and script. Each page
+//! loads from the local store, or from the fleet's (PostgreSQL) when the console has one.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -24,7 +25,8 @@ use super::auth::{CsrfForm, authorize};
 use super::render;
 use crate::approval::answer::{AnswerError, answer as record_answer, describe};
 use crate::schedule::overview;
-use crate::store::db::{Db, DbError, RunRow, parse_stamp};
+use crate::store::db::{Db, DbError, GoalStats, RunRow, parse_stamp};
+use crate::store::pg::{PgError, PgStore};
 use crate::store::query::{self, RunFilter};
 use crate::trace::{CheckReport, Event, HumanTrace};
 
@@ -41,8 +43,10 @@ const STATUSES: &[&str] = &[
     "interrupted",
 ];
 const PER_PAGE: u32 = 50;
-/// How often a live transcript looks for new lines.
+/// How often a live transcript looks for new lines: in the run's file…
 const TAIL_POLL: Duration = Duration::from_millis(50);
+/// …and in the fleet's store.
+const FLEET_TAIL_POLL: Duration = Duration::from_millis(250);
 
 pub(crate) fn layout(title: &str, viewer: &Viewer, body: Markup) -> Markup {
     html! {
@@ -113,6 +117,27 @@ fn db_error(e: DbError) -> PageError {
         DbError::NoRun(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
         e => PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+fn pg_error(e: PgError) -> PageError {
+    match e {
+        PgError::NoRun(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
+        e => PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// The fleet's store, when the console serves one.
+fn fleet(state: &State) -> Option<&PgStore> {
+    state.cfg.fleet.as_ref().map(|(s, _)| s)
+}
+
+/// Transcript events from the fleet's store as JSON lines, each with the sequence number
+/// after it.
+fn event_lines(events: &[(i64, Value)]) -> Vec<(String, u64)> {
+    events
+        .iter()
+        .map(|(seq, v)| (format!("{v}\n"), (*seq + 1).max(0) as u64))
+        .collect()
 }
 
 /// Run `f` on the store, off the async threads.
@@ -209,17 +234,32 @@ pub async fn runs(
     let per = q.per.unwrap_or(PER_PAGE).clamp(1, 500);
     let page = q.page.unwrap_or(1).max(1);
     let (g, s) = (goal.clone(), status.clone());
-    let loaded = with_db(&state, move |db| {
-        let filter = RunFilter {
-            goal: g.as_deref(),
-            status: s.as_deref(),
-        };
-        let (rows, total) =
-            query::runs_page(db, &filter, (page - 1).saturating_mul(per), per).map_err(db_error)?;
-        let goals = query::goal_names(db).map_err(db_error)?;
-        Ok((rows, total, goals))
-    })
-    .await;
+    let offset = (page - 1).saturating_mul(per);
+    let loaded = match fleet(&state) {
+        Some(pg) => {
+            async {
+                let (rows, total) = pg
+                    .runs_page(g.as_deref(), s.as_deref(), offset, per)
+                    .await
+                    .map_err(pg_error)?;
+                let goals = pg.goal_names().await.map_err(pg_error)?;
+                Ok((rows.into_iter().map(|f| f.run).collect(), total, goals))
+            }
+            .await
+        }
+        None => {
+            with_db(&state, move |db| {
+                let filter = RunFilter {
+                    goal: g.as_deref(),
+                    status: s.as_deref(),
+                };
+                let (rows, total) = query::runs_page(db, &filter, offset, per).map_err(db_error)?;
+                let goals = query::goal_names(db).map_err(db_error)?;
+                Ok((rows, total, goals))
+            })
+            .await
+        }
+    };
     let (rows, total, goals) = match loaded {
         Ok(x) => x,
         Err(e) => return e.into_response(),
@@ -265,7 +305,7 @@ pub async fn runs(
                             td.num { (r.tries) }
                             td.num { (r.steps) }
                             td.num { (r.usage.input_tokens) " / " (r.usage.output_tokens) }
-                            td.num { "—" }
+                            td.num { (r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into())) }
                             td.num { (duration(r)) }
                             td { (r.trigger) }
                             td { (short(&r.started_at)) }
@@ -341,18 +381,34 @@ pub async fn run(
     Extension(viewer): Extension<Viewer>,
     Path(id): Path<String>,
 ) -> Response {
-    let loaded = with_db(&state, move |db| {
-        let run = db.run(&id).map_err(db_error)?;
-        let checks = db.checks(&id).map_err(db_error)?;
-        Ok((run, checks))
-    })
-    .await;
-    let (run, checks) = match loaded {
+    let loaded = match fleet(&state) {
+        Some(pg) => {
+            async {
+                let f = pg.run(&id).await.map_err(pg_error)?;
+                let checks = pg.checks(&f.run.id).await.map_err(pg_error)?;
+                let events = pg.events_from(&f.run.id, 0).await.map_err(pg_error)?;
+                let lines = event_lines(&events);
+                let offset = lines.last().map_or(0, |(_, at)| *at);
+                let text: String = lines.into_iter().map(|(l, _)| l).collect();
+                Ok((f.run, checks, text, offset, Some(f.host)))
+            }
+            .await
+        }
+        None => {
+            with_db(&state, move |db| {
+                let run = db.run(&id).map_err(db_error)?;
+                let checks = db.checks(&id).map_err(db_error)?;
+                let transcript = FsPath::new(&run.dir).join("transcript.jsonl");
+                let (text, offset) = read_lines(&transcript, 0);
+                Ok((run, checks, text, offset, None))
+            })
+            .await
+        }
+    };
+    let (run, checks, text, offset, host) = match loaded {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    let transcript = FsPath::new(&run.dir).join("transcript.jsonl");
-    let (text, offset) = read_lines(&transcript, 0);
     let trace = trace_for(&run);
     let live = run.status == "running";
     let files = kept_files(&run, &checks);
@@ -363,10 +419,12 @@ pub async fn run(
             dt { "Goal" } dd { a href={ "/runs?goal=" (urlencode(&run.goal)) } { (run.goal) } }
             dt { "Trigger" } dd { (run.trigger)
                 @if let Some(s) = &run.scheduled_for { " · scheduled for " (short(s)) } }
+            @if let Some(h) = &host { dt { "Host" } dd { (h) } }
             dt { "Model" } dd { (run.model) }
             dt { "Workspace" } dd { code { (run.workspace) } }
             dt { "Tries · steps" } dd { (run.tries) " · " (run.steps) }
             dt { "Tokens" } dd { (run.usage.input_tokens) " in · " (run.usage.output_tokens) " out" }
+            @if let Some(c) = run.cost { dt { "Cost" } dd { (crate::trace::usd(c)) } }
             dt { "Started · duration" } dd { (short(&run.started_at)) " UTC · " (duration(&run)) }
             @if let Some(e) = &run.error { dt { "Error" } dd.problem { (render::clean(e)) } }
         }
@@ -420,8 +478,7 @@ pub async fn run_events(
     Query(q): Query<FromQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let rid = id.clone();
-    let run = match with_db(&state, move |db| db.run(&rid).map_err(db_error)).await {
+    let run = match load_run(&state, id).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -438,8 +495,9 @@ pub async fn run_events(
         done: false,
         polls: 0,
         trace: trace_for(&run),
+        fleet: fleet(&state).cloned(),
         state,
-        id,
+        id: run.id,
     };
     let stream = futures::stream::unfold(tail, Tail::next);
     axum::response::sse::Sse::new(stream)
@@ -454,8 +512,18 @@ struct Tail {
     done: bool,
     polls: u32,
     trace: HumanTrace,
+    /// The fleet's store, where the events are when there is one.
+    fleet: Option<PgStore>,
     state: Arc<State>,
     id: String,
+}
+
+/// A run by its id, from the store the console serves.
+async fn load_run(state: &Arc<State>, id: String) -> Result<RunRow, PageError> {
+    match fleet(state) {
+        Some(pg) => pg.run(&id).await.map(|f| f.run).map_err(pg_error),
+        None => with_db(state, move |db| db.run(&id).map_err(db_error)).await,
+    }
 }
 
 impl Tail {
@@ -467,11 +535,26 @@ impl Tail {
             if self.done || self.state.shutdown.is_cancelled() {
                 return None;
             }
-            let (text, end) = read_lines(&self.path, self.offset);
-            let mut at = self.offset;
-            for line in text.split_inclusive('\n') {
-                at += line.len() as u64;
-                let Ok(event) = serde_json::from_str::<Event>(line) else {
+            let lines = match &self.fleet {
+                Some(pg) => pg
+                    .events_from(&self.id, self.offset as i64)
+                    .await
+                    .map(|e| event_lines(&e))
+                    .unwrap_or_default(),
+                None => {
+                    let (text, _) = read_lines(&self.path, self.offset);
+                    let mut at = self.offset;
+                    text.split_inclusive('\n')
+                        .map(|l| {
+                            at += l.len() as u64;
+                            (l.to_string(), at)
+                        })
+                        .collect()
+                }
+            };
+            for (line, at) in lines {
+                self.offset = at;
+                let Ok(event) = serde_json::from_str::<Event>(&line) else {
                     continue;
                 };
                 if let Some(html) = render::event(&self.trace, &event) {
@@ -484,7 +567,6 @@ impl Tail {
                     self.done = true;
                 }
             }
-            self.offset = end;
             if self.done {
                 self.queued
                     .push_back(Sse::default().event("end").data("end"));
@@ -496,19 +578,21 @@ impl Tail {
             // Every second without news: has the run ended without a result (killed)?
             self.polls += 1;
             if self.polls.is_multiple_of(20) {
-                let id = self.id.clone();
-                let running = with_db(&self.state, move |db| {
-                    db.run(&id).map(|r| r.status == "running").map_err(db_error)
-                })
-                .await
-                .unwrap_or(false);
+                let running = load_run(&self.state, self.id.clone())
+                    .await
+                    .is_ok_and(|r| r.status == "running");
                 if !running {
                     self.done = true;
                     continue;
                 }
             }
+            let poll = if self.fleet.is_some() {
+                FLEET_TAIL_POLL
+            } else {
+                TAIL_POLL
+            };
             tokio::select! {
-                _ = tokio::time::sleep(TAIL_POLL) => {}
+                _ = tokio::time::sleep(poll) => {}
                 _ = self.state.shutdown.cancelled() => {}
             }
         }
@@ -520,7 +604,7 @@ pub async fn run_file(
     Ext(state): Ext<Arc<State>>,
     Path((id, path)): Path<(String, String)>,
 ) -> Response {
-    let run = match with_db(&state, move |db| db.run(&id).map_err(db_error)).await {
+    let run = match load_run(&state, id).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -551,36 +635,69 @@ pub async fn approvals(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
 ) -> Response {
-    let loaded = with_db(&state, |db| {
-        let pending = db.pending_approvals().map_err(db_error)?;
-        let mut waiting = Vec::new();
-        for p in pending {
-            let what = if p.kind == "check" {
-                p.input.clone()
-            } else {
-                let workspace = db
-                    .run(&p.run_id)
-                    .map(|r| PathBuf::from(r.workspace))
-                    .unwrap_or_else(|_| PathBuf::from("."));
-                let input: Value = serde_json::from_str(&p.input).unwrap_or(Value::Null);
-                describe(&p.tool, &input, &workspace)
-                    .trim_start()
-                    .to_string()
-            };
-            waiting.push((p, what));
-        }
-        let answered = query::answered_approvals(db, 50).map_err(db_error)?;
-        Ok((waiting, answered))
-    })
-    .await;
+    let loaded = match fleet(&state) {
+        Some(pg) => fleet_approvals(pg).await,
+        None => local_approvals(&state).await,
+    };
     let (waiting, answered) = match loaded {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
+    approvals_page(&viewer, &waiting, &answered)
+}
+
+/// Waiting requests with what each asks, and answered ones with when.
+type Approvals = (
+    Vec<(crate::store::db::ApprovalRow, String)>,
+    Vec<(crate::store::db::ApprovalRow, Option<String>)>,
+);
+
+/// What a request asks, in words: the question of a human check, else the call.
+fn what(p: &crate::store::db::ApprovalRow, workspace: Option<String>) -> String {
+    if p.kind == "check" {
+        return p.input.clone();
+    }
+    let workspace = PathBuf::from(workspace.unwrap_or_else(|| ".".into()));
+    let input: Value = serde_json::from_str(&p.input).unwrap_or(Value::Null);
+    describe(&p.tool, &input, &workspace)
+        .trim_start()
+        .to_string()
+}
+
+async fn fleet_approvals(pg: &PgStore) -> Result<Approvals, PageError> {
+    let mut waiting = Vec::new();
+    for p in pg.approvals("pending").await.map_err(pg_error)? {
+        let workspace = pg.run(&p.run_id).await.ok().map(|f| f.run.workspace);
+        let w = what(&p, workspace);
+        waiting.push((p, w));
+    }
+    let answered = pg.answered_approvals(50).await.map_err(pg_error)?;
+    Ok((waiting, answered))
+}
+
+async fn local_approvals(state: &Arc<State>) -> Result<Approvals, PageError> {
+    with_db(state, |db| {
+        let pending = db.pending_approvals().map_err(db_error)?;
+        let mut waiting = Vec::new();
+        for p in pending {
+            let w = what(&p, db.run(&p.run_id).ok().map(|r| r.workspace));
+            waiting.push((p, w));
+        }
+        let answered = query::answered_approvals(db, 50).map_err(db_error)?;
+        Ok((waiting, answered))
+    })
+    .await
+}
+
+fn approvals_page(
+    viewer: &Viewer,
+    waiting: &[(crate::store::db::ApprovalRow, String)],
+    answered: &[(crate::store::db::ApprovalRow, Option<String>)],
+) -> Response {
     let body = html! {
         h2 { "Waiting" }
         @if waiting.is_empty() { p.empty { "No approval requests are waiting." } }
-        @for (r, what) in &waiting {
+        @for (r, what) in waiting {
             section.request id={ "req-" (r.id) } {
                 h3 {
                     @if r.kind == "check" { "Human check " } @else { (r.tool) " " }
@@ -622,7 +739,7 @@ pub async fn approvals(
             table.answered {
                 thead { tr { th { "Request" } th { "What" } th { "Run" } th { "Answer" } th { "By" } th { "When (UTC)" } th { "Reason" } } }
                 tbody {
-                    @for (r, at) in &answered {
+                    @for (r, at) in answered {
                         tr {
                             td { code { (r.id) } }
                             td { (r.tool) " " span.arg { (render::clean(&crate::trace::one_line(&r.input, 80))) } }
@@ -637,7 +754,7 @@ pub async fn approvals(
             }
         }
     };
-    layout("Approvals", &viewer, body).into_response()
+    layout("Approvals", viewer, body).into_response()
 }
 
 #[derive(Deserialize)]
@@ -671,6 +788,36 @@ pub async fn answer(
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty() && !approve);
     let by = format!("web:{}", session.name);
+    if let Some(pg) = fleet(&state) {
+        let status = if approve { "approved" } else { "denied" };
+        let done = match pg
+            .decide_approval(&id, status, always, reason.as_deref(), &by)
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(match pg.approval(&id).await {
+                Ok(Some(r)) => PageError::new(
+                    StatusCode::CONFLICT,
+                    AnswerError::NotWaiting {
+                        id: id.clone(),
+                        status: r.status.as_str().replace('_', " "),
+                        by: r.decided_by.unwrap_or_else(|| "someone".into()),
+                    }
+                    .to_string(),
+                ),
+                Ok(None) => PageError::new(
+                    StatusCode::NOT_FOUND,
+                    AnswerError::NoRequest(id.clone()).to_string(),
+                ),
+                Err(e) => pg_error(e),
+            }),
+            Err(e) => Err(pg_error(e)),
+        };
+        return match done {
+            Ok(()) => Redirect::to("/approvals").into_response(),
+            Err(e) => e.into_response(),
+        };
+    }
     let done = with_db(&state, move |db| {
         record_answer(db, &id, approve, always, reason.as_deref(), &by).map_err(|e| match e {
             AnswerError::Db(e) => db_error(e),
@@ -687,7 +834,58 @@ pub async fn answer(
 
 pub async fn goals(Ext(state): Ext<Arc<State>>, Extension(viewer): Extension<Viewer>) -> Response {
     let dir = state.cfg.goals_dir.clone();
-    let loaded = with_db(&state, move |db| {
+    let loaded = match fleet(&state) {
+        Some(pg) => fleet_goals(pg, &dir).await,
+        None => local_goals(&state, dir).await,
+    };
+    let rows = match loaded {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    goals_page(&state, &viewer, &rows)
+}
+
+/// Each goal of the folder as `overview` shows it, with its occurrences skipped while
+/// paused, from the fleet's store.
+async fn fleet_goals(pg: &PgStore, dir: &FsPath) -> Result<Vec<(Value, u64)>, PageError> {
+    let files = overview::goal_files(dir)
+        .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let mut stats = std::collections::HashMap::new();
+    for (_, g) in files {
+        if let Ok(g) = g {
+            let name = g.file.name.clone();
+            stats.insert(name, pg.goal_stats(&g.file.name).await.map_err(pg_error)?);
+        }
+    }
+    let mut paused = std::collections::HashMap::new();
+    let rows = overview::overview_with(dir, Utc::now(), |name| {
+        let (s, p) = stats.remove(name).unwrap_or((
+            GoalStats {
+                paused: false,
+                skipped: 0,
+                missed: 0,
+                last: None,
+            },
+            0,
+        ));
+        paused.insert(name.to_string(), p);
+        Ok(s)
+    })
+    .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let p = r["name"]
+                .as_str()
+                .and_then(|n| paused.get(n).copied())
+                .unwrap_or(0);
+            (r, p)
+        })
+        .collect())
+}
+
+async fn local_goals(state: &Arc<State>, dir: PathBuf) -> Result<Vec<(Value, u64)>, PageError> {
+    with_db(state, move |db| {
         let rows = overview::overview(&dir, db, Utc::now())
             .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let mut out = Vec::new();
@@ -700,16 +898,15 @@ pub async fn goals(Ext(state): Ext<Arc<State>>, Extension(viewer): Extension<Vie
         }
         Ok(out)
     })
-    .await;
-    let rows = match loaded {
-        Ok(x) => x,
-        Err(e) => return e.into_response(),
-    };
+    .await
+}
+
+fn goals_page(state: &State, viewer: &Viewer, rows: &[(Value, u64)]) -> Response {
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let body = html! {
         p.meta { "Goal files in " code { (state.cfg.goals_dir.display()) } }
         @if rows.is_empty() { p.empty { "No goal files." } }
-        @for (r, paused_skips) in &rows {
+        @for (r, paused_skips) in rows {
             @if let Some(e) = r["error"].as_str() {
                 section.goal.broken {
                     h3 { "✗ " (s(&r["file"])) }
@@ -763,7 +960,7 @@ pub async fn goals(Ext(state): Ext<Arc<State>>, Extension(viewer): Extension<Vie
             }
         }
     };
-    layout("Goals", &viewer, body).into_response()
+    layout("Goals", viewer, body).into_response()
 }
 
 pub async fn goal_action(
@@ -779,36 +976,61 @@ pub async fn goal_action(
     let dir = state.cfg.goals_dir.clone();
     let goal = name.clone();
     let v = verb.clone();
-    let found = with_db(&state, move |db| {
-        overview::find(&dir, &goal).map_err(|e| match e {
-            overview::OverviewError::NoGoal { .. } => {
-                PageError::new(StatusCode::NOT_FOUND, e.to_string())
+    if let Some(pg) = fleet(&state) {
+        let found = match overview::find(&dir, &goal) {
+            Err(e @ overview::OverviewError::NoGoal { .. }) => {
+                Err(PageError::new(StatusCode::NOT_FOUND, e.to_string()))
             }
-            e => PageError::new(StatusCode::CONFLICT, e.to_string()),
-        })?;
-        match v.as_str() {
-            "pause" | "resume" => db.set_paused(&goal, v == "pause").map_err(db_error),
-            "trigger" => Ok(()),
-            _ => Err(PageError::new(
-                StatusCode::NOT_FOUND,
-                "Run now, pause or resume, nothing else.",
-            )),
+            Err(e) => Err(PageError::new(StatusCode::CONFLICT, e.to_string())),
+            Ok(_) => match v.as_str() {
+                "pause" | "resume" => pg.set_paused(&goal, v == "pause").await.map_err(pg_error),
+                "trigger" => Ok(()),
+                _ => Err(PageError::new(
+                    StatusCode::NOT_FOUND,
+                    "Run now, pause or resume, nothing else.",
+                )),
+            },
+        };
+        if let Err(e) = found {
+            return e.into_response();
         }
-    })
-    .await;
-    if let Err(e) = found {
-        return e.into_response();
+    } else {
+        let found = with_db(&state, move |db| {
+            overview::find(&dir, &goal).map_err(|e| match e {
+                overview::OverviewError::NoGoal { .. } => {
+                    PageError::new(StatusCode::NOT_FOUND, e.to_string())
+                }
+                e => PageError::new(StatusCode::CONFLICT, e.to_string()),
+            })?;
+            match v.as_str() {
+                "pause" | "resume" => db.set_paused(&goal, v == "pause").map_err(db_error),
+                "trigger" => Ok(()),
+                _ => Err(PageError::new(
+                    StatusCode::NOT_FOUND,
+                    "Run now, pause or resume, nothing else.",
+                )),
+            }
+        })
+        .await;
+        if let Err(e) = found {
+            return e.into_response();
+        }
     }
     if verb == "trigger" {
-        // A run of its own process, as `sup trigger NAME` would start it: recorded as manual.
-        let spawned = tokio::process::Command::new(&state.cfg.exe)
-            .arg("trigger")
+        // A run of its own process, as `sup trigger NAME` would start it: recorded as manual;
+        // in a fleet, handed to a daemon that serves the goal.
+        let mut cmd = tokio::process::Command::new(&state.cfg.exe);
+        cmd.arg("trigger")
             .arg(&name)
             .arg("--goals")
             .arg(&state.cfg.goals_dir)
             // The environment sup started with: the run needs the provider keys.
             .env_clear()
-            .envs(crate::tools::sandbox::original_env())
+            .envs(crate::tools::sandbox::original_env());
+        if let Some((_, url)) = &state.cfg.fleet {
+            cmd.env("SUP_STORE", url);
+        }
+        let spawned = cmd
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -12,12 +12,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use super::db::{ApprovalRow, RunRow, stamp};
+use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
 use crate::model::Usage;
 use crate::trace::{CheckReport, Status, StopReason};
 
 /// The schema this `sup` knows; a store with a higher version is refused.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
@@ -245,6 +245,10 @@ const MIGRATIONS: &[&str] = &[
         daemon_id TEXT
     );
     CREATE INDEX approvals_pending ON approvals (created_at) WHERE status = 'pending';",
+    // 2: what a run cost and its final answer, for `max_cost_per_day` and `previous.answer`
+    // across the fleet.
+    "ALTER TABLE runs ADD COLUMN cost DOUBLE PRECISION;
+    ALTER TABLE runs ADD COLUMN answer TEXT;",
 ];
 
 /// A key for `pg_advisory_xact_lock` that serializes migrations.
@@ -318,6 +322,12 @@ pub struct PgStore {
     pool: Pool,
     cfg: tokio_postgres::Config,
     at: String,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("at", &self.at).finish()
+    }
 }
 
 fn host_name() -> String {
@@ -1084,7 +1094,8 @@ impl PgStore {
             "UPDATE runs SET status = CASE WHEN status = 'interrupted' THEN status ELSE $2 END,
                  stop_reason = $3, tries = $4, steps = $5, input_tokens = $6,
                  output_tokens = $7, cache_read_tokens = $8, cache_write_tokens = $9,
-                 ended_at = now(), error = coalesce($10, error) WHERE id = $1",
+                 ended_at = now(), error = coalesce($10, error), cost = $11, answer = $12
+             WHERE id = $1",
             &[
                 &id,
                 &end.status.as_str(),
@@ -1096,6 +1107,8 @@ impl PgStore {
                 &(end.usage.cache_read_tokens as i64),
                 &(end.usage.cache_write_tokens as i64),
                 &end.error,
+                &end.cost,
+                &end.answer,
             ],
         )
         .await
@@ -1212,6 +1225,160 @@ impl PgStore {
         .collect())
     }
 
+    /// The last run of `goal` that ended, other than `except`: what `previous.*` in a
+    /// template sees, whichever daemon ran it.
+    pub async fn previous_run(
+        &self,
+        goal: &str,
+        except: &str,
+    ) -> Result<Option<FleetRun>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal = $1 AND id <> $2
+                     AND status <> 'running'
+                 ORDER BY started_at DESC, id DESC LIMIT 1"
+            ),
+            &[&goal, &except],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .as_ref()
+        .map(run_of))
+    }
+
+    /// Whether `goal` is paused, and its last occurrence.
+    pub async fn goal_state(&self, goal: &str) -> Result<(bool, Option<DateTime<Utc>>), PgError> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            "SELECT paused, last_occurrence FROM goal_state WHERE goal = $1",
+            &[&goal],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .map_or((false, None), |r| (r.get(0), r.get(1))))
+    }
+
+    /// The status of the occurrence of `goal` at `at`, if the fleet recorded one.
+    pub async fn occurrence_status(
+        &self,
+        goal: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<String>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            "SELECT status FROM occurrences WHERE goal = $1 AND scheduled_for = $2",
+            &[&goal, &at],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .map(|r| r.get(0)))
+    }
+
+    /// US dollars spent by the runs of `goal` started at or after `since`, on any daemon.
+    pub async fn cost_since(&self, goal: &str, since: DateTime<Utc>) -> Result<f64, PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT coalesce(sum(cost), 0)::float8 FROM runs
+                 WHERE goal = $1 AND started_at >= $2",
+                &[&goal, &since],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(row.get(0))
+    }
+
+    /// One page of runs (`offset`, `limit`), newest first, and how many match in all: the web
+    /// console's list.
+    pub async fn runs_page(
+        &self,
+        goal: Option<&str>,
+        status: Option<&str>,
+        offset: u32,
+        limit: u32,
+    ) -> Result<(Vec<FleetRun>, u64), PgError> {
+        let c = self.client().await?;
+        let total: i64 = c
+            .query_one(
+                "SELECT count(*) FROM runs
+                 WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)",
+                &[&goal, &status],
+            )
+            .await
+            .map_err(|e| self.err(&e))?
+            .get(0);
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
+                     ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4"
+                ),
+                &[&goal, &status, &i64::from(limit), &i64::from(offset)],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok((rows.iter().map(run_of).collect(), total.max(0) as u64))
+    }
+
+    /// The names of goals that have runs, sorted.
+    pub async fn goal_names(&self) -> Result<Vec<String>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query("SELECT DISTINCT goal FROM runs ORDER BY goal", &[])
+            .await
+            .map_err(|e| self.err(&e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// A run's transcript events from sequence number `from` on, each with its number.
+    pub async fn events_from(
+        &self,
+        id: &str,
+        from: i64,
+    ) -> Result<Vec<(i64, serde_json::Value)>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT seq, event FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
+            &[&id, &from],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+    }
+
+    /// What the goals page shows of a goal: paused, skipped and missed occurrences, the last
+    /// run, and occurrences skipped while paused.
+    pub async fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), PgError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT coalesce((SELECT paused FROM goal_state WHERE goal = $1), false),
+                     count(*) FILTER (WHERE status = 'skipped'),
+                     count(*) FILTER (WHERE status = 'missed'),
+                     count(*) FILTER (WHERE status = 'paused')
+                 FROM occurrences WHERE goal = $1",
+                &[&goal],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        let n = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        let last = self.previous_run(goal, "").await?.map(|f| f.run);
+        Ok((
+            GoalStats {
+                paused: row.get(0),
+                skipped: n(1),
+                missed: n(2),
+                last,
+            },
+            n(3),
+        ))
+    }
+
     /// Whether the store asked for a run to be cancelled (overlap `replace`).
     pub async fn cancel_requested(&self, id: &str) -> Result<bool, PgError> {
         let c = self.client().await?;
@@ -1316,6 +1483,32 @@ impl PgStore {
         Ok(())
     }
 
+    /// Put a run's request in the store as it is made (once), under the daemon that runs
+    /// the fleet's run `fleet_run`.
+    pub async fn request_approval(&self, a: &ApprovalRow, fleet_run: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline,
+                 status, daemon_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending',
+                 (SELECT daemon_id FROM runs WHERE id = $9)) ON CONFLICT (id) DO NOTHING",
+            &[
+                &a.id,
+                &a.run_id,
+                &a.goal,
+                &a.kind,
+                &a.tool,
+                &a.input,
+                &a.created_at,
+                &a.deadline,
+                &fleet_run,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
     pub async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
         let c = self.client().await?;
         Ok(c.query_opt(
@@ -1341,6 +1534,28 @@ impl PgStore {
         .map_err(|e| self.err(&e))?
         .iter()
         .map(approval_of)
+        .collect())
+    }
+
+    /// Answered (or expired) requests, newest answer first, with when they were answered.
+    pub async fn answered_approvals(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<(ApprovalRow, Option<String>)>, PgError> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
+                 reason, decided_by, decided_at FROM approvals WHERE status <> 'pending'
+             ORDER BY decided_at DESC NULLS LAST, id LIMIT $1",
+            &[&i64::from(limit)],
+        )
+        .await
+        .map_err(|e| self.err(&e))?
+        .iter()
+        .map(|r| {
+            let at: Option<DateTime<Utc>> = r.get(12);
+            (approval_of(r), at.map(stamp))
+        })
         .collect())
     }
 
@@ -1400,6 +1615,11 @@ pub struct Finish {
     pub usage: Usage,
     pub error: Option<String>,
     pub checks: Vec<Vec<CheckReport>>,
+    /// US dollars, when the price is known; absent in outcomes kept by an older `sup`.
+    #[serde(default)]
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub answer: Option<String>,
 }
 
 /// Retry `op` while it fails with a transient fault, with growing waits up to `give_up`.
@@ -1424,7 +1644,7 @@ where
 
 const RUN_COLUMNS: &str = "id, goal, trigger, scheduled_for, status, stop_reason, tries, steps,
     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, started_at, ended_at,
-    error, pid, model, workspace, dir, host, daemon_id, local_id, created_at";
+    error, pid, model, workspace, dir, host, daemon_id, local_id, created_at, cost, answer";
 
 /// A run as the fleet keeps it: the SQLite row plus where it ran.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -1461,9 +1681,8 @@ fn run_of(r: &tokio_postgres::Row) -> FleetRun {
             model: r.get(16),
             workspace: r.get(17),
             dir: r.get(18),
-            // The fleet's store does not keep cost and answer yet.
-            cost: None,
-            answer: None,
+            cost: r.get(23),
+            answer: r.get(24),
         },
         host: r.get(19),
         daemon_id: r.get(20),

@@ -22,7 +22,7 @@ fn base() -> String {
     if b.ends_with('/') { b } else { format!("{b}/") }
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -45,13 +45,13 @@ async fn connect(url: &str) -> tokio_postgres::Client {
 }
 
 /// A database of this test's own.
-struct Pg {
+pub(crate) struct Pg {
     name: String,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Pg {
-    fn new() -> Pg {
+    pub(crate) fn new() -> Pg {
         let name = format!("sup_t_{}", fastrand::u64(..));
         rt().block_on(async {
             let c = connect(&format!("{}postgres", base())).await;
@@ -66,7 +66,7 @@ impl Pg {
     }
 
     /// Rows of a query, each column as text.
-    fn rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+    pub(crate) fn rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
         rt().block_on(async {
             let c = connect(&self.url).await;
             c.simple_query(sql)
@@ -83,14 +83,14 @@ impl Pg {
         })
     }
 
-    fn one(&self, sql: &str) -> String {
+    pub(crate) fn one(&self, sql: &str) -> String {
         self.rows(sql)
             .first()
             .and_then(|r| r.first().cloned().flatten())
             .unwrap_or_default()
     }
 
-    fn exec(&self, sql: &str) {
+    pub(crate) fn exec(&self, sql: &str) {
         rt().block_on(async { connect(&self.url).await.batch_execute(sql).await.unwrap() });
     }
 
@@ -118,16 +118,16 @@ impl Drop for Pg {
 }
 
 /// Machines of a fleet: a shared goals folder, a SUP_HOME each.
-struct Fleet {
-    pg: Pg,
-    goals: TempDir,
+pub(crate) struct Fleet {
+    pub(crate) pg: Pg,
+    pub(crate) goals: TempDir,
     homes: Vec<TempDir>,
     logs: TempDir,
 }
 
 impl Fleet {
     /// A fleet whose store has its schema (made on first use, by any command).
-    fn new() -> Fleet {
+    pub(crate) fn new() -> Fleet {
         let mut f = Fleet {
             pg: Pg::new(),
             goals: tempfile::tempdir().unwrap(),
@@ -141,7 +141,7 @@ impl Fleet {
     }
 
     /// A goal whose scripted model answers after `delay_ms`.
-    fn goal(&self, name: &str, schedule: Option<&str>, delay_ms: u64, extra: &str) {
+    pub(crate) fn goal(&self, name: &str, schedule: Option<&str>, delay_ms: u64, extra: &str) {
         self.goal_turns(
             name,
             schedule,
@@ -150,7 +150,7 @@ impl Fleet {
         );
     }
 
-    fn goal_turns(&self, name: &str, schedule: Option<&str>, turns: &str, extra: &str) {
+    pub(crate) fn goal_turns(&self, name: &str, schedule: Option<&str>, turns: &str, extra: &str) {
         let dir = self.goals.path();
         std::fs::write(dir.join(format!("{name}.json")), turns).unwrap();
         let schedule = schedule
@@ -167,7 +167,7 @@ impl Fleet {
     }
 
     /// `sup` as machine `m` (its own SUP_HOME and host name) against the store.
-    fn sup(&mut self, m: usize) -> Command {
+    pub(crate) fn sup(&mut self, m: usize) -> Command {
         while self.homes.len() <= m {
             self.homes.push(tempfile::tempdir().unwrap());
         }
@@ -184,7 +184,7 @@ impl Fleet {
         cmd
     }
 
-    fn daemon(&mut self, m: usize, args: &[&str]) -> Child {
+    pub(crate) fn daemon(&mut self, m: usize, args: &[&str]) -> Child {
         let log = std::fs::File::create(self.log(m)).unwrap();
         let goals = self.goals.path().to_path_buf();
         self.sup(m)
@@ -198,11 +198,11 @@ impl Fleet {
             .unwrap()
     }
 
-    fn log(&self, m: usize) -> PathBuf {
+    pub(crate) fn log(&self, m: usize) -> PathBuf {
         self.logs.path().join(format!("daemon-m{m}.log"))
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         (0..self.homes.len())
             .map(|m| {
                 format!(
@@ -213,7 +213,7 @@ impl Fleet {
             .collect()
     }
 
-    fn out(&mut self, m: usize, args: &[&str]) -> (i32, String) {
+    pub(crate) fn out(&mut self, m: usize, args: &[&str]) -> (i32, String) {
         let out = self.sup(m).args(args).output().unwrap();
         (
             out.status.code().unwrap_or(-1),
@@ -226,12 +226,12 @@ impl Fleet {
     }
 }
 
-fn stop(mut child: Child) -> i32 {
+pub(crate) fn stop(mut child: Child) -> i32 {
     let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     child.wait().unwrap().code().unwrap_or(-1)
 }
 
-fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+pub(crate) fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
@@ -621,7 +621,7 @@ fn a_store_with_a_newer_schema_is_refused() {
     let mut f = Fleet::new();
     let (code, text) = f.out(0, &["runs"]);
     assert_eq!(code, 0, "{text}");
-    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "1");
+    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "2");
     f.pg.exec("UPDATE sup_schema SET version = 99");
     let (code, text) = f.out(0, &["runs"]);
     assert_eq!(code, 2, "{text}");

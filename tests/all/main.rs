@@ -9,6 +9,7 @@ mod approval;
 mod config;
 mod daemon;
 mod fleet;
+mod fleet_history;
 mod inprocess;
 mod mcp;
 mod perf;

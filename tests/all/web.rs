@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 const TOKEN: &str = "a-long-enough-secret-token";
 
 /// A console (or daemon with one) running as a child process; killed when dropped.
-struct Console {
+pub(crate) struct Console {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
 }
 
 impl Drop for Console {
@@ -30,7 +30,7 @@ impl Drop for Console {
 }
 
 /// Start `cmd` (whose stderr says `listening on http://ADDR`) and wait for the address.
-fn console(mut cmd: Command) -> Console {
+pub(crate) fn console(mut cmd: Command) -> Console {
     let mut child = cmd
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -62,10 +62,10 @@ fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Conso
     console(cmd)
 }
 
-struct Resp {
-    status: u16,
+pub(crate) struct Resp {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Resp {
@@ -103,7 +103,13 @@ fn dechunk(body: &[u8]) -> Vec<u8> {
 }
 
 /// One HTTP/1.1 request with `Host: 127.0.0.1` unless given.
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+pub(crate) fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Resp {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
@@ -151,7 +157,7 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &s
     }
 }
 
-fn get(addr: &str, path: &str, cookie: Option<&str>) -> Resp {
+pub(crate) fn get(addr: &str, path: &str, cookie: Option<&str>) -> Resp {
     match cookie {
         Some(c) => http(addr, "GET", path, &[("Cookie", c)], ""),
         None => http(addr, "GET", path, &[], ""),
@@ -159,7 +165,7 @@ fn get(addr: &str, path: &str, cookie: Option<&str>) -> Resp {
 }
 
 /// `name="csrf" value="…"` of a page.
-fn csrf_of(page: &str) -> String {
+pub(crate) fn csrf_of(page: &str) -> String {
     let i = page
         .find("name=\"csrf\" value=\"")
         .expect("a form with a CSRF token")
@@ -168,7 +174,7 @@ fn csrf_of(page: &str) -> String {
 }
 
 /// Sign in as `name` (with `token` when given); returns the session cookie header value.
-fn sign_in(addr: &str, name: &str, token: Option<&str>) -> String {
+pub(crate) fn sign_in(addr: &str, name: &str, token: Option<&str>) -> String {
     let page = get(addr, "/signin", None);
     assert_eq!(page.status, 200, "{}", page.body);
     let pre = page.cookie("sup_signin").expect("a sign-in cookie");
