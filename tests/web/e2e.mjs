@@ -18,7 +18,8 @@ const ctx = await chromium.launchPersistentContext(profile, {
   viewport: { width: 1280, height: 860 },
 });
 const page = ctx.pages()[0] ?? (await ctx.newPage());
-page.setDefaultTimeout(20000);
+// Generous: CI runs this beside the whole suite on two cores; a real fault still fails.
+page.setDefaultTimeout(60000);
 const shot = (name) => page.screenshot({ path: join(cfg.shots, `${name}.png`), fullPage: true });
 const t0 = Date.now();
 const step = (what) => console.log(`· ${((Date.now() - t0) / 1000).toFixed(1)}s ${what}`);
