@@ -11,16 +11,16 @@ use std::sync::RwLock;
 use serde_json::Value;
 
 /// What a secret becomes.
-pub const MARK: &str = "[redacted]";
+pub(crate) const MARK: &str = "[redacted]";
 /// Shorter values are not redacted: they would match ordinary text.
-pub const MIN_LEN: usize = 8;
+pub(crate) const MIN_LEN: usize = 8;
 /// Files larger than this are not rewritten (kept outputs are capped well below it).
 const MAX_FILE: u64 = 256 * 1024 * 1024;
 
 static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 
 /// Know `value` as a secret from now on. Values shorter than 8 characters are ignored.
-pub fn add(value: &str) {
+pub(crate) fn add(value: &str) {
     let value = value.trim();
     if value.chars().count() < MIN_LEN {
         return;
@@ -35,12 +35,12 @@ pub fn add(value: &str) {
 }
 
 /// Whether any secret is known.
-pub fn active() -> bool {
+pub(crate) fn active() -> bool {
     SECRETS.read().is_ok_and(|s| !s.is_empty())
 }
 
 /// `text` with every known secret replaced.
-pub fn text(text: &str) -> Cow<'_, str> {
+pub(crate) fn text(text: &str) -> Cow<'_, str> {
     let Ok(secrets) = SECRETS.read() else {
         return Cow::Borrowed(text);
     };
@@ -54,14 +54,14 @@ pub fn text(text: &str) -> Cow<'_, str> {
 }
 
 /// Redact a string in place.
-pub fn string(s: &mut String) {
+pub(crate) fn string(s: &mut String) {
     if let Cow::Owned(r) = text(s) {
         *s = r;
     }
 }
 
 /// Redact every string (and object key) in a JSON value.
-pub fn value(v: &mut Value) {
+pub(crate) fn value(v: &mut Value) {
     match v {
         Value::String(s) => string(s),
         Value::Array(items) => items.iter_mut().for_each(value),
@@ -86,7 +86,7 @@ pub fn value(v: &mut Value) {
 
 /// Any serializable thing with its secrets redacted, through its JSON form. `None` when
 /// nothing needed redacting (or no secret is known), so callers keep the original.
-pub fn serde<T: serde::Serialize + serde::de::DeserializeOwned>(thing: &T) -> Option<T> {
+pub(crate) fn serde<T: serde::Serialize + serde::de::DeserializeOwned>(thing: &T) -> Option<T> {
     if !active() {
         return None;
     }
@@ -100,7 +100,7 @@ pub fn serde<T: serde::Serialize + serde::de::DeserializeOwned>(thing: &T) -> Op
 }
 
 /// Rewrite a file with its secrets redacted (a no-op when it holds none).
-pub fn file(path: &Path) -> std::io::Result<()> {
+pub(crate) fn file(path: &Path) -> std::io::Result<()> {
     if !active() || std::fs::metadata(path)?.len() > MAX_FILE {
         return Ok(());
     }
@@ -124,7 +124,7 @@ pub fn file(path: &Path) -> std::io::Result<()> {
 }
 
 /// Redact every regular file under `dir` (recursively) except the ones `skip` names.
-pub fn tree(dir: &Path, skip: &[&str]) {
+pub(crate) fn tree(dir: &Path, skip: &[&str]) {
     if !active() {
         return;
     }
@@ -168,7 +168,7 @@ fn replace_bytes(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
 }
 
 /// A writer that redacts what passes through it, for the log on stderr.
-pub struct Writer<W: std::io::Write>(pub W);
+pub(crate) struct Writer<W: std::io::Write>(pub(crate) W);
 
 impl<W: std::io::Write> std::io::Write for Writer<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

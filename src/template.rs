@@ -12,18 +12,18 @@ use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{file}:{line}: {message}")]
-pub struct TemplateError {
-    pub file: String,
-    pub line: usize,
-    pub message: String,
+pub(crate) struct TemplateError {
+    pub(crate) file: String,
+    pub(crate) line: usize,
+    pub(crate) message: String,
 }
 
 /// A template and where it was written: `line` is the file line of the template's first.
 #[derive(Clone, Debug)]
 pub struct Source {
-    pub text: String,
-    pub file: String,
-    pub line: usize,
+    pub(crate) text: String,
+    pub(crate) file: String,
+    pub(crate) line: usize,
 }
 
 const VARIABLES: &str = "date, time, now, goal, trigger, scheduled_for, previous.status, \
@@ -32,40 +32,40 @@ const VARIABLES: &str = "date, time, now, goal, trigger, scheduled_for, previous
 const PREVIOUS: &[&str] = &["status", "answer", "failed_checks"];
 
 /// Whether `text` is a template: it has `{{`. Anything else is used exactly as written.
-pub fn is_template(text: &str) -> bool {
+pub(crate) fn is_template(text: &str) -> bool {
     text.contains("{{")
 }
 
 /// The goal's run before this one, as templates see it (empty strings when there was none).
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Previous {
+pub(crate) struct Previous {
     /// `achieved`, `failed`, `unfinished`, `error`, `interrupted`, or empty.
-    pub status: String,
-    pub answer: String,
+    pub(crate) status: String,
+    pub(crate) answer: String,
     /// Each failing check of its last try: `NAME (OUTCOME)` and its output tail.
-    pub failed_checks: String,
+    pub(crate) failed_checks: String,
 }
 
 /// Everything a template may use.
 #[derive(Clone, Debug, Serialize)]
-pub struct Context {
+pub(crate) struct Context {
     /// `YYYY-MM-DD` in the goal's time zone.
-    pub date: String,
+    pub(crate) date: String,
     /// `HH:MM` in the goal's time zone.
-    pub time: String,
+    pub(crate) time: String,
     /// RFC 3339 in the goal's time zone.
-    pub now: String,
-    pub goal: String,
+    pub(crate) now: String,
+    pub(crate) goal: String,
     /// `cli`, `schedule` or `manual`.
-    pub trigger: String,
+    pub(crate) trigger: String,
     /// RFC 3339 in the goal's time zone; empty unless scheduled.
-    pub scheduled_for: String,
-    pub previous: Previous,
-    pub params: BTreeMap<String, String>,
+    pub(crate) scheduled_for: String,
+    pub(crate) previous: Previous,
+    pub(crate) params: BTreeMap<String, String>,
 }
 
 impl Context {
-    pub fn new(
+    pub(crate) fn new(
         tz: Tz,
         now: DateTime<Utc>,
         goal: &str,
@@ -129,7 +129,7 @@ impl Source {
     }
 
     /// Find syntax errors and unknown variables, with `params` as the known parameters.
-    pub fn check(&self, params: &BTreeMap<String, String>) -> Result<(), TemplateError> {
+    pub(crate) fn check(&self, params: &BTreeMap<String, String>) -> Result<(), TemplateError> {
         if !is_template(&self.text) {
             return Ok(());
         }
@@ -183,7 +183,7 @@ impl Source {
     }
 
     /// The text for this run: rendered when it uses template syntax, else as written.
-    pub fn render(&self, ctx: &Context) -> Result<String, TemplateError> {
+    pub(crate) fn render(&self, ctx: &Context) -> Result<String, TemplateError> {
         if !is_template(&self.text) {
             return Ok(self.text.clone());
         }

@@ -5,10 +5,10 @@
 use crate::store::ApprovalStatus;
 use crate::store::db::{Db, DbError};
 
-pub use super::terminal::describe;
+pub(crate) use super::terminal::describe;
 
 #[derive(Debug, thiserror::Error)]
-pub enum AnswerError {
+pub(crate) enum AnswerError {
     #[error("approval request {id} is no longer waiting: it was {status} by {by}")]
     NotWaiting {
         id: String,
@@ -22,7 +22,7 @@ pub enum AnswerError {
 }
 
 /// Approve or deny a waiting request as `by`; returns the status recorded.
-pub fn answer(
+pub(crate) fn answer(
     db: &Db,
     id: &str,
     approve: bool,
@@ -50,7 +50,7 @@ pub fn answer(
 
 /// The operating-system user of this process, from its uid: `$USER` is whatever anyone set it
 /// to.
-pub fn os_user() -> String {
+pub(crate) fn os_user() -> String {
     let uid = nix::unistd::getuid();
     nix::unistd::User::from_uid(uid)
         .ok()

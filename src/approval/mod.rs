@@ -6,9 +6,9 @@
 //! quit; nothing that needed a yes runs without one, and a run with no terminal never waits
 //! on a prompt.
 
-pub mod answer;
+pub(crate) mod answer;
 pub(crate) mod queue;
-pub mod rules;
+pub(crate) mod rules;
 mod terminal;
 
 use std::path::PathBuf;
@@ -19,9 +19,10 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use rules::Rule;
 use rules::Verdict;
-pub use rules::{Rule, RuleError, Rules};
-pub use terminal::Terminal;
+pub use rules::{RuleError, Rules};
+pub(crate) use terminal::Terminal;
 
 use crate::tools::Risk;
 use crate::trace::{Event, Events};
@@ -41,20 +42,20 @@ pub enum Mode {
 }
 
 /// Waiting requests default to this long before they count as a denial.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A call as the policy sees it: the tool, its approval subject (what rule patterns match:
 /// the command line, the workspace-relative path, the input), and its risk.
 #[derive(Clone, Copy, Debug)]
-pub struct Call<'a> {
-    pub tool: &'a str,
-    pub subject: &'a str,
-    pub risk: Risk,
+pub(crate) struct Call<'a> {
+    pub(crate) tool: &'a str,
+    pub(crate) subject: &'a str,
+    pub(crate) risk: Risk,
 }
 
 /// What the policy says of a call before anyone is asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Run it; `by` names the rule or mode that allowed it (`None`: a read call that needs
     /// nobody's word, and makes no event).
     Allow { by: Option<String> },
@@ -67,7 +68,7 @@ pub enum Decision {
 /// The approval policy: deny beats ask beats allow among the rules; an `always` answer of
 /// this run allows; what no rule decides is allowed for read calls and goes by the mode
 /// for the others.
-pub fn decide(rules: &Rules, mode: Mode, remembered: bool, call: &Call) -> Decision {
+pub(crate) fn decide(rules: &Rules, mode: Mode, remembered: bool, call: &Call) -> Decision {
     if remembered {
         return Decision::Allow {
             by: Some("an earlier `always` answer".into()),
@@ -114,7 +115,7 @@ pub fn decide(rules: &Rules, mode: Mode, remembered: bool, call: &Call) -> Decis
 
 /// What the gate says of a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Allow,
     /// The result the model gets instead of running the call.
     Deny(String),
@@ -142,7 +143,7 @@ pub enum Decided {
 }
 
 impl Decided {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Decided::Allowed => "allowed",
             Decided::Approved => "approved",
@@ -155,10 +156,10 @@ impl Decided {
 /// A call put to a person.
 pub struct Request<'a> {
     /// The call id.
-    pub id: &'a str,
-    pub tool: &'a str,
+    pub(crate) id: &'a str,
+    pub(crate) tool: &'a str,
     pub subject: &'a str,
-    pub input: &'a Value,
+    pub(crate) input: &'a Value,
 }
 
 /// What a person (or the lack of one) answered.
@@ -195,9 +196,9 @@ pub trait Approver: Send + Sync {
 }
 
 /// The prompt on the controlling terminal.
-pub struct TerminalApprover {
-    pub terminal: Terminal,
-    pub workspace: PathBuf,
+pub(crate) struct TerminalApprover {
+    pub(crate) terminal: Terminal,
+    pub(crate) workspace: PathBuf,
 }
 
 const AT_TERMINAL: &str = "the person at the terminal";
@@ -286,7 +287,7 @@ impl Gate {
     }
 
     /// The rules this gate judges by.
-    pub fn rules(&self) -> &Rules {
+    pub(crate) fn rules(&self) -> &Rules {
         &self.rules
     }
 
@@ -308,7 +309,7 @@ impl Gate {
     }
 
     /// Decide a call before it runs.
-    pub async fn check(
+    pub(crate) async fn check(
         &self,
         id: &str,
         call: Call<'_>,
@@ -366,7 +367,7 @@ impl Gate {
     }
 
     /// A person as a check.
-    pub async fn human(
+    pub(crate) async fn human(
         &self,
         question: &str,
         events: &Events,

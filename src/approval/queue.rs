@@ -25,13 +25,13 @@ const DEAF_POLL: Duration = Duration::from_secs(2);
 
 /// Where a run's requests go and how long they wait.
 #[derive(Clone, Debug)]
-pub struct QueueApprover {
-    pub home: PathBuf,
-    pub run_id: String,
-    pub goal: String,
-    pub timeout: Duration,
+pub(crate) struct QueueApprover {
+    pub(crate) home: PathBuf,
+    pub(crate) run_id: String,
+    pub(crate) goal: String,
+    pub(crate) timeout: Duration,
     /// A fleet's run: the shared store and the run's id there.
-    pub shared: Option<(PgStore, String)>,
+    pub(crate) shared: Option<(PgStore, String)>,
 }
 
 /// Notifications of answers to one request, on a connection of its own; `None` from `recv`

@@ -21,9 +21,9 @@ use brush_parser::word::WordPiece;
 use globset::{GlobBuilder, GlobMatcher};
 
 #[derive(Clone, Debug)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// As written, for messages.
-    pub text: String,
+    pub(crate) text: String,
     tool: GlobMatcher,
     pattern: Option<GlobMatcher>,
 }
@@ -33,8 +33,8 @@ pub struct Rule {
     "approval rule `{rule}`: {why}; write `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`"
 )]
 pub struct RuleError {
-    pub rule: String,
-    pub why: String,
+    pub(crate) rule: String,
+    pub(crate) why: String,
 }
 
 fn glob(text: &str, rule: &str) -> Result<GlobMatcher, RuleError> {
@@ -50,7 +50,7 @@ fn glob(text: &str, rule: &str) -> Result<GlobMatcher, RuleError> {
 }
 
 impl Rule {
-    pub fn parse(text: &str) -> Result<Rule, RuleError> {
+    pub(crate) fn parse(text: &str) -> Result<Rule, RuleError> {
         let t = text.trim();
         let (tool, pattern) = match t.find('(') {
             Some(open) => {
@@ -85,9 +85,9 @@ impl Rule {
 /// The allow, ask and deny rules of a run, from every source.
 #[derive(Clone, Debug, Default)]
 pub struct Rules {
-    pub allow: Vec<Rule>,
-    pub ask: Vec<Rule>,
-    pub deny: Vec<Rule>,
+    pub(crate) allow: Vec<Rule>,
+    pub(crate) ask: Vec<Rule>,
+    pub(crate) deny: Vec<Rule>,
 }
 
 impl Rules {
@@ -107,7 +107,7 @@ impl Rules {
     /// What the rules say of a call: deny beats ask beats allow; `None` when no rule decides.
     /// A line that runs what deny or ask rules cannot see answers `Ask` with the first such
     /// rule of the tool.
-    pub fn judge(&self, tool: &str, arg: &str) -> Option<(Verdict, &Rule)> {
+    pub(crate) fn judge(&self, tool: &str, arg: &str) -> Option<(Verdict, &Rule)> {
         if tool != "run_command" {
             let any = |r: &Rule| r.matches(tool, arg);
             if let Some(r) = self.deny.iter().find(|r| any(r)) {
@@ -158,7 +158,7 @@ impl Rules {
     /// What keeps a call from being allowed by a rule, for telling the model which part was
     /// the problem: each command no allow rule covers, or why no rule can allow the line.
     /// Empty when there is nothing finer to say than the whole call.
-    pub fn unallowed(&self, tool: &str, arg: &str) -> Vec<String> {
+    pub(crate) fn unallowed(&self, tool: &str, arg: &str) -> Vec<String> {
         if tool != "run_command" {
             return Vec::new();
         }
@@ -184,13 +184,13 @@ impl Rules {
 
     /// Whether an allow rule names this call explicitly (and no deny rule matches): what
     /// writes under `.git/` and to files with other hard links need.
-    pub fn allows(&self, tool: &str, arg: &str) -> bool {
+    pub(crate) fn allows(&self, tool: &str, arg: &str) -> bool {
         matches!(self.judge(tool, arg), Some((Verdict::Allow, _)))
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Allow,
     Ask,
     Deny,

@@ -13,11 +13,11 @@ use super::Judgement;
 use crate::trace::{escape, has_hidden};
 
 /// The controlling terminal, when a person is there.
-pub struct Terminal {
+pub(crate) struct Terminal {
     one_at_a_time: tokio::sync::Mutex<()>,
 }
 
-pub enum CallAnswer {
+pub(crate) enum CallAnswer {
     Yes,
     Always,
     No(Option<String>),
@@ -27,7 +27,7 @@ pub enum CallAnswer {
 impl Terminal {
     /// A terminal, if this process has one and a person can be at it: stdin or stderr is a
     /// terminal and `/dev/tty` opens.
-    pub fn detect() -> Option<Terminal> {
+    pub(crate) fn detect() -> Option<Terminal> {
         use std::io::IsTerminal;
         let interactive = std::io::stdin().is_terminal() || std::io::stderr().is_terminal();
         let tty = std::fs::OpenOptions::new()
@@ -75,7 +75,7 @@ impl Terminal {
         .flatten()
     }
 
-    pub async fn ask_call(&self, text: String) -> CallAnswer {
+    pub(crate) async fn ask_call(&self, text: String) -> CallAnswer {
         let text =
             format!("{text}\nAllow? [y]es · [a]lways · [n]o (a reason may follow) · [q]uit: ");
         self.ask(text, "answer y, a, n [reason] or q: ", parse_call)
@@ -85,7 +85,7 @@ impl Terminal {
             )))
     }
 
-    pub async fn ask_check(&self, question: String) -> Judgement {
+    pub(crate) async fn ask_check(&self, question: String) -> Judgement {
         let text = format!("\n? {question}\n[a]ccept · [r]eject with a reason: ");
         self.ask(text, "answer a, or r and a reason: ", parse_check)
             .await
@@ -136,7 +136,7 @@ fn diff(path: &str, old: &str, new: &str) -> String {
 
 /// What the person is asked about: the tool and its input, or for file edits the diff;
 /// escaped for the terminal, with a warning when something was hidden in it.
-pub fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
+pub(crate) fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
     let text = raw_description(tool, input, workspace);
     let warning = if has_hidden(&text) {
         "\n⚠ WARNING: this call contains control characters or invisible Unicode; they are \

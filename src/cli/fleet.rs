@@ -22,7 +22,7 @@ use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
 /// server's words and what to check.
-pub async fn open(url: &str) -> Result<pg::PgStore, Fail> {
+pub(crate) async fn open(url: &str) -> Result<pg::PgStore, Fail> {
     if !pg::is_pg_url(url) {
         return Err(Fail::usage(anyhow!(
             "--store `{url}` is not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE, \
@@ -58,17 +58,17 @@ fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
     )))
 }
 
-pub struct DaemonArgs {
-    pub goals: PathBuf,
-    pub max_concurrent: usize,
-    pub grace: Duration,
-    pub lease: Duration,
-    pub tags: Vec<String>,
+pub(crate) struct DaemonArgs {
+    pub(crate) goals: PathBuf,
+    pub(crate) max_concurrent: usize,
+    pub(crate) grace: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) tags: Vec<String>,
     /// Also serve the fleet's web console here.
-    pub serve: Option<std::net::SocketAddr>,
+    pub(crate) serve: Option<std::net::SocketAddr>,
 }
 
-pub async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
+pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
     if !a.goals.is_dir() {
         return Err(Fail::usage(anyhow!(
             "the goals folder {} does not exist; pass --goals DIR",
@@ -139,7 +139,7 @@ fn short(t: &str) -> String {
         .unwrap_or_else(|| t.to_string())
 }
 
-pub async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
     let rows = open(url).await?.daemons().await.map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     if json_out {
@@ -172,7 +172,7 @@ pub async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub async fn runs(
+pub(crate) async fn runs(
     url: &str,
     goal: Option<&str>,
     status: Option<&str>,
@@ -219,7 +219,7 @@ pub async fn runs(
     Ok(Ending::Achieved)
 }
 
-pub async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
+pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
     let store = open(url).await?;
     let f = store.run(id).await.map_err(Fail::usage)?;
     let run = &f.run;
@@ -313,7 +313,12 @@ pub async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
 
 /// `sup trigger` with a store: a live daemon that serves the goal picks it up; with none,
 /// this process claims it and runs it, under the same overlap rules.
-pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) async fn trigger(
+    url: &str,
+    dir: &Path,
+    name: &str,
+    json_out: bool,
+) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let store = open(url).await?;
     let user = crate::approval::answer::os_user();
@@ -423,7 +428,7 @@ pub async fn trigger(url: &str, dir: &Path, name: &str, json_out: bool) -> Resul
     Ok(Ending::of(outcome.status))
 }
 
-pub async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
+pub(crate) async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
     find_goal(dir, name)?;
     open(url)
         .await?
@@ -441,7 +446,7 @@ pub async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<En
     Ok(Ending::Achieved)
 }
 
-pub async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
     let rows = open(url)
         .await?
         .approvals("pending")
@@ -474,7 +479,7 @@ pub async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub async fn answer(
+pub(crate) async fn answer(
     url: &str,
     id: &str,
     approve: bool,
@@ -510,7 +515,7 @@ pub async fn answer(
 
 /// `sup goals` with a store: the local goal files, plus where the fleet's daemons hold
 /// different versions of a goal.
-pub async fn goal_versions(url: &str) -> Result<Ending, Fail> {
+pub(crate) async fn goal_versions(url: &str) -> Result<Ending, Fail> {
     let differ = open(url)
         .await?
         .goal_versions()

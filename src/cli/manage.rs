@@ -45,7 +45,7 @@ fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
     overview::find(dir, name).map_err(Fail::usage)
 }
 
-pub async fn daemon(
+pub(crate) async fn daemon(
     goals: PathBuf,
     max_concurrent: usize,
     grace: Duration,
@@ -114,7 +114,7 @@ fn short(t: &str) -> String {
         .unwrap_or_else(|| t.to_string())
 }
 
-pub fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let db = db()?;
     let now = Utc::now();
     let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
@@ -181,7 +181,7 @@ pub fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub fn runs(
+pub(crate) fn runs(
     goal: Option<&str>,
     status: Option<RunStatus>,
     limit: u32,
@@ -222,7 +222,7 @@ pub fn runs(
     Ok(Ending::Achieved)
 }
 
-pub fn show(id: &str) -> Result<Ending, Fail> {
+pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
     let db = db()?;
     let run = db.run(id)?;
     let checks = db.checks(id)?;
@@ -317,14 +317,14 @@ pub fn show(id: &str) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let inv = invocation(Settings::default())?;
     let spec = RunSpec::build(&inv, Some(&goal.file)).map_err(Fail::from)?;
     execute(spec, json_out, true, TriggerKind::Manual).await
 }
 
-pub fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
+pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
     find_goal(dir, name)?;
     db()?.set_paused(name, paused)?;
     println!(
@@ -338,7 +338,7 @@ pub fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub fn approvals(json_out: bool) -> Result<Ending, Fail> {
+pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
     let rows = db()?.pending_approvals()?;
     let mut out = std::io::stdout().lock();
     if json_out {
@@ -386,7 +386,7 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
     }
 }
 
-pub fn answer(
+pub(crate) fn answer(
     id: &str,
     approve: bool,
     always: bool,

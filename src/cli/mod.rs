@@ -35,7 +35,7 @@ pub(crate) enum Ending {
 }
 
 impl Ending {
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Ending::Achieved => 0,
             Ending::ChecksFailed => 1,
@@ -47,7 +47,7 @@ impl Ending {
     }
 
     /// The ending of a run's outcome.
-    pub fn of(status: crate::trace::Status) -> Ending {
+    pub(crate) fn of(status: crate::trace::Status) -> Ending {
         use crate::trace::Status;
         match status {
             Status::Achieved => Ending::Achieved,
@@ -62,19 +62,19 @@ impl Ending {
 /// An error that ends the command, with its class.
 #[derive(Debug)]
 pub(crate) struct Fail {
-    pub ending: Ending,
-    pub error: anyhow::Error,
+    pub(crate) ending: Ending,
+    pub(crate) error: anyhow::Error,
 }
 
 impl Fail {
-    pub fn usage(error: impl Into<anyhow::Error>) -> Self {
+    pub(crate) fn usage(error: impl Into<anyhow::Error>) -> Self {
         Fail {
             ending: Ending::Usage,
             error: error.into(),
         }
     }
 
-    pub fn store(error: impl Into<anyhow::Error>) -> Self {
+    pub(crate) fn store(error: impl Into<anyhow::Error>) -> Self {
         Fail {
             ending: Ending::Store,
             error: error.into(),
@@ -252,50 +252,50 @@ fn duration(s: &str) -> Result<Duration, String> {
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
     /// What the agent should do.
-    pub prompt: String,
+    pub(crate) prompt: String,
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Print the effective settings and where each came from, then exit.
     #[arg(long)]
-    pub print_config: bool,
+    pub(crate) print_config: bool,
     #[command(flatten)]
-    pub settings: crate::config::Settings,
+    pub(crate) settings: crate::config::Settings,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct GoalArgs {
     /// What the agent should achieve (or `prompt` in the goal file).
-    pub prompt: Option<String>,
+    pub(crate) prompt: Option<String>,
     /// A goal file (`goals/NAME.toml`); flags override it.
     #[arg(long)]
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
     /// A check script, run by extension (.js/.mjs node, .py python3, .sh bash, else directly).
     #[arg(long = "check")]
-    pub checks: Vec<PathBuf>,
+    pub(crate) checks: Vec<PathBuf>,
     /// A check as a shell command line (`cargo test`).
     #[arg(long = "check-cmd")]
-    pub check_cmds: Vec<String>,
+    pub(crate) check_cmds: Vec<String>,
     /// Work-and-check rounds at most (default 3).
     #[arg(long)]
-    pub tries: Option<u32>,
+    pub(crate) tries: Option<u32>,
     /// Start each try again from the prompt plus the latest failure report.
     #[arg(long)]
-    pub fresh: bool,
+    pub(crate) fresh: bool,
     /// Timeout of each check (default 300s).
     #[arg(long, value_parser = crate::config::parse_timeout)]
-    pub check_timeout: Option<Duration>,
+    pub(crate) check_timeout: Option<Duration>,
     /// The goal's name (default: the goal file's stem, or `goal`).
     #[arg(long)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Print the effective settings and where each came from, then exit.
     #[arg(long)]
-    pub print_config: bool,
+    pub(crate) print_config: bool,
     #[command(flatten)]
-    pub settings: crate::config::Settings,
+    pub(crate) settings: crate::config::Settings,
 }
 
 pub fn main() -> ExitCode {

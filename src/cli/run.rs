@@ -11,7 +11,7 @@ use crate::run::{self, Invocation, RunSpec, Trigger};
 use crate::store::{self, TriggerKind};
 use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
 
-pub async fn run(args: RunArgs) -> Result<Ending, Fail> {
+pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
     let mut inv = invocation(args.settings)?;
     inv.flags.prompt = Some(args.prompt);
     let spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
@@ -21,7 +21,7 @@ pub async fn run(args: RunArgs) -> Result<Ending, Fail> {
     execute(spec, args.json, false, TriggerKind::Cli).await
 }
 
-pub async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
+pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     let file = match &args.file {
         Some(path) => Some(
             crate::schedule::goals::load(path)
@@ -86,7 +86,7 @@ fn print_config(spec: &RunSpec) -> Ending {
 }
 
 /// The flags' layer with the environment's.
-pub fn invocation(flags: Settings) -> Result<Invocation, Fail> {
+pub(crate) fn invocation(flags: Settings) -> Result<Invocation, Fail> {
     Ok(Invocation {
         flags,
         checks: Vec::new(),
@@ -114,7 +114,7 @@ pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
 }
 
 /// Run a spec in the foreground with the terminal's trace.
-pub async fn execute(
+pub(crate) async fn execute(
     spec: RunSpec,
     json: bool,
     is_goal: bool,

@@ -12,7 +12,7 @@ use crate::store;
 
 /// Bind the console (refusing a non-loopback address without a token) and start serving it
 /// in the background; it stops when `shutdown` is cancelled.
-pub async fn start(
+pub(crate) async fn start(
     listen: SocketAddr,
     goals: PathBuf,
     fleet: Option<(crate::store::pg::PgStore, String)>,
@@ -38,7 +38,7 @@ pub async fn start(
     }))
 }
 
-pub async fn serve(
+pub(crate) async fn serve(
     listen: SocketAddr,
     goals: PathBuf,
     fleet: Option<(crate::store::pg::PgStore, String)>,

@@ -21,7 +21,7 @@ const LABEL: &str = "dev.sup.daemon";
 const STOP_MARGIN: Duration = Duration::from_secs(30);
 
 #[derive(Subcommand, Debug)]
-pub enum Action {
+pub(crate) enum Action {
     /// Write the service, then enable and start it.
     Install {
         /// The folder of goal files (made absolute).
@@ -58,21 +58,21 @@ pub enum Action {
 }
 
 /// What the service runs.
-pub struct Spec {
-    pub exe: PathBuf,
-    pub goals: PathBuf,
-    pub home: PathBuf,
-    pub grace: Duration,
-    pub max_concurrent: usize,
-    pub system: bool,
+pub(crate) struct Spec {
+    pub(crate) exe: PathBuf,
+    pub(crate) goals: PathBuf,
+    pub(crate) home: PathBuf,
+    pub(crate) grace: Duration,
+    pub(crate) max_concurrent: usize,
+    pub(crate) system: bool,
     /// Variables passed on from the installing shell (`SUP_MODEL`, …), never secrets.
-    pub env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
     /// An optional file of secrets (`OPENAI_API_KEY=…`) the service reads.
-    pub env_file: PathBuf,
+    pub(crate) env_file: PathBuf,
     /// The OS user a system unit runs as.
-    pub run_as: Option<String>,
+    pub(crate) run_as: Option<String>,
     /// A fleet's store URL that carries a password: it lives in `env_file`, not in the unit.
-    pub store_in_env_file: bool,
+    pub(crate) store_in_env_file: bool,
 }
 
 /// One word of an `ExecStart=` line, quoted when needed; `%` and `$` taken literally.
@@ -101,7 +101,7 @@ fn args(spec: &Spec) -> Vec<String> {
 }
 
 /// The systemd unit.
-pub fn unit(spec: &Spec) -> String {
+pub(crate) fn unit(spec: &Spec) -> String {
     let exec: Vec<String> = args(spec).iter().map(|a| unit_word(a)).collect();
     let mut env = vec![format!("SUP_HOME={}", spec.home.display())];
     env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -168,7 +168,7 @@ fn xml(s: &str) -> String {
 }
 
 /// The launchd agent (macOS).
-pub fn plist(spec: &Spec) -> String {
+pub(crate) fn plist(spec: &Spec) -> String {
     let program: String = args(spec)
         .iter()
         .map(|a| format!("    <string>{}</string>\n", xml(a)))
@@ -309,12 +309,12 @@ fn put_secret(path: &Path, key: &str, value: Option<&str>) -> Result<bool, Fail>
     Ok(true)
 }
 
-pub fn service(action: Action) -> Result<Ending, Fail> {
+pub(crate) fn service(action: Action) -> Result<Ending, Fail> {
     service_with(action, None)
 }
 
 /// `sup service` with the fleet's store URL (`--store`, `SUP_STORE`) passed to the daemon.
-pub fn service_with(action: Action, store: Option<&str>) -> Result<Ending, Fail> {
+pub(crate) fn service_with(action: Action, store: Option<&str>) -> Result<Ending, Fail> {
     match action {
         Action::Install {
             goals,

@@ -17,7 +17,7 @@ use crate::store::db::{Db, RunRow, stamp};
 use crate::store::pg::PgStore;
 
 /// Where the verdicts and occurrences are read.
-pub enum Source {
+pub(crate) enum Source {
     Local(Db),
     Fleet(PgStore),
 }
@@ -68,11 +68,11 @@ const SLACK: Duration = Duration::from_secs(120);
 /// Occurrence states that are a verdict or on the way to one: not overdue.
 const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
 
-pub async fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) async fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     status_in(&Source::Local(db()?), dir, json_out).await
 }
 
-pub async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let now = Utc::now();
     let mut rows = Vec::new();
     for (path, g) in goal_files(dir)? {

@@ -16,9 +16,9 @@ use crate::verify::Check;
 #[derive(Debug, thiserror::Error)]
 #[error("{file}:{line}: {message}")]
 pub struct GoalFileError {
-    pub file: String,
-    pub line: usize,
-    pub message: String,
+    pub(crate) file: String,
+    pub(crate) line: usize,
+    pub(crate) message: String,
 }
 
 /// A `[[check]]` table as written.
@@ -50,22 +50,22 @@ pub struct RawTool {
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct McpServer {
-    pub name: String,
+    pub(crate) name: String,
     #[serde(deserialize_with = "argv")]
-    pub command: Vec<String>,
+    pub(crate) command: Vec<String>,
     #[serde(default)]
-    pub args: Vec<String>,
+    pub(crate) args: Vec<String>,
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub(crate) env: BTreeMap<String, String>,
     /// Whether the server's tool annotations are believed (`readOnlyHint` makes a tool
     /// `read`); otherwise every tool of it is `exec`.
     #[serde(default)]
-    pub trust_annotations: bool,
+    pub(crate) trust_annotations: bool,
     /// `"off"` runs this server outside the sandbox.
-    pub sandbox: Option<crate::tools::sandbox::Policy>,
+    pub(crate) sandbox: Option<crate::tools::sandbox::Policy>,
     /// Secret-named variables this server gets.
     #[serde(default, deserialize_with = "super::env_pass_names")]
-    pub env_pass: Vec<String>,
+    pub(crate) env_pass: Vec<String>,
 }
 
 fn argv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -81,34 +81,34 @@ fn argv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error>
 /// A command tool declared in a goal file.
 #[derive(Clone, Debug)]
 pub struct ToolDef {
-    pub name: String,
-    pub description: String,
-    pub program: String,
-    pub args: Vec<String>,
-    pub input_schema: serde_json::Value,
-    pub risk: Risk,
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) program: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) input_schema: serde_json::Value,
+    pub(crate) risk: Risk,
     /// Its own timeout; the run's `tool_timeout` otherwise.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 /// A check with the timeout it set itself, if any (the run's `check_timeout` otherwise).
 #[derive(Clone, Debug)]
 pub struct CheckDef {
-    pub check: Check,
-    pub timeout: Option<Duration>,
+    pub(crate) check: Check,
+    pub(crate) timeout: Option<Duration>,
 }
 
 /// A goal file, checked, with its paths resolved against its folder.
 #[derive(Clone, Debug)]
 pub struct GoalFile {
-    pub path: PathBuf,
-    pub name: String,
+    pub(crate) path: PathBuf,
+    pub(crate) name: String,
     /// The file's settings (its `[[check]]` and `[[tool]]` tables taken out).
-    pub settings: Settings,
-    pub checks: Vec<CheckDef>,
-    pub tools: Vec<ToolDef>,
+    pub(crate) settings: Settings,
+    pub(crate) checks: Vec<CheckDef>,
+    pub(crate) tools: Vec<ToolDef>,
     /// The lines of keys checked later (`schedule`, `timezone`), for their errors.
-    pub lines: BTreeMap<&'static str, usize>,
+    pub(crate) lines: BTreeMap<&'static str, usize>,
 }
 
 fn line_at(text: &str, offset: usize) -> usize {
@@ -263,7 +263,7 @@ fn text_line(text: &str, key: &str) -> Option<usize> {
 }
 
 impl GoalFile {
-    pub fn load(path: &Path) -> Result<GoalFile, GoalFileError> {
+    pub(crate) fn load(path: &Path) -> Result<GoalFile, GoalFileError> {
         let text = std::fs::read_to_string(path).map_err(|e| GoalFileError {
             file: path.display().to_string(),
             line: 0,
@@ -395,7 +395,7 @@ impl GoalFile {
     }
 
     /// The folder the file's relative paths start at.
-    pub fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         self.path
             .parent()
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf)

@@ -9,7 +9,7 @@
 //! A new setting is one field in `Settings` (with its `#[arg]`/`#[serde]` attributes) and, if
 //! it has a fixed default, one line in `Settings::defaults`.
 
-pub mod goal;
+pub(crate) mod goal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use goal::{CheckDef, GoalFile, GoalFileError, McpServer, RawCheck, RawTool, ToolDef};
+pub use goal::{CheckDef, McpServer, RawCheck, RawTool, ToolDef};
+pub use goal::{GoalFile, GoalFileError};
 
 use crate::approval::Mode;
 use crate::tools::sandbox::Policy;
@@ -53,7 +54,7 @@ pub enum Overlap {
 
 /// Where an effective setting came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     Flag,
     GoalFile(PathBuf),
     /// `SUP_<KEY>`.
@@ -77,7 +78,7 @@ impl std::fmt::Display for Source {
 /// Where each effective setting came from: its key, then every source that gave it, the
 /// winning one first (lists gather from several).
 #[derive(Clone, Debug, Default)]
-pub struct Provenance(BTreeMap<&'static str, Vec<Source>>);
+pub(crate) struct Provenance(BTreeMap<&'static str, Vec<Source>>);
 
 impl Provenance {
     fn note(&mut self, key: &'static str, source: &Source) {
@@ -85,11 +86,11 @@ impl Provenance {
     }
 
     /// The source of a setting's value (for a list: of its highest-precedence part).
-    pub fn source(&self, key: &str) -> Option<&Source> {
+    pub(crate) fn source(&self, key: &str) -> Option<&Source> {
         self.0.get(key).and_then(|s| s.first())
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &[Source])> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, &[Source])> {
         self.0.iter().map(|(k, v)| (*k, v.as_slice()))
     }
 }
@@ -152,7 +153,7 @@ macro_rules! settings {
             }
 
             /// Every key with its value as `--print-config` shows it.
-            pub fn shown(&self) -> Vec<(&'static str, String)> {
+            pub(crate) fn shown(&self) -> Vec<(&'static str, String)> {
                 vec![$( (stringify!($field), Show::show(&self.$field)) ),*]
             }
         }
@@ -472,15 +473,15 @@ pub struct RuleLists {
     /// Allow calls matching `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`.
     #[arg(long)]
     #[serde(default)]
-    pub allow: Vec<String>,
+    pub(crate) allow: Vec<String>,
     /// Always ask a person for calls matching this rule.
     #[arg(long)]
     #[serde(default)]
-    pub ask: Vec<String>,
+    pub(crate) ask: Vec<String>,
     /// Deny calls matching this rule.
     #[arg(long)]
     #[serde(default)]
-    pub deny: Vec<String>,
+    pub(crate) deny: Vec<String>,
 }
 
 impl Merge for RuleLists {
@@ -493,14 +494,14 @@ impl Merge for RuleLists {
 }
 
 /// The model turns a work loop takes at most, unless a setting says otherwise.
-pub const DEFAULT_MAX_STEPS: u32 = 30;
+pub(crate) const DEFAULT_MAX_STEPS: u32 = 30;
 /// Runs kept per goal unless `keep_runs` says otherwise.
-pub const DEFAULT_KEEP_RUNS: u32 = 100;
+pub(crate) const DEFAULT_KEEP_RUNS: u32 = 100;
 
 impl Settings {
     /// The lowest layer: every setting with a fixed default. Settings whose default depends on
     /// others (`tries`, `system`, `workspace`, `approval`, `name`) are settled in `crate::run`.
-    pub fn defaults() -> Settings {
+    pub(crate) fn defaults() -> Settings {
         let http = crate::model::http::HttpOptions::default();
         Settings {
             max_steps: Some(DEFAULT_MAX_STEPS),
@@ -522,7 +523,7 @@ impl Settings {
     }
 
     /// The environment's layer: `SUP_MODEL`, `SUP_APPROVAL`.
-    pub fn from_env() -> Result<Settings, ConfigError> {
+    pub(crate) fn from_env() -> Result<Settings, ConfigError> {
         fn var(name: &str) -> Option<String> {
             std::env::var(name)
                 .ok()
@@ -572,13 +573,13 @@ impl Settings {
 /// The user's config file, read: `$SUP_CONFIG`, or `$XDG_CONFIG_HOME/sup/config.toml`, or
 /// `~/.config/sup/config.toml`. Its keys are the goal file's, less those of one goal.
 #[derive(Clone, Debug, Default)]
-pub struct UserConfig {
-    pub path: Option<PathBuf>,
-    pub settings: Settings,
+pub(crate) struct UserConfig {
+    pub(crate) path: Option<PathBuf>,
+    pub(crate) settings: Settings,
 }
 
 impl UserConfig {
-    pub fn path() -> Option<PathBuf> {
+    pub(crate) fn path() -> Option<PathBuf> {
         if let Some(p) = std::env::var_os("SUP_CONFIG").filter(|p| !p.is_empty()) {
             return Some(PathBuf::from(p));
         }
@@ -590,7 +591,7 @@ impl UserConfig {
     }
 
     /// Read the user config; none when the file does not exist.
-    pub fn load() -> Result<UserConfig, ConfigError> {
+    pub(crate) fn load() -> Result<UserConfig, ConfigError> {
         let Some(path) = Self::path().filter(|p| p.exists()) else {
             return Ok(UserConfig::default());
         };
@@ -602,7 +603,7 @@ impl UserConfig {
         Self::parse(&path, &text)
     }
 
-    pub fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
         let mut settings: Settings = goal::from_toml(path, text)?;
         goal::check_notify(path, text, &settings.notify)?;
         goal::check_rules(path, text)?;
@@ -621,22 +622,22 @@ impl UserConfig {
 }
 
 /// Every source of one run's settings, highest precedence first.
-pub struct Layers<'a> {
-    pub flags: &'a Settings,
-    pub goal: Option<&'a GoalFile>,
-    pub env: &'a Settings,
-    pub user: &'a UserConfig,
+pub(crate) struct Layers<'a> {
+    pub(crate) flags: &'a Settings,
+    pub(crate) goal: Option<&'a GoalFile>,
+    pub(crate) env: &'a Settings,
+    pub(crate) user: &'a UserConfig,
 }
 
 /// The effective settings of a run and where each came from.
 #[derive(Clone, Debug)]
 pub struct Effective {
-    pub settings: Settings,
-    pub provenance: Provenance,
+    pub(crate) settings: Settings,
+    pub(crate) provenance: Provenance,
 }
 
 /// Merge the layers key by key and validate the result. Pure: reads and makes nothing.
-pub fn merge(layers: &Layers) -> Result<Effective, ConfigError> {
+pub(crate) fn merge(layers: &Layers) -> Result<Effective, ConfigError> {
     let mut merged = Settings::default();
     let mut provenance = Provenance::default();
     let defaults = Settings::defaults();
@@ -687,7 +688,7 @@ fn validate(s: &Settings) -> Result<(), ConfigError> {
 }
 
 /// `30s`, `5m`, `1h 30m`, `0`: every duration of flags and files.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
@@ -696,7 +697,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A timeout: a duration that is not zero (a zero timeout would end everything at once).
-pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {
         return Err(format!(
@@ -708,14 +709,18 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
 }
 
 /// A timeout field of a file, through `parse_timeout`.
-pub fn timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+pub(crate) fn timeout<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
     Option::<String>::deserialize(d)?
         .map(|s| parse_timeout(&s).map_err(serde::de::Error::custom))
         .transpose()
 }
 
 /// A count of at least 1 (`keep_runs = 0` would delete each run as it ends).
-pub fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+pub(crate) fn at_least_one<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u32>, D::Error> {
     let n = Option::<u32>::deserialize(d)?;
     if n == Some(0) {
         return Err(serde::de::Error::custom(
@@ -726,14 +731,16 @@ pub fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32
 }
 
 /// A duration field of a file, through `parse_duration`.
-pub fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+pub(crate) fn duration<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
     Option::<String>::deserialize(d)?
         .map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
         .transpose()
 }
 
 /// An enum value from a flag or the environment, by its serde name.
-pub fn parse_enum<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+pub(crate) fn parse_enum<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
     T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s))
         .map_err(|e| format!("`{s}`: {e}"))
 }

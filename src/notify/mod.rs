@@ -17,16 +17,16 @@ use crate::store::db::{RunRow, stamp};
 use crate::trace::{CheckReport, Event, EventSink, one_line};
 
 /// How long a notice may take to deliver, all attempts included, unless `timeout` says.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Attempts at most per notice.
-pub const ATTEMPTS: u32 = 3;
+pub(crate) const ATTEMPTS: u32 = 3;
 
 /// Bytes of a failing check's output tail in a notice.
 const TAIL: usize = 2000;
 
 #[derive(Debug, thiserror::Error)]
-pub enum NotifyError {
+pub(crate) enum NotifyError {
     #[error("key `notify.on`: `{0}` is not an event; use {EVENTS}")]
     UnknownEvent(String),
     #[error(
@@ -50,7 +50,7 @@ const EVENTS: &str = "failed, unfinished, error, approval_needed, achieved, miss
 /// What a notice is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Kind {
+pub(crate) enum Kind {
     Failed,
     Unfinished,
     Error,
@@ -62,7 +62,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn parse(s: &str) -> Option<Kind> {
+    pub(crate) fn parse(s: &str) -> Option<Kind> {
         Some(match s {
             "failed" => Kind::Failed,
             "unfinished" => Kind::Unfinished,
@@ -75,7 +75,7 @@ impl Kind {
         })
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Failed => "failed",
             Kind::Unfinished => "unfinished",
@@ -104,19 +104,19 @@ impl Kind {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawNotify {
-    pub on: Option<Vec<String>>,
-    pub webhook: Option<String>,
-    pub format: Option<String>,
+    pub(crate) on: Option<Vec<String>>,
+    pub(crate) webhook: Option<String>,
+    pub(crate) format: Option<String>,
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    pub secret_env: Option<String>,
-    pub command: Option<Vec<String>>,
-    pub timeout: Option<String>,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) secret_env: Option<String>,
+    pub(crate) command: Option<Vec<String>>,
+    pub(crate) timeout: Option<String>,
 }
 
 /// How a webhook's body is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// The notice document (README: "Notifications").
     Json,
     /// `{"text": "…"}` for a Slack incoming webhook.
@@ -126,7 +126,7 @@ pub enum Format {
 }
 
 #[derive(Clone, Debug)]
-pub enum Channel {
+pub(crate) enum Channel {
     Webhook {
         url: reqwest::Url,
         format: Format,
@@ -142,15 +142,15 @@ pub enum Channel {
 /// A checked `[[notify]]` table.
 #[derive(Clone, Debug)]
 pub struct Notify {
-    pub on: Vec<Kind>,
-    pub channel: Channel,
+    pub(crate) on: Vec<Kind>,
+    pub(crate) channel: Channel,
     /// Bounds one notice's delivery, every attempt included.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 impl Notify {
     /// Check a table. The caller adds the file and line.
-    pub fn parse(raw: RawNotify) -> Result<Notify, NotifyError> {
+    pub(crate) fn parse(raw: RawNotify) -> Result<Notify, NotifyError> {
         let on = match raw.on {
             None => Kind::defaults(),
             Some(names) => names
@@ -222,44 +222,44 @@ impl Notify {
 
 /// A failing check in a notice.
 #[derive(Clone, Debug, Serialize)]
-pub struct FailedCheck {
-    pub name: String,
+pub(crate) struct FailedCheck {
+    pub(crate) name: String,
     /// `exit 1`, `timed out after 5s`, `rejected: …`.
-    pub outcome: String,
-    pub output_tail: String,
+    pub(crate) outcome: String,
+    pub(crate) output_tail: String,
 }
 
 /// A waiting approval request in a notice.
 #[derive(Clone, Debug, Serialize)]
-pub struct ApprovalNotice {
-    pub request_id: String,
-    pub tool: String,
+pub(crate) struct ApprovalNotice {
+    pub(crate) request_id: String,
+    pub(crate) tool: String,
     /// The exact command, or what a file change does.
-    pub summary: String,
-    pub approve: String,
-    pub deny: String,
-    pub deadline: String,
+    pub(crate) summary: String,
+    pub(crate) approve: String,
+    pub(crate) deny: String,
+    pub(crate) deadline: String,
 }
 
 /// The document a channel is sent (README: "Notifications").
 #[derive(Clone, Debug, Serialize)]
-pub struct Notice {
-    pub event: Kind,
-    pub goal: String,
-    pub run_id: Option<String>,
-    pub trigger: Option<String>,
-    pub scheduled_for: Option<String>,
-    pub status: Option<String>,
-    pub stop_reason: Option<String>,
-    pub tries: Option<u32>,
-    pub steps: Option<u32>,
-    pub tokens: Option<Usage>,
-    pub cost_usd: Option<f64>,
-    pub error: Option<String>,
-    pub failed_checks: Vec<FailedCheck>,
-    pub approval: Option<ApprovalNotice>,
-    pub host: String,
-    pub at: String,
+pub(crate) struct Notice {
+    pub(crate) event: Kind,
+    pub(crate) goal: String,
+    pub(crate) run_id: Option<String>,
+    pub(crate) trigger: Option<String>,
+    pub(crate) scheduled_for: Option<String>,
+    pub(crate) status: Option<String>,
+    pub(crate) stop_reason: Option<String>,
+    pub(crate) tries: Option<u32>,
+    pub(crate) steps: Option<u32>,
+    pub(crate) tokens: Option<Usage>,
+    pub(crate) cost_usd: Option<f64>,
+    pub(crate) error: Option<String>,
+    pub(crate) failed_checks: Vec<FailedCheck>,
+    pub(crate) approval: Option<ApprovalNotice>,
+    pub(crate) host: String,
+    pub(crate) at: String,
 }
 
 fn host() -> String {
@@ -302,7 +302,7 @@ impl Notice {
     /// The notice of a finished run, from its record and its last try's check results.
     /// `previous` is the goal's run before it, for `recovered`. `None` for an interrupted
     /// run, which no event covers.
-    pub fn of_run(
+    pub(crate) fn of_run(
         run: &RunRow,
         checks: &[Vec<CheckReport>],
         previous: Option<&RunRow>,
@@ -343,7 +343,7 @@ impl Notice {
     }
 
     /// The notice of an occurrence that did not run (`missed` or `skipped`).
-    pub fn missed(goal: &str, at: chrono::DateTime<chrono::Utc>, status: &str) -> Notice {
+    pub(crate) fn missed(goal: &str, at: chrono::DateTime<chrono::Utc>, status: &str) -> Notice {
         let mut n = Notice::new(Kind::Missed, goal);
         n.trigger = Some("schedule".into());
         n.scheduled_for = Some(stamp(at));
@@ -352,7 +352,7 @@ impl Notice {
     }
 
     /// One line, then details: the body of `text` and `slack` notices.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let goal = &self.goal;
         let mut s = match (&self.approval, self.event) {
             (Some(a), _) => format!(
@@ -428,13 +428,13 @@ fn approval_summary(tool: &str, input: &str) -> String {
 
 /// Where notices go and are recorded.
 #[derive(Clone, Debug)]
-pub struct Notifier {
-    pub home: PathBuf,
-    pub notify: Arc<Vec<Notify>>,
+pub(crate) struct Notifier {
+    pub(crate) home: PathBuf,
+    pub(crate) notify: Arc<Vec<Notify>>,
 }
 
 impl Notifier {
-    pub fn new(home: &Path, notify: Vec<Notify>) -> Notifier {
+    pub(crate) fn new(home: &Path, notify: Vec<Notify>) -> Notifier {
         Notifier {
             home: home.to_path_buf(),
             notify: Arc::new(notify),
@@ -443,7 +443,7 @@ impl Notifier {
 
     /// Deliver `notice` to every table that takes one of `kinds` (the first it takes),
     /// all at once; returns when each is delivered or out of time.
-    pub async fn send(&self, kinds: &[Kind], notice: &Notice) {
+    pub(crate) async fn send(&self, kinds: &[Kind], notice: &Notice) {
         let sends = self.notify.iter().filter_map(|n| {
             let kind = n.pick(kinds)?;
             let mut notice = notice.clone();
@@ -454,7 +454,7 @@ impl Notifier {
     }
 
     /// The sink that sends `approval_needed` notices while the run waits.
-    pub fn approvals(&self, goal: &str, run_id: &str, trigger: &str) -> Arc<dyn EventSink> {
+    pub(crate) fn approvals(&self, goal: &str, run_id: &str, trigger: &str) -> Arc<dyn EventSink> {
         Arc::new(ApprovalSink {
             notifier: self.clone(),
             goal: goal.to_string(),

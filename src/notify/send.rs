@@ -14,7 +14,7 @@ use super::{ATTEMPTS, Channel, Format, Notice, Notify};
 use crate::store::db::{Db, NoticeRow, stamp};
 
 /// The header carrying `sha256=HEX`, the HMAC-SHA256 of the body under `secret_env`'s key.
-pub const SIGNATURE_HEADER: &str = "X-Sup-Signature";
+pub(crate) const SIGNATURE_HEADER: &str = "X-Sup-Signature";
 
 /// The wait before attempt 2, doubled before attempt 3.
 const BACKOFF: Duration = Duration::from_millis(500);
@@ -78,7 +78,7 @@ fn shown(channel: &Channel) -> String {
 }
 
 /// Deliver `notice` through `n`, recording every attempt under `home`.
-pub async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
+pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
     let deadline = Instant::now() + n.timeout;
     let channel = shown(&n.channel);
     let json = serde_json::to_vec(notice).unwrap_or_default();

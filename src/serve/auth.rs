@@ -15,7 +15,7 @@ use super::pages::{PageError, Viewer, error_page, layout};
 use super::{Session, State};
 
 /// The shortest token accepted.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_TOKEN_LEN: usize = 16;
 const SESSION: &str = "sup_session";
 const SIGNIN: &str = "sup_signin";
 const CSP: &str = "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; \
@@ -65,7 +65,7 @@ fn local_host(host: &str) -> bool {
 
 /// Every request: the host check, sign-in when a token is set, the viewer for the pages,
 /// and the security headers.
-pub async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: Next) -> Response {
     let headers = req.headers();
     let host = headers
         .get(header::HOST)
@@ -160,7 +160,7 @@ fn same_origin(headers: &HeaderMap) -> bool {
 }
 
 #[derive(Deserialize)]
-pub struct NextQuery {
+pub(crate) struct NextQuery {
     next: Option<String>,
 }
 
@@ -193,7 +193,7 @@ fn signin_form(state: &State, csrf: &str, next: &str, problem: Option<&str>) -> 
     )
 }
 
-pub async fn signin_page(
+pub(crate) async fn signin_page(
     Ext(state): Ext<Arc<State>>,
     headers: HeaderMap,
     Query(q): Query<NextQuery>,
@@ -208,7 +208,7 @@ pub async fn signin_page(
 }
 
 #[derive(Deserialize)]
-pub struct SigninForm {
+pub(crate) struct SigninForm {
     name: String,
     #[serde(default)]
     token: String,
@@ -216,7 +216,7 @@ pub struct SigninForm {
     next: Option<String>,
 }
 
-pub async fn signin(
+pub(crate) async fn signin(
     Ext(state): Ext<Arc<State>>,
     headers: HeaderMap,
     Form(f): Form<SigninForm>,
@@ -263,11 +263,11 @@ pub async fn signin(
 }
 
 #[derive(Deserialize)]
-pub struct CsrfForm {
-    pub csrf: String,
+pub(crate) struct CsrfForm {
+    pub(crate) csrf: String,
 }
 
-pub async fn signout(
+pub(crate) async fn signout(
     Ext(state): Ext<Arc<State>>,
     axum::Extension(viewer): axum::Extension<Viewer>,
     headers: HeaderMap,

@@ -19,10 +19,10 @@ use axum::Router;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
-pub use auth::MIN_TOKEN_LEN;
+pub(crate) use auth::MIN_TOKEN_LEN;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     #[error(
         "the web console on {0} would be reachable from other machines: set SUP_SERVE_TOKEN to a \
          long random secret ({MIN_TOKEN_LEN} characters at least), or listen on 127.0.0.1"
@@ -41,44 +41,44 @@ pub enum ServeError {
 
 /// What the console serves and how.
 #[derive(Clone, Debug)]
-pub struct Config {
-    pub listen: SocketAddr,
-    pub goals_dir: PathBuf,
-    pub home: PathBuf,
+pub(crate) struct Config {
+    pub(crate) listen: SocketAddr,
+    pub(crate) goals_dir: PathBuf,
+    pub(crate) home: PathBuf,
     /// `SUP_SERVE_TOKEN`: required to sign in when set; must be set off loopback.
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// This binary, for "run now" (`sup trigger NAME`).
-    pub exe: PathBuf,
+    pub(crate) exe: PathBuf,
     /// A fleet's store, and its URL for the processes the console starts.
-    pub fleet: Option<(crate::store::pg::PgStore, String)>,
+    pub(crate) fleet: Option<(crate::store::pg::PgStore, String)>,
 }
 
 /// A signed-in person.
 #[derive(Clone, Debug)]
 pub(crate) struct Session {
-    pub name: String,
-    pub csrf: String,
+    pub(crate) name: String,
+    pub(crate) csrf: String,
 }
 
 pub(crate) struct State {
-    pub cfg: Config,
+    pub(crate) cfg: Config,
     /// Listening on a loopback address: requests must name localhost as their host.
-    pub loopback: bool,
-    pub shutdown: CancellationToken,
-    pub sessions: Mutex<HashMap<String, Session>>,
+    pub(crate) loopback: bool,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) sessions: Mutex<HashMap<String, Session>>,
 }
 
 /// A bound console, ready to run.
-pub struct Server {
+pub(crate) struct Server {
     listener: tokio::net::TcpListener,
     app: Router,
     state: Arc<State>,
     /// The address it listens on (the port chosen when 0 was asked for).
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 /// Check the token rules and bind the address.
-pub async fn bind(cfg: Config, shutdown: CancellationToken) -> Result<Server, ServeError> {
+pub(crate) async fn bind(cfg: Config, shutdown: CancellationToken) -> Result<Server, ServeError> {
     let loopback = cfg.listen.ip().is_loopback();
     match cfg.token.as_deref() {
         None if !loopback => return Err(ServeError::NeedsToken(cfg.listen)),
@@ -111,7 +111,7 @@ pub async fn bind(cfg: Config, shutdown: CancellationToken) -> Result<Server, Se
 
 impl Server {
     /// Serve until the shutdown token is cancelled.
-    pub async fn run(self) -> Result<(), ServeError> {
+    pub(crate) async fn run(self) -> Result<(), ServeError> {
         let stop = self.state.shutdown.clone();
         axum::serve(self.listener, self.app)
             .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -32,7 +32,7 @@ use crate::trace::{CheckReport, Event, HumanTrace};
 
 /// Who is looking: a signed-in person, or nobody (loopback without a token).
 #[derive(Clone, Debug)]
-pub(crate) struct Viewer(pub Option<super::Session>);
+pub(crate) struct Viewer(pub(crate) Option<super::Session>);
 
 const STATUSES: &[&str] = &[
     "running",
@@ -98,10 +98,10 @@ pub(crate) fn error_page(status: StatusCode, text: &str) -> Response {
 }
 
 /// A page that could not be made: its status and what to tell the person.
-pub(crate) struct PageError(pub StatusCode, pub String);
+pub(crate) struct PageError(pub(crate) StatusCode, pub(crate) String);
 
 impl PageError {
-    pub fn new(status: StatusCode, text: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, text: impl Into<String>) -> Self {
         PageError(status, text.into())
     }
 }
@@ -212,19 +212,19 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-pub async fn index() -> Redirect {
+pub(crate) async fn index() -> Redirect {
     Redirect::to("/runs")
 }
 
 #[derive(Deserialize)]
-pub struct RunsQuery {
+pub(crate) struct RunsQuery {
     goal: Option<String>,
     status: Option<String>,
     page: Option<u32>,
     per: Option<u32>,
 }
 
-pub async fn runs(
+pub(crate) async fn runs(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
     Query(q): Query<RunsQuery>,
@@ -376,7 +376,7 @@ fn trace_for(run: &RunRow) -> HumanTrace {
     HumanTrace::to(run.goal != "run", Box::new(std::io::sink()))
 }
 
-pub async fn run(
+pub(crate) async fn run(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
     Path(id): Path<String>,
@@ -466,13 +466,13 @@ pub async fn run(
 }
 
 #[derive(Deserialize)]
-pub struct FromQuery {
+pub(crate) struct FromQuery {
     from: Option<u64>,
 }
 
 /// The transcript from an offset on, as server-sent events: `line` (one event's HTML, its id
 /// the offset after it) until the run ends, then `end`.
-pub async fn run_events(
+pub(crate) async fn run_events(
     Ext(state): Ext<Arc<State>>,
     Path(id): Path<String>,
     Query(q): Query<FromQuery>,
@@ -600,7 +600,7 @@ impl Tail {
 }
 
 /// A kept file of a run, as plain text; nothing outside the run's folder.
-pub async fn run_file(
+pub(crate) async fn run_file(
     Ext(state): Ext<Arc<State>>,
     Path((id, path)): Path<(String, String)>,
 ) -> Response {
@@ -631,7 +631,7 @@ pub async fn run_file(
     }
 }
 
-pub async fn approvals(
+pub(crate) async fn approvals(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
 ) -> Response {
@@ -758,7 +758,7 @@ fn approvals_page(
 }
 
 #[derive(Deserialize)]
-pub struct AnswerForm {
+pub(crate) struct AnswerForm {
     csrf: String,
     #[serde(default)]
     always: Option<String>,
@@ -766,7 +766,7 @@ pub struct AnswerForm {
     reason: Option<String>,
 }
 
-pub async fn answer(
+pub(crate) async fn answer(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
     Path((id, verb)): Path<(String, String)>,
@@ -832,7 +832,10 @@ pub async fn answer(
     }
 }
 
-pub async fn goals(Ext(state): Ext<Arc<State>>, Extension(viewer): Extension<Viewer>) -> Response {
+pub(crate) async fn goals(
+    Ext(state): Ext<Arc<State>>,
+    Extension(viewer): Extension<Viewer>,
+) -> Response {
     let dir = state.cfg.goals_dir.clone();
     let loaded = match fleet(&state) {
         Some(pg) => fleet_goals(pg, &dir).await,
@@ -963,7 +966,7 @@ fn goals_page(state: &State, viewer: &Viewer, rows: &[(Value, u64)]) -> Response
     layout("Goals", viewer, body).into_response()
 }
 
-pub async fn goal_action(
+pub(crate) async fn goal_action(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
     Path((name, verb)): Path<(String, String)>,
@@ -1053,7 +1056,7 @@ pub async fn goal_action(
     Redirect::to("/goals").into_response()
 }
 
-pub async fn style() -> Response {
+pub(crate) async fn style() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/css; charset=utf-8"),
@@ -1064,7 +1067,7 @@ pub async fn style() -> Response {
         .into_response()
 }
 
-pub async fn script() -> Response {
+pub(crate) async fn script() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),

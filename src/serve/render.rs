@@ -10,7 +10,7 @@ use crate::trace::{Event, HumanTrace};
 const DETAIL_CAP: usize = 64 * 1024;
 
 /// Control characters (but newline and tab) as visible escapes, as the terminal shows them.
-pub fn clean(s: &str) -> String {
+pub(crate) fn clean(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if c.is_control() && c != '\n' && c != '\t' {
@@ -83,7 +83,7 @@ fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
 }
 
 /// One event as HTML, or nothing for events the trace does not show.
-pub fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
+pub(crate) fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
     let line = trace.line(event)?;
     let (class, detail) = parts(event);
     Some(html! {
@@ -97,7 +97,7 @@ pub fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
 }
 
 /// The events of a transcript's text; lines that do not parse are left out.
-pub fn events(text: &str) -> impl Iterator<Item = Event> + '_ {
+pub(crate) fn events(text: &str) -> impl Iterator<Item = Event> + '_ {
     text.lines()
         .filter_map(|l| serde_json::from_str::<Event>(l).ok())
 }

@@ -205,7 +205,7 @@ fn is_binary(bytes: &[u8]) -> bool {
     bytes[..bytes.len().min(8192)].contains(&0)
 }
 
-pub struct ReadFile(ToolSpec);
+pub(crate) struct ReadFile(ToolSpec);
 
 impl ReadFile {
     fn new() -> Self {
@@ -292,7 +292,7 @@ impl Tool for ReadFile {
     }
 }
 
-pub struct WriteFile(ToolSpec);
+pub(crate) struct WriteFile(ToolSpec);
 
 impl WriteFile {
     fn new() -> Self {
@@ -343,7 +343,7 @@ impl Tool for WriteFile {
     }
 }
 
-pub struct EditFile(ToolSpec);
+pub(crate) struct EditFile(ToolSpec);
 
 impl EditFile {
     fn new() -> Self {
@@ -470,7 +470,7 @@ fn glob_matcher(pattern: Option<&str>) -> Result<Option<globset::GlobMatcher>, T
         .transpose()
 }
 
-pub struct ListFiles(ToolSpec);
+pub(crate) struct ListFiles(ToolSpec);
 
 impl ListFiles {
     fn new() -> Self {
@@ -549,7 +549,7 @@ impl Tool for ListFiles {
     }
 }
 
-pub struct SearchFiles(ToolSpec);
+pub(crate) struct SearchFiles(ToolSpec);
 
 impl SearchFiles {
     fn new() -> Self {
@@ -646,7 +646,7 @@ impl Tool for SearchFiles {
     }
 }
 
-pub struct RunCommand(ToolSpec);
+pub(crate) struct RunCommand(ToolSpec);
 
 impl RunCommand {
     fn new() -> Self {
@@ -678,7 +678,7 @@ struct CommandInput {
 /// Run a process for a tool and render what it did; shared by `run_command` and command
 /// tools. The result text starts with the exit status; each stream is capped at half the
 /// result cap, and a cut stream's file is kept.
-pub async fn run_for_tool(
+pub(crate) async fn run_for_tool(
     mut spec: process::Spec,
     ctx: &ToolContext,
 ) -> Result<(Ending, String, String), ToolError> {

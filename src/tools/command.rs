@@ -12,7 +12,7 @@ use super::process::{self, Ending};
 use super::{Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
 
-pub struct CommandTool {
+pub(crate) struct CommandTool {
     spec: ToolSpec,
     risk: Risk,
     program: String,
@@ -22,7 +22,7 @@ pub struct CommandTool {
 impl CommandTool {
     /// `argv` is the program and its arguments (a script already turned into its interpreter
     /// line by the caller).
-    pub fn new(spec: ToolSpec, risk: Risk, program: String, args: Vec<String>) -> Self {
+    pub(crate) fn new(spec: ToolSpec, risk: Risk, program: String, args: Vec<String>) -> Self {
         CommandTool {
             spec,
             risk,

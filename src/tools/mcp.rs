@@ -31,17 +31,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// A server to start: `[[mcp]]` in a goal file, or `--mcp NAME=COMMAND`.
 #[derive(Clone, Debug)]
 pub struct ServerSpec {
-    pub name: String,
+    pub(crate) name: String,
     /// The program and its first arguments.
-    pub command: Vec<String>,
-    pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
+    pub(crate) command: Vec<String>,
+    pub(crate) args: Vec<String>,
+    pub(crate) env: BTreeMap<String, String>,
     /// Believe the server's annotations: `readOnlyHint` makes a tool `read`.
-    pub trust_annotations: bool,
+    pub(crate) trust_annotations: bool,
     /// `Some(Policy::Off)` runs this server outside the sandbox.
-    pub sandbox: Option<super::sandbox::Policy>,
+    pub(crate) sandbox: Option<super::sandbox::Policy>,
     /// Secret-named variables this server gets.
-    pub env_pass: Vec<String>,
+    pub(crate) env_pass: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,12 +64,12 @@ pub enum McpError {
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
 /// The process groups of live servers (the sweep leaves them alone).
-pub fn live_groups() -> Vec<i32> {
+pub(crate) fn live_groups() -> Vec<i32> {
     LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default()
 }
 
 /// Kill every server process group still alive (used on a hard exit).
-pub fn kill_all() {
+pub(crate) fn kill_all() {
     if let Ok(groups) = LIVE_GROUPS.lock() {
         for g in groups.iter() {
             let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
@@ -80,7 +80,7 @@ pub fn kill_all() {
 type Client = RunningService<RoleClient, ()>;
 
 /// One running server.
-pub struct Server {
+pub(crate) struct Server {
     name: String,
     client: tokio::sync::Mutex<Option<Client>>,
     peer: rmcp::service::Peer<RoleClient>,
@@ -90,7 +90,7 @@ pub struct Server {
 
 /// The servers of a run; shut them down with `shutdown` when the run ends.
 #[derive(Default)]
-pub struct Servers {
+pub(crate) struct Servers {
     servers: Vec<Arc<Server>>,
 }
 
@@ -115,7 +115,7 @@ fn wire_name(server: &str, tool: &str) -> String {
 
 impl Servers {
     /// Start every server and list its tools; the first failure stops everything.
-    pub async fn start(
+    pub(crate) async fn start(
         specs: &[ServerSpec],
         workspace: &Path,
         log_dir: &Path,
@@ -163,7 +163,7 @@ impl Servers {
     }
 
     /// Close every server: the transport first, then the whole process group.
-    pub async fn shutdown(&mut self) {
+    pub(crate) async fn shutdown(&mut self) {
         for s in self.servers.drain(..) {
             let client = s.client.lock().await.take();
             if let Some(client) = client {

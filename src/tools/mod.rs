@@ -2,10 +2,10 @@
 //! built-in workspace tools, command tools from goal files, and the process runner they share.
 
 pub mod builtin;
-pub mod command;
-pub mod mcp;
-pub mod page;
-pub mod paths;
+pub(crate) mod command;
+pub(crate) mod mcp;
+pub(crate) mod page;
+pub(crate) mod paths;
 pub mod process;
 pub mod sandbox;
 mod schema;
@@ -36,24 +36,24 @@ pub enum Risk {
 /// What a tool call runs with.
 #[derive(Clone, Debug)]
 pub struct ToolContext {
-    pub workspace: PathBuf,
-    pub cancel: CancellationToken,
-    pub timeout: Duration,
+    pub(crate) workspace: PathBuf,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) timeout: Duration,
     /// Where whole outputs are kept when the result is cut.
-    pub output_dir: PathBuf,
+    pub(crate) output_dir: PathBuf,
     /// Byte cap of a result; tools that produce output streams cap each at half of it.
-    pub output_cap: usize,
+    pub(crate) output_cap: usize,
     /// A name for this call's saved outputs, unique in the run (models may reuse call ids).
-    pub output_name: String,
+    pub(crate) output_name: String,
     /// Files the agent may not change (the check scripts), as canonical paths.
-    pub protected: Arc<Vec<PathBuf>>,
+    pub(crate) protected: Arc<Vec<PathBuf>>,
     /// Extra environment for processes (`SUP_WORKSPACE`, …).
-    pub env: Arc<Vec<(String, String)>>,
+    pub(crate) env: Arc<Vec<(String, String)>>,
     /// The run's approval rules: file tools write under `.git/` or to hard-linked files, and
     /// list what a rule denies to read, only as they say.
-    pub rules: Arc<crate::approval::Rules>,
+    pub(crate) rules: Arc<crate::approval::Rules>,
     /// The sandbox every process of the run starts in.
-    pub jail: Arc<sandbox::Jail>,
+    pub(crate) jail: Arc<sandbox::Jail>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,17 +86,17 @@ pub trait Tool: Send + Sync {
 /// The approval subject of a tool whose main argument is a workspace path: where the `path`
 /// input really leads, symlinks in the workspace resolved, in one spelling (`./a/../b//c` →
 /// `b/c`; none → `.`), so a pattern judges the file that would really be touched.
-pub fn path_subject(input: &Value, workspace: &std::path::Path) -> String {
+pub(crate) fn path_subject(input: &Value, workspace: &std::path::Path) -> String {
     let path = input.get("path").and_then(Value::as_str).unwrap_or(".");
     paths::rule_path(workspace, path)
 }
 
 /// A tool that passed the gate with its parsed input.
-pub struct Prepared {
-    pub tool: Arc<dyn Tool>,
-    pub input: Value,
+pub(crate) struct Prepared {
+    pub(crate) tool: Arc<dyn Tool>,
+    pub(crate) input: Value,
     /// The tool's own timeout, when it has one (a goal file's `[[tool]] timeout`).
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 /// The tools of a run, by name, each with its compiled input schema.
@@ -126,7 +126,7 @@ impl Registry {
     }
 
     /// Add a tool whose calls get `timeout` instead of the run's tool timeout.
-    pub fn add_with_timeout(
+    pub(crate) fn add_with_timeout(
         &mut self,
         tool: Arc<dyn Tool>,
         timeout: Option<Duration>,
@@ -148,14 +148,14 @@ impl Registry {
         Ok(())
     }
 
-    pub fn specs(&self) -> &[ToolSpec] {
+    pub(crate) fn specs(&self) -> &[ToolSpec] {
         &self.specs
     }
 
     /// The gate every call passes before it runs: a known tool, arguments that parse as
     /// JSON (empty means `{}`), and input that satisfies the tool's schema. The error is
     /// what the model is told.
-    pub fn prepare(&self, name: &str, arguments: &str) -> Result<Prepared, String> {
+    pub(crate) fn prepare(&self, name: &str, arguments: &str) -> Result<Prepared, String> {
         let Some((index, validator)) = self.by_name.get(name) else {
             let mut names: Vec<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
             names.sort_unstable();

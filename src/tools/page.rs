@@ -5,27 +5,31 @@
 use std::io::Read;
 
 /// Bytes of one page at most; a page that would be longer is cut with a note.
-pub const MAX_PAGE_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_PAGE_BYTES: usize = 256 * 1024;
 const CHUNK: usize = 64 * 1024;
 /// Bytes looked at to tell a binary file.
 const SNIFF: usize = 8192;
 
 /// What was read.
-pub struct Page {
+pub(crate) struct Page {
     /// The lines `first..=last` (1-based), or their first `MAX_PAGE_BYTES`.
-    pub text: String,
+    pub(crate) text: String,
     /// Lines in the whole file (a last line without `\n` counts).
-    pub total: usize,
+    pub(crate) total: usize,
     /// The page was cut at `MAX_PAGE_BYTES`.
-    pub cut: bool,
+    pub(crate) cut: bool,
     /// A NUL byte in the first 8 KB: a binary file (nothing else is read).
-    pub binary: bool,
+    pub(crate) binary: bool,
     /// Bytes in the file.
-    pub size: u64,
+    pub(crate) size: u64,
 }
 
 /// Read lines `first..first + limit` of an open file (`first` from 1).
-pub fn read_page(mut file: std::fs::File, first: usize, limit: usize) -> std::io::Result<Page> {
+pub(crate) fn read_page(
+    mut file: std::fs::File,
+    first: usize,
+    limit: usize,
+) -> std::io::Result<Page> {
     let size = file.metadata()?.len();
     let last = first.saturating_add(limit).saturating_sub(1);
     let mut page = Vec::new();

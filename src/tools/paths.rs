@@ -12,7 +12,7 @@ use cap_std::fs::Dir;
 use super::ToolError;
 
 /// The workspace as a directory handle that nothing opened through can escape.
-pub fn workspace_dir(workspace: &Path) -> Result<Dir, ToolError> {
+pub(crate) fn workspace_dir(workspace: &Path) -> Result<Dir, ToolError> {
     Dir::open_ambient_dir(workspace, ambient_authority()).map_err(|e| {
         ToolError::Failed(format!(
             "cannot open the workspace {}: {e}",
@@ -23,7 +23,7 @@ pub fn workspace_dir(workspace: &Path) -> Result<Dir, ToolError> {
 
 /// The path an opened file really has, from the kernel (`/proc/self/fd`); what a racing
 /// symlink cannot fake.
-pub fn real_path(file: &std::fs::File) -> Option<PathBuf> {
+pub(crate) fn real_path(file: &std::fs::File) -> Option<PathBuf> {
     use std::os::fd::AsRawFd;
     std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
 }
@@ -31,7 +31,7 @@ pub fn real_path(file: &std::fs::File) -> Option<PathBuf> {
 /// The path rules judge for a typed path: where it really leads, relative to the workspace,
 /// symlinks resolved; the lexically normalized typed path when it leads nowhere inside (the
 /// tools refuse those anyway).
-pub fn rule_path(workspace: &Path, rel: &str) -> String {
+pub(crate) fn rule_path(workspace: &Path, rel: &str) -> String {
     match resolve(workspace, rel) {
         Ok(real) if real == workspace => ".".into(),
         Ok(real) => relative(workspace, &real),
@@ -61,7 +61,7 @@ fn normalize(path: &str) -> String {
 }
 
 /// Whether a workspace-relative path is inside `.git`, which only git writes.
-pub fn in_git(rel: &str) -> bool {
+pub(crate) fn in_git(rel: &str) -> bool {
     Path::new(rel)
         .components()
         .next()
@@ -70,7 +70,7 @@ pub fn in_git(rel: &str) -> bool {
 
 /// Resolve `rel` inside `workspace` (which must be canonical). The result is the real path
 /// of the deepest existing ancestor joined with the components that do not exist yet.
-pub fn resolve(workspace: &Path, rel: &str) -> Result<PathBuf, ToolError> {
+pub(crate) fn resolve(workspace: &Path, rel: &str) -> Result<PathBuf, ToolError> {
     let given = Path::new(rel);
     if given.is_absolute() {
         return Err(ToolError::Invalid(format!(
@@ -129,7 +129,7 @@ pub fn resolve(workspace: &Path, rel: &str) -> Result<PathBuf, ToolError> {
 }
 
 /// `path` relative to the workspace, for messages.
-pub fn relative(workspace: &Path, path: &Path) -> String {
+pub(crate) fn relative(workspace: &Path, path: &Path) -> String {
     path.strip_prefix(workspace)
         .unwrap_or(path)
         .display()

@@ -47,7 +47,7 @@ impl Ending {
         self == Ending::Exited(0)
     }
 
-    pub fn exit_code(self) -> Option<i32> {
+    pub(crate) fn exit_code(self) -> Option<i32> {
         match self {
             Ending::Exited(c) => Some(c),
             _ => None,
@@ -55,7 +55,7 @@ impl Ending {
     }
 
     /// `exit 1`, `killed by signal 9`, `timed out after 5s`, `cancelled`.
-    pub fn describe(self, timeout: Duration) -> String {
+    pub(crate) fn describe(self, timeout: Duration) -> String {
         match self {
             Ending::Exited(c) => format!("exit {c}"),
             Ending::Signaled(s) => format!("killed by signal {s}"),
@@ -67,7 +67,7 @@ impl Ending {
 
 pub struct Finished {
     pub ending: Ending,
-    pub duration: Duration,
+    pub(crate) duration: Duration,
 }
 
 /// Kills the process group when dropped, so that no path out of `run` — an error, a
@@ -141,7 +141,7 @@ fn create(path: &Path) -> Result<std::fs::File, ProcessError> {
 
 /// Output kept per stream of one process at most (64 MB): past it the rest is read and
 /// discarded, and a note at the end of the file says how much.
-pub const MAX_KEPT: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_KEPT: u64 = 64 * 1024 * 1024;
 
 /// Copy what a child prints into `to`, keeping at most `cap` bytes. It reads to the end
 /// whatever happens (a full disk included), so the child never blocks on a full pipe.
@@ -275,15 +275,14 @@ async fn drain(pumps: &mut tokio::task::JoinSet<()>) {
 }
 
 /// Text read from an output file, at most `cap` bytes of it.
-pub struct Capped {
-    pub text: String,
-    pub total: u64,
-    pub cut: bool,
+pub(crate) struct Capped {
+    pub(crate) text: String,
+    pub(crate) cut: bool,
 }
 
 /// Read `path` whole when it fits in `cap` bytes; otherwise its head and tail, half of `cap`
 /// each, with a marker in between that says how much was cut and where the whole is.
-pub fn read_capped(path: &Path, cap: usize) -> std::io::Result<Capped> {
+pub(crate) fn read_capped(path: &Path, cap: usize) -> std::io::Result<Capped> {
     let mut file = std::fs::File::open(path)?;
     let total = file.metadata()?.len();
     if total <= cap as u64 {
@@ -291,7 +290,6 @@ pub fn read_capped(path: &Path, cap: usize) -> std::io::Result<Capped> {
         file.read_to_end(&mut buf)?;
         return Ok(Capped {
             text: String::from_utf8_lossy(&buf).into_owned(),
-            total,
             cut: false,
         });
     }
@@ -309,11 +307,7 @@ pub fn read_capped(path: &Path, cap: usize) -> std::io::Result<Capped> {
         path.display(),
         String::from_utf8_lossy(&tail).trim_start_matches('\u{FFFD}'),
     );
-    Ok(Capped {
-        text,
-        total,
-        cut: true,
-    })
+    Ok(Capped { text, cut: true })
 }
 
 /// The last `max` bytes of `path` (whole lines where it can), for failure reports.
@@ -335,7 +329,7 @@ pub fn read_tail(path: &Path, max: usize) -> std::io::Result<(String, bool)> {
 }
 
 /// A file name for a call id from any provider.
-pub fn safe_name(id: &str) -> String {
+pub(crate) fn safe_name(id: &str) -> String {
     id.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -349,7 +343,7 @@ pub fn safe_name(id: &str) -> String {
 
 /// How to run a script: by its extension (`.js`/`.mjs` node, `.py` python3, `.sh` bash),
 /// anything else executed directly.
-pub fn script_command(path: &Path) -> (String, Vec<String>) {
+pub(crate) fn script_command(path: &Path) -> (String, Vec<String>) {
     let shown = path.display().to_string();
     match path.extension().and_then(|e| e.to_str()) {
         Some("js" | "mjs" | "cjs") => ("node".into(), vec![shown]),
@@ -360,7 +354,7 @@ pub fn script_command(path: &Path) -> (String, Vec<String>) {
 }
 
 /// Whether `program` can be found: a path that exists, or a name on PATH.
-pub fn program_exists(program: &str) -> bool {
+pub(crate) fn program_exists(program: &str) -> bool {
     if program.contains('/') {
         return Path::new(program).is_file();
     }

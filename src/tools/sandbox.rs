@@ -45,7 +45,7 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub fn parse(s: &str) -> Result<Policy, String> {
+    pub(crate) fn parse(s: &str) -> Result<Policy, String> {
         match s {
             "workspace-write" => Ok(Policy::WorkspaceWrite),
             "read-only" => Ok(Policy::ReadOnly),
@@ -56,7 +56,7 @@ impl Policy {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Policy::WorkspaceWrite => "workspace-write",
             Policy::ReadOnly => "read-only",
@@ -68,15 +68,15 @@ impl Policy {
 /// The sandbox keys of a goal file, as written.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SandboxSettings {
-    pub sandbox: Option<Policy>,
-    pub network: Option<bool>,
+pub(crate) struct SandboxSettings {
+    pub(crate) sandbox: Option<Policy>,
+    pub(crate) network: Option<bool>,
     #[serde(default)]
-    pub writable: Vec<Spanned<String>>,
-    pub sandbox_required: Option<bool>,
-    pub keep_background: Option<bool>,
+    pub(crate) writable: Vec<Spanned<String>>,
+    pub(crate) sandbox_required: Option<bool>,
+    pub(crate) keep_background: Option<bool>,
     #[serde(default)]
-    pub env_pass: Vec<Spanned<String>>,
+    pub(crate) env_pass: Vec<Spanned<String>>,
 }
 
 /// Sandbox settings with paths resolved: from a goal file, from flags, or both merged.
@@ -94,7 +94,7 @@ pub struct Sandbox {
 }
 
 /// A name a variable can have: a letter or `_`, then letters, digits or `_`.
-pub fn is_var_name(s: &str) -> bool {
+pub(crate) fn is_var_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars
         .next()
@@ -102,7 +102,7 @@ pub fn is_var_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-pub fn check_env_pass(name: &str) -> Result<(), String> {
+pub(crate) fn check_env_pass(name: &str) -> Result<(), String> {
     if is_var_name(name) {
         Ok(())
     } else {
@@ -115,7 +115,7 @@ pub fn check_env_pass(name: &str) -> Result<(), String> {
 impl SandboxSettings {
     /// Resolve against the goal file's folder. A bad value gives its byte offset in the file
     /// and what is wrong.
-    pub fn resolve(&self, dir: &Path) -> Result<Sandbox, (usize, String)> {
+    pub(crate) fn resolve(&self, dir: &Path) -> Result<Sandbox, (usize, String)> {
         let mut writable = Vec::new();
         for w in &self.writable {
             let given = w.get_ref();
@@ -163,7 +163,7 @@ impl SandboxSettings {
 
 /// Whether a variable is withheld from the agent's processes: its name contains KEY, SECRET,
 /// TOKEN, PASSWORD, PASSWD, CREDENTIAL or AUTH, in any case.
-pub fn is_secret_name(name: &str) -> bool {
+pub(crate) fn is_secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
     [
         "KEY",
@@ -222,7 +222,7 @@ pub fn at_start() {
 
 /// A variable of the environment `sup` started with (secrets included), or of the current
 /// one when `at_start` did not run (library use).
-pub fn var(name: &str) -> Option<String> {
+pub(crate) fn var(name: &str) -> Option<String> {
     match START.get() {
         Some(start) => start
             .env
@@ -235,7 +235,7 @@ pub fn var(name: &str) -> Option<String> {
 
 /// The environment `sup` started with, secrets included: for what the user runs (notify
 /// commands, a console's `sup trigger`), never for the agent's processes.
-pub fn original_env() -> Vec<(OsString, OsString)> {
+pub(crate) fn original_env() -> Vec<(OsString, OsString)> {
     match START.get() {
         Some(start) => start.env.clone(),
         None => std::env::vars_os().collect(),
@@ -244,7 +244,7 @@ pub fn original_env() -> Vec<(OsString, OsString)> {
 
 /// The environment for the agent's processes: sup's own without secret-named variables,
 /// plus those passed by name; and the names withheld.
-pub fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>) {
+pub(crate) fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>) {
     let mut env = Vec::new();
     let mut withheld = Vec::new();
     for (k, v) in original_env() {
@@ -270,7 +270,7 @@ pub fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>)
 // The jail of a run.
 
 /// The Landlock ABI of this kernel; 0 without Landlock.
-pub fn landlock_abi() -> i32 {
+pub(crate) fn landlock_abi() -> i32 {
     // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
     let v = unsafe {
         libc::syscall(
@@ -309,17 +309,17 @@ struct Bind {
 pub struct Jail {
     policy: Policy,
     network: bool,
-    pub keep_background: bool,
+    pub(crate) keep_background: bool,
     abi: i32,
     writable: Vec<PathBuf>,
     binds: Vec<Bind>,
     /// Read-only paths inside writable folders, for the model's explanations.
     read_only: Vec<PathBuf>,
     env: Vec<(OsString, OsString)>,
-    pub withheld: Vec<String>,
+    pub(crate) withheld: Vec<String>,
     /// Protections this run lacks, in words.
-    pub missing: Vec<String>,
-    pub tmp: PathBuf,
+    pub(crate) missing: Vec<String>,
+    pub(crate) tmp: PathBuf,
     run_id: String,
     /// Where commands start; relative paths in their messages are relative to it.
     workspace: PathBuf,
@@ -330,7 +330,7 @@ pub struct Jail {
     /// The record of the run's process groups, open for appending.
     groups: Option<Mutex<std::fs::File>>,
     /// Files the file tools must refuse to write (goal file, user config), canonical.
-    pub protected: Vec<PathBuf>,
+    pub(crate) protected: Vec<PathBuf>,
 }
 
 /// What a command needs kept open until it has been spawned.
@@ -639,7 +639,7 @@ impl Jail {
 
     /// When a command failed and its stderr shows a refusal, say which path the sandbox
     /// stopped and by which rule, so the model can act on it.
-    pub fn explain(&self, stderr: &str) -> Option<String> {
+    pub(crate) fn explain(&self, stderr: &str) -> Option<String> {
         if self.policy == Policy::Off {
             return None;
         }
@@ -716,13 +716,13 @@ impl Jail {
     /// `nohup` and double-fork escapes, which the subreaper brought back to `sup`) and all
     /// their descendants. Processes of other runs (told by their `SUP_RUN_ID`), running
     /// tool processes and MCP servers are left alone.
-    pub fn sweep(&self) -> usize {
+    pub(crate) fn sweep(&self) -> usize {
         sweep(&self.run_id)
     }
 
     /// Note a process group this run started, with its start time, so that a later `sup`
     /// can end it should this one be killed.
-    pub fn record(&self, pid: i32) {
+    pub(crate) fn record(&self, pid: i32) {
         let Some(groups) = &self.groups else { return };
         let Some(start) = start_time(pid) else { return };
         use std::io::Write;
@@ -765,7 +765,7 @@ fn lock(run_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError
 
 /// Whether the run in `run_dir` is alive: `Some(true)` while its lock is held, `Some(false)`
 /// when nobody holds it, `None` when it has no lock file (older runs).
-pub fn run_alive(run_dir: &Path) -> Option<bool> {
+pub(crate) fn run_alive(run_dir: &Path) -> Option<bool> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(run_dir.join(LOCK))
@@ -784,7 +784,7 @@ fn start_time(pid: i32) -> Option<u64> {
 /// At start-up: end what runs under `home` that are over (killed with `kill -9`, crashed)
 /// left running — every process that started with their `SUP_RUN_ID`, and their recorded
 /// process groups whose leader has the recorded start time (a reused pid is never hit).
-pub fn sweep_dead_runs(home: &Path) -> usize {
+pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
     let runs = home.join("runs");
     let dead =
         |id: &str| !id.is_empty() && !id.contains('/') && run_alive(&runs.join(id)) == Some(false);
@@ -960,13 +960,13 @@ fn path_in(line: &str) -> Option<PathBuf> {
 /// and what hangs below them alone.
 static LEADERS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
-pub fn hold(pid: i32) {
+pub(crate) fn hold(pid: i32) {
     if let Ok(mut l) = LEADERS.lock() {
         l.push(pid);
     }
 }
 
-pub fn release(pid: i32) {
+pub(crate) fn release(pid: i32) {
     if let Ok(mut l) = LEADERS.lock() {
         l.retain(|p| *p != pid);
     }
@@ -998,7 +998,7 @@ fn run_of(pid: i32) -> Option<String> {
 }
 
 /// See `Jail::sweep`. Returns how many processes were killed.
-pub fn sweep(run_id: &str) -> usize {
+pub(crate) fn sweep(run_id: &str) -> usize {
     let me = std::process::id() as i32;
     let own_exe = std::fs::read_link("/proc/self/exe").ok();
     // Only the `sup` binary, which made itself a subreaper at start-up, owns every child it

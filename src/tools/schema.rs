@@ -5,7 +5,7 @@ use jsonschema::Validator;
 use serde_json::Value;
 
 /// Compile a tool's schema; `None` for the empty schema `{}` which takes anything.
-pub fn compile(schema: &Value) -> Result<Option<Validator>, String> {
+pub(crate) fn compile(schema: &Value) -> Result<Option<Validator>, String> {
     if schema.as_object().is_some_and(|o| o.is_empty()) {
         return Ok(None);
     }
@@ -15,7 +15,7 @@ pub fn compile(schema: &Value) -> Result<Option<Validator>, String> {
 }
 
 /// Check `input`; the error lists each violation as `at PATH: MESSAGE (rule KEYWORD)`.
-pub fn check(validator: &Validator, input: &Value) -> Result<(), String> {
+pub(crate) fn check(validator: &Validator, input: &Value) -> Result<(), String> {
     let problems: Vec<String> = validator
         .iter_errors(input)
         .map(|e| {

@@ -35,7 +35,7 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StopReason::Final => "final",
             StopReason::MaxSteps => "max_steps",
@@ -69,7 +69,7 @@ pub enum Status {
 }
 
 impl Status {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Status::Achieved => "achieved",
             Status::Failed => "failed",
@@ -83,18 +83,18 @@ impl Status {
 /// One check's outcome in one try.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckReport {
-    pub name: String,
+    pub(crate) name: String,
     pub passed: bool,
     /// The exit status, when the check exited on its own.
     pub exit_status: Option<i32>,
     /// `exit 1`, `timed out after 5s`, `killed by signal 9`, `rejected: …`.
-    pub outcome: String,
-    pub duration_ms: u64,
+    pub(crate) outcome: String,
+    pub(crate) duration_ms: u64,
     /// The tail of what it printed (bounded).
-    pub output_tail: String,
+    pub(crate) output_tail: String,
     /// Where its whole output is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_path: Option<String>,
+    pub(crate) output_path: Option<String>,
 }
 
 /// One thing that happened in a run.
@@ -231,7 +231,7 @@ impl Events {
     }
 
     /// Send `event` to every sink, with every known secret redacted.
-    pub fn emit(&self, event: Event) {
+    pub(crate) fn emit(&self, event: Event) {
         let event = crate::redact::serde(&event).unwrap_or(event);
         for sink in &self.sinks {
             sink.emit(&event);

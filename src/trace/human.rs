@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::event::{Event, EventSink, Status, StopReason};
 
-pub struct HumanTrace {
+pub(crate) struct HumanTrace {
     /// Word the outcome as a goal (checks and tries) rather than a plain run.
     goal: bool,
     state: Mutex<State>,
@@ -22,12 +22,12 @@ struct State {
 
 impl HumanTrace {
     /// The live trace, on stderr.
-    pub fn new(goal: bool) -> Self {
+    pub(crate) fn new(goal: bool) -> Self {
         Self::to(goal, Box::new(std::io::stderr()))
     }
 
     /// The trace on any writer (`sup show` renders a transcript on stdout).
-    pub fn to(goal: bool, out: Box<dyn Write + Send>) -> Self {
+    pub(crate) fn to(goal: bool, out: Box<dyn Write + Send>) -> Self {
         HumanTrace {
             goal,
             state: Mutex::new(State {
@@ -48,14 +48,14 @@ fn invisible(c: char) -> bool {
 }
 
 /// Whether text holds control characters (other than newline and tab) or invisible Unicode.
-pub fn has_hidden(text: &str) -> bool {
+pub(crate) fn has_hidden(text: &str) -> bool {
     text.chars()
         .any(|c| (c.is_control() && c != '\n' && c != '\t') || invisible(c))
 }
 
 /// `text` safe for a terminal: control characters other than newline and tab, and invisible
 /// Unicode, written as escapes (`\r`, `\x1b`, `\u{202e}`).
-pub fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -74,7 +74,7 @@ pub fn escape(text: &str) -> String {
 }
 
 /// The first line of `text`, at most `max` characters, with a mark when cut.
-pub fn one_line(text: &str, max: usize) -> String {
+pub(crate) fn one_line(text: &str, max: usize) -> String {
     let first = text.lines().next().unwrap_or("");
     let more_lines = text.trim_end().lines().nth(1).is_some();
     let mut out: String = first.chars().take(max).collect();
@@ -98,7 +98,7 @@ fn n_tries(n: u32) -> String {
 
 impl HumanTrace {
     /// The line (or lines) this event shows as, without streamed text.
-    pub fn line(&self, event: &Event) -> Option<String> {
+    pub(crate) fn line(&self, event: &Event) -> Option<String> {
         Some(match event {
             Event::RunStarted {
                 run_id,
@@ -269,7 +269,7 @@ impl HumanTrace {
 }
 
 /// US dollars as the trace shows them: `$0.0123`.
-pub fn usd(c: f64) -> String {
+pub(crate) fn usd(c: f64) -> String {
     format!("${c:.4}")
 }
 

@@ -6,19 +6,19 @@ mod event;
 mod human;
 
 pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
-pub use human::{HumanTrace, escape, has_hidden, one_line, usd};
+pub(crate) use human::{HumanTrace, escape, has_hidden, one_line, usd};
 
 use std::io::Write;
 use std::sync::Mutex;
 
 /// `--json`: one JSON object per event on stdout. Streaming deltas and transcript-only
 /// messages are left out; the last object is the `result`.
-pub struct JsonLines {
+pub(crate) struct JsonLines {
     out: Mutex<std::io::Stdout>,
 }
 
 impl JsonLines {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         JsonLines {
             out: Mutex::new(std::io::stdout()),
         }

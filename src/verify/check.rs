@@ -16,7 +16,7 @@ use crate::tools::sandbox::Jail;
 use crate::trace::{CheckReport, Events};
 
 #[derive(Clone, Debug)]
-pub enum CheckKind {
+pub(crate) enum CheckKind {
     /// A script file (canonical path), run by its extension.
     Script(PathBuf),
     /// A shell command line, run with `bash -c`.
@@ -28,17 +28,17 @@ pub enum CheckKind {
 #[derive(Clone, Debug)]
 pub struct Check {
     /// How the check is named in reports: the script path as given, or the command line.
-    pub name: String,
-    pub kind: CheckKind,
-    pub timeout: Duration,
+    pub(crate) name: String,
+    pub(crate) kind: CheckKind,
+    pub(crate) timeout: Duration,
     /// For a frozen script: the folder of the original (`SUP_CHECK_DIR`).
-    pub origin: Option<PathBuf>,
+    pub(crate) origin: Option<PathBuf>,
 }
 
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Check {
-    pub fn script(name: String, path: PathBuf, timeout: Duration) -> Self {
+    pub(crate) fn script(name: String, path: PathBuf, timeout: Duration) -> Self {
         Check {
             name,
             kind: CheckKind::Script(path),
@@ -56,7 +56,7 @@ impl Check {
         }
     }
 
-    pub fn human(question: String, timeout: Duration) -> Self {
+    pub(crate) fn human(question: String, timeout: Duration) -> Self {
         Check {
             name: format!("human: {question}"),
             kind: CheckKind::Human(question),
@@ -65,7 +65,7 @@ impl Check {
         }
     }
 
-    pub fn script_path(&self) -> Option<PathBuf> {
+    pub(crate) fn script_path(&self) -> Option<PathBuf> {
         match &self.kind {
             CheckKind::Script(p) => Some(p.clone()),
             _ => None,
@@ -73,7 +73,7 @@ impl Check {
     }
 
     /// Whether the check can run at all: its file exists and its interpreter is installed.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if let CheckKind::Human(_) = self.kind {
             return Ok(());
         }
@@ -119,7 +119,7 @@ impl Check {
 /// Copy every script check into `dir` and point the check at its copy, so nothing the agent
 /// does to the original changes what judges it. A script that cannot be copied is a
 /// failing check, never the original run in its place.
-pub fn freeze(checks: &[Check], dir: &Path) -> Vec<Check> {
+pub(crate) fn freeze(checks: &[Check], dir: &Path) -> Vec<Check> {
     checks
         .iter()
         .enumerate()
@@ -154,7 +154,7 @@ pub fn freeze(checks: &[Check], dir: &Path) -> Vec<Check> {
 }
 
 /// The contents of every script check, to notice changes later.
-pub fn snapshot(checks: &[Check]) -> Vec<Option<Vec<u8>>> {
+pub(crate) fn snapshot(checks: &[Check]) -> Vec<Option<Vec<u8>>> {
     checks
         .iter()
         .map(|c| c.script_path().and_then(|p| std::fs::read(p).ok()))
@@ -162,7 +162,7 @@ pub fn snapshot(checks: &[Check]) -> Vec<Option<Vec<u8>>> {
 }
 
 /// The name of a script check whose file differs from `originals`, if any.
-pub fn changed(checks: &[Check], originals: &[Option<Vec<u8>>]) -> Option<String> {
+pub(crate) fn changed(checks: &[Check], originals: &[Option<Vec<u8>>]) -> Option<String> {
     checks
         .iter()
         .zip(snapshot(checks))
@@ -172,20 +172,20 @@ pub fn changed(checks: &[Check], originals: &[Option<Vec<u8>>]) -> Option<String
 }
 
 /// What a round of checks runs with.
-pub struct CheckRun<'a> {
-    pub workspace: &'a Path,
+pub(crate) struct CheckRun<'a> {
+    pub(crate) workspace: &'a Path,
     /// The run's sandbox.
-    pub jail: &'a Arc<Jail>,
-    pub env: &'a [(String, String)],
+    pub(crate) jail: &'a Arc<Jail>,
+    pub(crate) env: &'a [(String, String)],
     /// Where outputs go (`RUN/try-N`).
-    pub dir: &'a Path,
-    pub answer: &'a str,
-    pub answer_file: &'a Path,
-    pub feedback_cap: usize,
-    pub cancel: &'a CancellationToken,
+    pub(crate) dir: &'a Path,
+    pub(crate) answer: &'a str,
+    pub(crate) answer_file: &'a Path,
+    pub(crate) feedback_cap: usize,
+    pub(crate) cancel: &'a CancellationToken,
     /// Asks the person of a human check.
-    pub gate: Option<&'a Gate>,
-    pub events: &'a Events,
+    pub(crate) gate: Option<&'a Gate>,
+    pub(crate) events: &'a Events,
 }
 
 fn file_stem(name: &str) -> String {
@@ -204,7 +204,7 @@ fn file_stem(name: &str) -> String {
 }
 
 /// Run every check in order, all of them, reporting each as it ends.
-pub async fn run_all(
+pub(crate) async fn run_all(
     checks: &[Check],
     run: &CheckRun<'_>,
     on_each: impl Fn(&CheckReport),
@@ -311,7 +311,7 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
 }
 
 /// The message that tells the model which checks failed and how.
-pub fn failure_report(results: &[CheckReport], attempt: u32, tries: u32) -> String {
+pub(crate) fn failure_report(results: &[CheckReport], attempt: u32, tries: u32) -> String {
     let failed: Vec<&CheckReport> = results.iter().filter(|r| !r.passed).collect();
     let mut s = format!(
         "The acceptance checks ran after your work (try {attempt} of {tries}) and {} of {} \
@@ -337,7 +337,7 @@ pub fn failure_report(results: &[CheckReport], attempt: u32, tries: u32) -> Stri
 }
 
 /// What makes two failure reports the same, leaving out paths and times.
-pub fn report_key(results: &[CheckReport]) -> String {
+pub(crate) fn report_key(results: &[CheckReport]) -> String {
     results
         .iter()
         .filter(|r| !r.passed)

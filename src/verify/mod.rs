@@ -2,7 +2,7 @@
 //! failure tell the model what failed and try again, up to N tries. Also owns what a goal is
 //! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
-pub mod check;
+pub(crate) mod check;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use crate::tools::Registry;
 use crate::tools::sandbox::Jail;
 use crate::trace::{CheckReport, Event, Events, Status, StopReason};
 use crate::work::{self, Limits, Work};
-pub use check::{Check, CheckKind};
+pub use check::Check;
 
 /// A goal, ready to run: what to ask, how to judge it, and within which limits.
 #[derive(Clone, Debug)]
@@ -37,7 +37,7 @@ pub struct Goal {
 }
 
 /// The default system prompt.
-pub fn default_system(workspace: &std::path::Path) -> String {
+pub(crate) fn default_system(workspace: &std::path::Path) -> String {
     format!(
         "You are an agent that does real work with tools. Your workspace is {}; all paths are \
          relative to it. Act with the tools, check your work, and when you are done answer \
@@ -64,19 +64,19 @@ pub struct Outcome {
     pub status: Status,
     pub stop_reason: StopReason,
     pub tries: u32,
-    pub steps: u32,
-    pub usage: Usage,
+    pub(crate) steps: u32,
+    pub(crate) usage: Usage,
     /// US dollars, when the model's price is known.
-    pub cost: Option<f64>,
-    pub answer: Option<String>,
-    pub error: Option<String>,
+    pub(crate) cost: Option<f64>,
+    pub(crate) answer: Option<String>,
+    pub(crate) error: Option<String>,
     /// Each try's check results.
     pub checks: Vec<Vec<CheckReport>>,
 }
 
 impl Outcome {
     /// The `result` event of this outcome.
-    pub fn event(&self, run_id: &str) -> Event {
+    pub(crate) fn event(&self, run_id: &str) -> Event {
         Event::Result {
             status: self.status,
             stop_reason: self.stop_reason,
