@@ -125,6 +125,12 @@ struct Slot {
     queued: Option<DateTime<Utc>>,
 }
 
+impl goals::FromFile for Slot {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 struct Done {
     goal: String,
     at: DateTime<Utc>,
@@ -138,8 +144,6 @@ struct Daemon {
     db: Db,
     id: String,
     slots: BTreeMap<String, Slot>,
-    /// Files that failed to load, with why; their last good version keeps running.
-    errors: BTreeMap<PathBuf, String>,
     tasks: JoinSet<()>,
     done_tx: mpsc::UnboundedSender<Done>,
     permits: Arc<Semaphore>,
@@ -162,97 +166,49 @@ impl Daemon {
     /// Load (or reload) the goal files. New or changed schedules start from `now`; a broken
     /// file keeps its last good version.
     fn load(&mut self, now: DateTime<Utc>, starting: bool) -> Result<(), DaemonError> {
-        let paths = goals::paths(&self.cfg.goals_dir).map_err(|source| DaemonError::Goals {
+        let defaults = &self.cfg.defaults;
+        goals::reload(
+            &self.cfg.goals_dir,
+            &mut self.slots,
+            |g| {
+                let spec = spec_of(&g, defaults)?;
+                Ok((g, spec))
+            },
+            |name, (goal, spec), old| {
+                let schedule = goal.schedule.clone()?;
+                let changed = old.as_ref().is_none_or(|s| {
+                    s.schedule.expr != schedule.expr || s.schedule.tz != schedule.tz
+                });
+                let next = if changed {
+                    if !starting {
+                        tracing::info!(
+                            "goal {name}: schedule `{}` ({}) loaded",
+                            schedule.expr,
+                            schedule.tz
+                        );
+                    }
+                    schedule.next_after(now)
+                } else {
+                    old.as_ref().and_then(|s| s.next)
+                };
+                let (running, queued) = old.map(|s| (s.running, s.queued)).unwrap_or_default();
+                Some(Slot {
+                    path: goal.file.path.clone(),
+                    spec,
+                    schedule,
+                    overlap: goal.overlap,
+                    catch_up: goal.catch_up,
+                    jitter: goal.jitter,
+                    next,
+                    running,
+                    queued,
+                })
+            },
+        )
+        .map_err(|source| DaemonError::Goals {
             path: self.cfg.goals_dir.display().to_string(),
             source,
         })?;
-        let mut seen: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
-        // Which goal each file held, to notice renames without scanning every slot.
-        let by_path: std::collections::HashMap<PathBuf, String> = self
-            .slots
-            .iter()
-            .map(|(n, s)| (s.path.clone(), n.clone()))
-            .collect();
-        self.errors.clear();
-        // One file at a time: ten thousand goals never sit in memory twice.
-        for path in paths {
-            let result = goals::load(&path);
-            seen.insert(path.clone());
-            let goal = match result.map_err(|e| e.to_string()).and_then(|g| {
-                let spec = spec_of(&g, &self.cfg.defaults)?;
-                Ok((g, spec))
-            }) {
-                Ok(g) => g,
-                Err(e) => {
-                    tracing::warn!("{e}; the last good version of this goal keeps its schedule");
-                    self.errors.insert(path, e);
-                    continue;
-                }
-            };
-            let (goal, spec) = goal;
-            let name = goal.file.name.clone();
-            if let Some(other) = self.slots.get(&name).filter(|s| s.path != path) {
-                let e = format!(
-                    "{}: the goal name `{name}` is taken by {}",
-                    path.display(),
-                    other.path.display()
-                );
-                tracing::warn!("{e}");
-                self.errors.insert(path, e);
-                continue;
-            }
-            // A file that now has another name gives up its old slot.
-            if let Some(old) = by_path.get(&path).filter(|old| **old != name) {
-                self.slots.remove(old);
-            }
-            let Some(schedule) = goal.schedule.clone() else {
-                self.slots.remove(&name);
-                continue;
-            };
-            let changed = self
-                .slots
-                .get(&name)
-                .is_none_or(|s| s.schedule.expr != schedule.expr || s.schedule.tz != schedule.tz);
-            let next = if changed {
-                if !starting {
-                    tracing::info!(
-                        "goal {name}: schedule `{}` ({}) loaded",
-                        schedule.expr,
-                        schedule.tz
-                    );
-                }
-                schedule.next_after(now)
-            } else {
-                self.slots.get(&name).and_then(|s| s.next)
-            };
-            let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
-                path: path.clone(),
-                spec: spec.clone(),
-                schedule: schedule.clone(),
-                overlap: goal.overlap,
-                catch_up: goal.catch_up,
-                jitter: goal.jitter,
-                next,
-                running: Vec::new(),
-                queued: None,
-            });
-            slot.spec = spec;
-            slot.schedule = schedule;
-            slot.overlap = goal.overlap;
-            slot.catch_up = goal.catch_up;
-            slot.jitter = goal.jitter;
-            slot.next = next;
-        }
-        let gone: Vec<String> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| !seen.contains(&s.path))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in gone {
-            tracing::info!("goal {n}: its file is gone; no more occurrences");
-            self.slots.remove(&n);
-        }
         Ok(())
     }
 
@@ -639,7 +595,6 @@ pub async fn run(
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         ),
         slots: BTreeMap::new(),
-        errors: BTreeMap::new(),
         tasks: JoinSet::new(),
         done_tx,
         all_running: Arc::new(Mutex::new(Vec::new())),
@@ -653,8 +608,7 @@ pub async fn run(
         d.cfg.goals_dir.display()
     );
     d.catch_up(now);
-    let (watch_tx, mut watch_rx) = mpsc::unbounded_channel();
-    let _watcher = watch(&d.cfg.goals_dir, watch_tx);
+    let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     loop {
         let now = clock.now();
         let wake = if d.due(now) {
@@ -672,8 +626,8 @@ pub async fn run(
             _ = shutdown.cancelled() => break,
             _ = sleep => {}
             Some(done) = done_rx.recv() => d.finished(done),
-            Some(()) = reload.recv() => reload_now(&mut d, &clock, &mut watch_rx).await?,
-            Some(()) = watch_rx.recv() => reload_now(&mut d, &clock, &mut watch_rx).await?,
+            Some(()) = reload.recv() => reload_now(&mut d, &clock, &mut watch).await,
+            Some(()) = watch.changed() => reload_now(&mut d, &clock, &mut watch).await,
             Some(_) = d.tasks.join_next(), if !d.tasks.is_empty() => {}
         }
     }
@@ -681,19 +635,11 @@ pub async fn run(
     Ok(())
 }
 
-async fn reload_now(
-    d: &mut Daemon,
-    clock: &Arc<dyn Clock>,
-    watch_rx: &mut mpsc::UnboundedReceiver<()>,
-) -> Result<(), DaemonError> {
-    // Let a burst of file events settle into one reload.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    while watch_rx.try_recv().is_ok() {}
-    let result = d.load(clock.now(), false);
-    if let Err(e) = &result {
+async fn reload_now(d: &mut Daemon, clock: &Arc<dyn Clock>, watch: &mut goals::Watch) {
+    watch.settle().await;
+    if let Err(e) = d.load(clock.now(), false) {
         tracing::warn!("reload failed: {e}; the goals keep their schedules");
     }
-    Ok(())
 }
 
 /// Stop firing; give running goals the grace period, then cancel them; record all.
@@ -740,21 +686,4 @@ async fn drain(d: &mut Daemon, done_rx: &mut mpsc::UnboundedReceiver<Done>) {
         d.finished(done);
     }
     tracing::info!("daemon stopped");
-}
-
-/// Watch the goals folder; each change sends a reload request.
-fn watch(dir: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
-    use notify::Watcher;
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
-            let _ = tx.send(());
-        }
-    })
-    .map_err(|e| tracing::warn!("cannot watch the goals folder ({e}); reload with SIGHUP"))
-    .ok()?;
-    watcher
-        .watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|e| tracing::warn!("cannot watch {} ({e}); reload with SIGHUP", dir.display()))
-        .ok()?;
-    Some(watcher)
 }

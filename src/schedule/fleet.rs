@@ -1,10 +1,11 @@
 //! The fleet daemon (`sup daemon --store postgres://…`): one of many daemons sharing a
 //! PostgreSQL store. It registers itself and renews a lease; claims due occurrences and manual
-//! triggers in the store (exactly once; pause and overlap decided there); runs what it claimed
+//! triggers in the store (exactly once; pause and overlap decided there; its own share of a
+//! busy second first); cancels its runs that a newer occurrence replaces; runs what it claimed
 //! with its own concurrency limit and tags; writes runs, transcript events and outcomes to the
 //! store (an outcome that cannot be written waits on disk); closes the runs of daemons whose
-//! lease ran out; publishes its goal versions; and bridges approval requests of its runs to
-//! the store, learning of answers through `LISTEN`/`NOTIFY`.
+//! lease ran out; watches its goals folder and publishes its goal versions; and bridges
+//! approval requests of its runs to the store, learning of answers through `LISTEN`/`NOTIFY`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,10 +29,12 @@ use crate::trace::{Event, EventSink};
 
 /// How late an occurrence may be noticed and still count as on time.
 const ON_TIME: Duration = Duration::from_secs(2);
+/// How soon an occurrence comes due for housekeeping to wait for it.
+const IMMINENT: chrono::Duration = chrono::Duration::milliseconds(200);
 /// Missed occurrences recorded one by one at most, per catch-up.
 const MISSED_CAP: usize = 1000;
-/// Claims per transaction.
-const BATCH: usize = 250;
+/// Claims per transaction (each holds a lock per goal until it commits).
+const BATCH: usize = 500;
 /// How long a write is retried before it is given up (outcomes then wait on disk);
 /// `SUP_STORE_RETRY` says otherwise.
 fn give_up() -> Duration {
@@ -68,6 +71,7 @@ pub struct Config {
 }
 
 struct Goal {
+    path: PathBuf,
     spec: RunSpec,
     schedule: Option<Schedule>,
     overlap: Overlap,
@@ -81,6 +85,12 @@ struct Goal {
     stale: bool,
 }
 
+impl goals::FromFile for Goal {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 fn overlap_name(o: Overlap) -> &'static str {
     match o {
         Overlap::Skip => "skip",
@@ -88,6 +98,17 @@ fn overlap_name(o: Overlap) -> &'static str {
         Overlap::Replace => "replace",
         Overlap::Allow => "allow",
     }
+}
+
+/// A stable hash of (goal, daemon) that every daemon computes alike (FNV-1a): the daemon
+/// with the highest claims the goal first.
+fn share_hash(goal: &str, daemon: &str) -> u64 {
+    goal.bytes()
+        .chain([0xff])
+        .chain(daemon.bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 /// A run that ended: its fleet id and goal.
@@ -102,6 +123,8 @@ struct Daemon {
     goals: BTreeMap<String, Goal>,
     permits: Arc<Semaphore>,
     running: HashMap<String, CancellationToken>,
+    /// The daemons with a live lease, as of the last renewal, for the shares of claims.
+    fleet: Vec<String>,
     tasks: JoinSet<()>,
     done_tx: mpsc::UnboundedSender<Done>,
     /// Since when the store has answered without a break; only a daemon that has been in
@@ -127,42 +150,29 @@ fn version_of(path: &Path) -> (String, DateTime<Utc>) {
 impl Daemon {
     /// Read the goal files; a broken one is reported and keeps its last good version.
     fn load(&mut self, now: DateTime<Utc>) -> Result<(), FleetError> {
-        let paths = goals::paths(&self.cfg.goals_dir).map_err(|source| FleetError::Goals {
-            path: self.cfg.goals_dir.display().to_string(),
-            source,
-        })?;
-        let mut seen = std::collections::HashSet::new();
-        for path in paths {
-            let loaded = goals::load(&path).map_err(|e| e.to_string()).and_then(|g| {
-                RunSpec::build(&self.cfg.defaults, Some(&g.file))
-                    .map(|spec| (g, spec))
-                    .map_err(|e| format!("{}: {e}", path.display()))
-            });
-            let (g, spec) = match loaded {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("{e}; the last good version of this goal keeps its schedule");
-                    continue;
-                }
-            };
-            let name = g.file.name.clone();
-            seen.insert(name.clone());
-            let (hash, modified) = version_of(&path);
-            let old = self.goals.get(&name);
-            let next = match (old, &g.schedule) {
-                (Some(o), Some(s))
-                    if o.schedule
-                        .as_ref()
-                        .is_some_and(|os| os.expr == s.expr && os.tz == s.tz) =>
-                {
-                    o.next
-                }
-                (_, Some(s)) => s.next_after(now),
-                (_, None) => None,
-            };
-            self.goals.insert(
-                name,
-                Goal {
+        let defaults = &self.cfg.defaults;
+        goals::reload(
+            &self.cfg.goals_dir,
+            &mut self.goals,
+            |g| match RunSpec::build(defaults, Some(&g.file)) {
+                Ok(spec) => Ok((g, spec)),
+                Err(e) => Err(format!("{}: {e}", g.file.path.display())),
+            },
+            |_, (g, spec), old| {
+                let next = match (&old, &g.schedule) {
+                    (Some(o), Some(s))
+                        if o.schedule
+                            .as_ref()
+                            .is_some_and(|os| os.expr == s.expr && os.tz == s.tz) =>
+                    {
+                        o.next
+                    }
+                    (_, Some(s)) => s.next_after(now),
+                    (_, None) => None,
+                };
+                let (hash, modified) = version_of(&g.file.path);
+                Some(Goal {
+                    path: g.file.path.clone(),
                     spec,
                     schedule: g.schedule,
                     overlap: g.overlap,
@@ -172,12 +182,23 @@ impl Daemon {
                     hash,
                     modified,
                     next,
-                    stale: false,
-                },
-            );
+                    stale: old.is_some_and(|o| o.stale),
+                })
+            },
+        )
+        .map_err(|source| FleetError::Goals {
+            path: self.cfg.goals_dir.display().to_string(),
+            source,
+        })
+    }
+
+    /// Read the goal files again (after a burst of changes settled) and publish the versions.
+    async fn reload(&mut self, watch: &mut goals::Watch) {
+        watch.settle().await;
+        if let Err(e) = self.load(Utc::now()) {
+            tracing::warn!("reload failed: {e}; the goals keep their schedules");
         }
-        self.goals.retain(|n, _| seen.contains(n));
-        Ok(())
+        self.publish().await;
     }
 
     /// Whether this daemon may run the goal: it has its tags.
@@ -364,48 +385,80 @@ impl Daemon {
         if due.is_empty() {
             return;
         }
-        // A daemon without room lets those with room claim first.
+        if let Some(first) = due.iter().map(|d| d.at).min() {
+            tracing::debug!(
+                "{} occurrence(s) due; {}ms after the first",
+                due.len(),
+                (Utc::now() - first).num_milliseconds()
+            );
+        }
+        // A daemon without room lets those with room claim first (and claims no share).
         if self.permits.available_permits() == 0 {
             tokio::time::sleep(Duration::from_millis(30 + u64::from(fastrand::u8(..) % 50))).await;
         }
         self.claim("schedule", due).await;
     }
 
-    /// Claim in the store and start what this daemon won.
-    async fn claim(&mut self, kind: &'static str, mut due: Vec<Due>) -> Vec<Claimed> {
-        // Each daemon starts at another place in the list, so that daemons racing for the
-        // same second claim different goals side by side instead of queueing on the same ones.
-        if due.len() > BATCH {
-            let chunks = due.len().div_ceil(BATCH);
-            due.rotate_left(fastrand::usize(..chunks) * BATCH);
+    /// Claim in the store and start what this daemon won. A daemon with room first claims
+    /// its own share of the goals (rendezvous hashing over the live daemons), so that daemons
+    /// racing for the same second claim side by side instead of queueing on each other's
+    /// locks; then whatever the others left (a daemon that is late, gone or without the tags).
+    /// The runs start once everything is claimed: their folders, transcripts and store writes
+    /// stay off the claim's path.
+    async fn claim(&mut self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
+        if due.is_empty() {
+            return Vec::new();
         }
+        let started = Instant::now();
+        let (mine, rest): (Vec<Due>, Vec<Due>) = if self.permits.available_permits() == 0 {
+            (Vec::new(), due)
+        } else {
+            due.into_iter().partition(|d| self.owns(&d.goal))
+        };
+        let (share, others) = (mine.len(), rest.len());
+        let mut out = self.claim_in_store(kind, mine).await;
+        let own = out.len();
+        out.extend(self.claim_in_store(kind, rest).await);
+        tracing::debug!(
+            "claims: {own} of its share of {share}, {} of the other {others}, in {}ms",
+            out.len() - own,
+            started.elapsed().as_millis()
+        );
+        for c in &out {
+            match c {
+                Claimed::Run { goal, at, run_id } => {
+                    if !self.running.contains_key(run_id) {
+                        self.start(goal, kind, *at, run_id);
+                    }
+                }
+                Claimed::Not { goal, at, status } => {
+                    tracing::info!("goal {goal} at {}: {status}", stamp(*at));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether this daemon's share of the fleet's goals holds `goal`.
+    fn owns(&self, goal: &str) -> bool {
+        self.fleet
+            .iter()
+            .max_by_key(|d| share_hash(goal, d))
+            .is_none_or(|d| *d == self.me.id)
+    }
+
+    /// Claim in batches, each retried while the store is away.
+    async fn claim_in_store(&self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
         let mut out = Vec::new();
         for chunk in due.chunks(BATCH) {
-            let store = self.cfg.store.clone();
-            let me = self.me.clone();
-            let claimed = match pg::retry("claiming occurrences", give_up(), || {
-                store.claim(&me, kind, chunk)
+            let store = &self.cfg.store;
+            match pg::retry("claiming occurrences", give_up(), || {
+                store.claim(&self.me, kind, chunk)
             })
             .await
             {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!("cannot claim {} occurrence(s): {e}", chunk.len());
-                    continue;
-                }
-            };
-            for c in claimed {
-                match &c {
-                    Claimed::Run { goal, at, run_id } => {
-                        if !self.running.contains_key(run_id) {
-                            self.start(goal, kind, *at, run_id);
-                        }
-                    }
-                    Claimed::Not { goal, at, status } => {
-                        tracing::info!("goal {goal} at {}: {status}", stamp(*at));
-                    }
-                }
-                out.push(c);
+                Ok(c) => out.extend(c),
+                Err(e) => tracing::error!("cannot claim {} occurrence(s): {e}", chunk.len()),
             }
         }
         out
@@ -478,6 +531,14 @@ impl Daemon {
         }
     }
 
+    /// A newer occurrence replaces this run (overlap `replace`), wherever it was claimed.
+    fn replaced(&self, run_id: &str) {
+        if let Some(c) = self.running.get(run_id).filter(|c| !c.is_cancelled()) {
+            tracing::info!("run {run_id}: replaced by a newer occurrence; cancelling");
+            c.cancel();
+        }
+    }
+
     /// Manual triggers (and retries) of goals this daemon serves.
     async fn triggers(&mut self) {
         let room = self.permits.available_permits().max(1) as i64;
@@ -521,12 +582,19 @@ impl Daemon {
     /// waited on disk; bridge approvals.
     async fn tick(&mut self) {
         match self.cfg.store.renew(&self.me.id).await {
-            Ok(alive) => {
+            Ok(renewed) => {
                 if self.healthy_since.is_none() {
                     tracing::info!("the store answers again");
                 }
                 self.healthy_since.get_or_insert_with(Instant::now);
-                if !alive {
+                for run_id in &renewed.cancel {
+                    self.replaced(run_id);
+                }
+                self.fleet = renewed.fleet;
+                if !self.fleet.contains(&self.me.id) {
+                    self.fleet.push(self.me.id.clone());
+                }
+                if !renewed.was_alive {
                     tracing::warn!(
                         "this daemon's lease had run out and the fleet declared it dead; its \
                          runs were marked interrupted; it renews again now"
@@ -882,6 +950,7 @@ pub async fn run(
         cfg,
         goals: BTreeMap::new(),
         running: HashMap::new(),
+        fleet: Vec::new(),
         tasks: JoinSet::new(),
         done_tx,
         healthy_since: Some(Instant::now()),
@@ -897,6 +966,7 @@ pub async fn run(
     );
     d.publish().await;
     d.catch_up(now).await;
+    let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     let (note_tx, mut note_rx) = mpsc::unbounded_channel();
     let stop_listen = CancellationToken::new();
     tokio::spawn(listen(d.cfg.store.clone(), note_tx, stop_listen.clone()));
@@ -915,25 +985,23 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sleep => d.due(Utc::now()).await,
-            _ = ticker.tick() => d.tick().await,
+            _ = ticker.tick() => {
+                // Housekeeping waits for an occurrence about to come due.
+                if let Some(t) = wake.filter(|t| *t - Utc::now() < IMMINENT) {
+                    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).await;
+                    d.due(Utc::now()).await;
+                }
+                d.tick().await
+            }
             Some(done) = done_rx.recv() => d.finished(done).await,
             Some((channel, payload)) = note_rx.recv() => match channel.as_str() {
                 "sup_trigger" => d.triggers().await,
                 "sup_approval" => d.bridge_approvals(Some(&payload)).await,
-                "sup_cancel" => {
-                    if let Some(c) = d.running.get(&payload) {
-                        tracing::info!("run {payload}: replaced by a newer occurrence; cancelling");
-                        c.cancel();
-                    }
-                }
+                "sup_cancel" => d.replaced(&payload),
                 _ => {}
             },
-            Some(()) = reload.recv() => {
-                if let Err(e) = d.load(Utc::now()) {
-                    tracing::warn!("reload failed: {e}; the goals keep their schedules");
-                }
-                d.publish().await;
-            }
+            Some(()) = reload.recv() => d.reload(&mut watch).await,
+            Some(()) = watch.changed() => d.reload(&mut watch).await,
             Some(_) = d.tasks.join_next(), if !d.tasks.is_empty() => {}
         }
     }

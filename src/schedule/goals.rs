@@ -1,6 +1,7 @@
 //! Goal files as the schedule layer sees them: the verify layer's goal file plus a checked
 //! schedule (cron expression and time zone, errors naming the file, key and line) and the
-//! policies that say what to do with overlapping and missed occurrences.
+//! policies that say what to do with overlapping and missed occurrences; reading a goals folder
+//! into a daemon's slots, and watching it for changes (both daemons share these).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -78,4 +79,116 @@ pub fn load_dir(
             (p, loaded)
         })
         .collect())
+}
+
+/// A loaded goal as a daemon keeps it: it knows its file.
+pub trait FromFile {
+    fn path(&self) -> &Path;
+}
+
+/// Read a goals folder into `slots` (goal name → slot), one file at a time: `prepare` does
+/// what can fail for a loaded goal, `apply` makes its slot from that and the old slot (or
+/// drops it, with `None`). A file that fails keeps its last good slot; a name another file
+/// holds is an error; a file whose goal changed name gives up the old slot; slots whose
+/// files are gone go.
+pub fn reload<T: FromFile, P>(
+    dir: &Path,
+    slots: &mut std::collections::BTreeMap<String, T>,
+    mut prepare: impl FnMut(ScheduledGoal) -> Result<P, String>,
+    mut apply: impl FnMut(&str, P, Option<T>) -> Option<T>,
+) -> std::io::Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    let by_path: std::collections::HashMap<PathBuf, String> = slots
+        .iter()
+        .map(|(n, s)| (s.path().to_path_buf(), n.clone()))
+        .collect();
+    // One file at a time: ten thousand goals never sit in memory twice.
+    for path in paths(dir)? {
+        seen.insert(path.clone());
+        let loaded = load(&path).map_err(|e| e.to_string()).and_then(|g| {
+            let name = g.file.name.clone();
+            prepare(g).map(|p| (name, p))
+        });
+        let (name, prepared) = match loaded {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("{e}; the last good version of this goal keeps its schedule");
+                continue;
+            }
+        };
+        if let Some(other) = slots.get(&name).filter(|s| s.path() != path) {
+            tracing::warn!(
+                "{}: the goal name `{name}` is taken by {}",
+                path.display(),
+                other.path().display()
+            );
+            continue;
+        }
+        if let Some(old) = by_path.get(&path).filter(|old| **old != name) {
+            slots.remove(old);
+        }
+        let old = slots.remove(&name);
+        if let Some(slot) = apply(&name, prepared, old) {
+            slots.insert(name, slot);
+        }
+    }
+    slots.retain(|name, s| {
+        let kept = seen.contains(s.path());
+        if !kept {
+            tracing::info!("goal {name}: its file is gone; no more occurrences");
+        }
+        kept
+    });
+    Ok(())
+}
+
+/// Watches a goals folder. A change to a goal file is one reload request, however many file
+/// events it made. Without a watcher (the kernel refused one) SIGHUP still reloads.
+pub struct Watch {
+    _watcher: Option<notify::RecommendedWatcher>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<()>,
+}
+
+impl Watch {
+    pub fn new(dir: &Path) -> Watch {
+        use notify::Watcher;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // Goal files only: workspaces and model scripts in the folder change often.
+            let goal_file = |e: &notify::Event| {
+                e.paths.is_empty()
+                    || e.paths
+                        .iter()
+                        .any(|p| p.extension().is_some_and(|x| x == "toml"))
+            };
+            if event.is_ok_and(|e| !e.kind.is_access() && goal_file(&e)) {
+                let _ = tx.send(());
+            }
+        })
+        .map_err(|e| tracing::warn!("cannot watch the goals folder ({e}); reload with SIGHUP"))
+        .ok()
+        .and_then(|mut w| {
+            w.watch(dir, notify::RecursiveMode::NonRecursive)
+                .map_err(|e| {
+                    tracing::warn!("cannot watch {} ({e}); reload with SIGHUP", dir.display())
+                })
+                .ok()
+                .map(|()| w)
+        });
+        Watch {
+            _watcher: watcher,
+            rx,
+        }
+    }
+
+    /// The next change (cancel-safe: for `select!`); `None` without a watcher.
+    pub async fn changed(&mut self) -> Option<()> {
+        self.rx.recv().await
+    }
+
+    /// Let a burst of file events settle into one reload.
+    pub async fn settle(&mut self) {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        while self.rx.try_recv().is_ok() {}
+    }
 }

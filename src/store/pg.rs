@@ -5,11 +5,13 @@
 //! goal versions. Connection faults are retried with backoff; errors a user meets carry the
 //! server's words and what to check.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
 use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
@@ -251,6 +253,51 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN answer TEXT;",
 ];
 
+// The claim's statements (see `PgStore::claim`).
+const CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(h) FROM
+    (SELECT DISTINCT hashtext(g) AS h FROM unnest($1::text[]) g ORDER BY 1) s";
+const CLAIM_INSERT: &str = "WITH ins AS (
+        INSERT INTO occurrences (goal, scheduled_for, kind, status, claimed_by, claimed_at)
+        SELECT g, t, $3, 'claimed', $4, now() FROM unnest($1::text[], $2::timestamptz[]) AS u(g, t)
+        ON CONFLICT DO NOTHING RETURNING goal, scheduled_for),
+    last AS (
+        INSERT INTO goal_state (goal, last_occurrence)
+        SELECT goal, max(scheduled_for) FROM ins WHERE $3::text = 'schedule' GROUP BY goal
+        ON CONFLICT (goal) DO UPDATE SET last_occurrence =
+            greatest(goal_state.last_occurrence, excluded.last_occurrence))
+    SELECT goal, scheduled_for FROM ins";
+/// Of each goal that is paused, running or has an occurrence waiting: (goal, paused, running
+/// run ids, waiting).
+const CLAIM_STATE: &str = "SELECT * FROM (
+        SELECT g.goal,
+            coalesce((SELECT s.paused FROM goal_state s WHERE s.goal = g.goal), false) AS p,
+            coalesce((SELECT array_agg(r.id ORDER BY r.id) FROM runs r
+                      WHERE r.goal = g.goal AND r.status = 'running'), '{}') AS r,
+            EXISTS (SELECT 1 FROM occurrences o WHERE o.goal = g.goal AND o.status = 'queued') AS q
+        FROM (SELECT DISTINCT unnest($1::text[]) AS goal) g) x
+    WHERE p OR q OR cardinality(r) > 0";
+const CLAIM_START: &str = "WITH made AS (
+        INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, daemon_id, host,
+            pid, retry_interrupted)
+        SELECT i, g, $4::text, CASE WHEN $4::text = 'schedule' THEN t END, 'running',
+            clock_timestamp(), $5, $6, $7, r
+        FROM unnest($1::text[], $2::text[], $3::timestamptz[], $8::bool[]) AS u(i, g, t, r))
+    UPDATE occurrences o SET status = 'running', run_id = u.i
+    FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(i, g, t)
+    WHERE o.goal = u.g AND o.scheduled_for = u.t";
+const CLAIM_SETTLE: &str = "UPDATE occurrences o SET status = u.s
+    FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS u(g, t, s)
+    WHERE o.goal = u.g AND o.scheduled_for = u.t";
+const CLAIM_REPLACE: &str = "WITH asked AS (
+        UPDATE runs r SET cancel_requested = true,
+            error = coalesce(r.error, 'replaced by run ' || u.n || ' (overlap replace)')
+        FROM unnest($1::text[], $2::text[]) AS u(o, n) WHERE r.id = u.o RETURNING r.id)
+    SELECT pg_notify('sup_cancel', id) FROM asked";
+const CLAIM_OWNED: &str = "SELECT o.goal, o.scheduled_for, o.status, o.run_id FROM occurrences o
+    JOIN unnest($1::text[], $2::timestamptz[]) AS u(g, t)
+        ON o.goal = u.g AND o.scheduled_for = u.t
+    WHERE o.claimed_by = $3";
+
 /// A key for `pg_advisory_xact_lock` that serializes migrations.
 const MIGRATION_LOCK: i64 = 0x0053_7570_5f6d_6967;
 
@@ -305,6 +352,18 @@ pub enum Claimed {
         at: DateTime<Utc>,
         status: String,
     },
+}
+
+/// What a lease renewal learned.
+#[derive(Clone, Debug)]
+pub struct Renewed {
+    /// `false`: the fleet had declared the daemon dead (its runs were closed); it is alive
+    /// again from now on.
+    pub was_alive: bool,
+    /// Its runs that a newer occurrence replaces.
+    pub cancel: Vec<String>,
+    /// The daemons with a live lease (this one too), by id.
+    pub fleet: Vec<String>,
 }
 
 /// A dead daemon's run that another daemon closed.
@@ -496,20 +555,29 @@ impl PgStore {
         Ok(id)
     }
 
-    /// Renew a daemon's lease. `false`: the fleet had declared it dead (its runs were closed);
-    /// it is alive again from now on.
-    pub async fn renew(&self, id: &str) -> Result<bool, PgError> {
+    /// Renew a daemon's lease, and learn which of its runs the fleet asked to cancel (overlap
+    /// `replace`; `NOTIFY sup_cancel` says it sooner, this when a notification was lost).
+    pub async fn renew(&self, id: &str) -> Result<Renewed, PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
                 "WITH old AS (SELECT state FROM daemons WHERE id = $1)
                  UPDATE daemons SET renewed_at = now(), state = 'alive', stopped_at = NULL
-                 WHERE id = $1 RETURNING (SELECT state FROM old)",
+                 WHERE id = $1 RETURNING (SELECT state FROM old),
+                     (SELECT coalesce(array_agg(r.id), '{}') FROM runs r
+                      WHERE r.daemon_id = $1 AND r.status = 'running' AND r.cancel_requested),
+                     (SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') FROM daemons d
+                      WHERE d.state = 'alive'
+                        AND d.renewed_at >= now() - d.lease_ms * interval '1 millisecond')",
                 &[&id],
             )
             .await
             .map_err(|e| self.err(&e))?;
-        Ok(row.get::<_, Option<String>>(0).as_deref() == Some("alive"))
+        Ok(Renewed {
+            was_alive: row.get::<_, Option<String>>(0).as_deref() == Some("alive"),
+            cancel: row.get(1),
+            fleet: row.get(2),
+        })
     }
 
     pub async fn stop_daemon(&self, id: &str) -> Result<(), PgError> {
@@ -652,7 +720,8 @@ impl PgStore {
     /// Claim occurrences in one transaction: each is inserted once (unique on goal and time);
     /// under a per-goal lock, pause and overlap are decided from the store; a run row is made
     /// for each that starts. Safe to call again after a failed commit: what this daemon
-    /// already owns is reported again.
+    /// already owns is reported again. Four round trips whatever the batch's size: the
+    /// statements are prepared once per connection and sent in two pipelines.
     pub async fn claim(
         &self,
         me: &Claimer,
@@ -662,6 +731,7 @@ impl PgStore {
         if due.is_empty() {
             return Ok(Vec::new());
         }
+        let err = |e: tokio_postgres::Error| self.err(&e);
         // The store keeps microseconds: compare what it will give back.
         let due: Vec<Due> = due
             .iter()
@@ -674,78 +744,46 @@ impl PgStore {
         let goals: Vec<&str> = due.iter().map(|d| d.goal.as_str()).collect();
         let ats: Vec<DateTime<Utc>> = due.iter().map(|d| d.at).collect();
         let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(&e))?;
-        // One lock per goal, taken in a fixed order, so overlap decisions across daemons
-        // are serialized per goal and never deadlock.
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(h) FROM
-                 (SELECT DISTINCT hashtext(g) AS h FROM unnest($1::text[]) g ORDER BY 1) s",
-            &[&goals],
+        let tx = c.transaction().await.map_err(err)?;
+        let (lock, insert, state, start, settle, ask, owned) = futures::try_join!(
+            tx.prepare_cached(CLAIM_LOCK),
+            tx.prepare_cached(CLAIM_INSERT),
+            tx.prepare_cached(CLAIM_STATE),
+            tx.prepare_cached(CLAIM_START),
+            tx.prepare_cached(CLAIM_SETTLE),
+            tx.prepare_cached(CLAIM_REPLACE),
+            tx.prepare_cached(CLAIM_OWNED),
         )
-        .await
-        .map_err(|e| self.err(&e))?;
-        let fresh = tx
-            .query(
-                "INSERT INTO occurrences (goal, scheduled_for, kind, status, claimed_by, claimed_at)
-                 SELECT g, t, $3, 'claimed', $4, now() FROM unnest($1::text[], $2::timestamptz[]) AS u(g, t)
-                 ON CONFLICT DO NOTHING RETURNING goal, scheduled_for",
-                &[&goals, &ats, &kind, &me.id],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        let fresh: std::collections::HashSet<(String, DateTime<Utc>)> =
+        .map_err(err)?;
+        // One pipeline: the per-goal locks (in a fixed order, so daemons never deadlock),
+        // the occurrences inserted once, and what the store says of each goal.
+        let by_goal: [&(dyn ToSql + Sync); 1] = [&goals];
+        let insert_params: [&(dyn ToSql + Sync); 4] = [&goals, &ats, &kind, &me.id];
+        let (_, fresh, state) = futures::try_join!(
+            tx.execute(&lock, &by_goal),
+            tx.query(&insert, &insert_params),
+            tx.query(&state, &by_goal),
+        )
+        .map_err(err)?;
+        let fresh: HashSet<(String, DateTime<Utc>)> =
             fresh.iter().map(|r| (r.get(0), r.get(1))).collect();
-        if kind == "schedule" && !fresh.is_empty() {
-            let (g, t): (Vec<&str>, Vec<DateTime<Utc>>) = due
-                .iter()
-                .filter(|d| fresh.contains(&(d.goal.clone(), d.at)))
-                .map(|d| (d.goal.as_str(), d.at))
-                .unzip();
-            tx.execute(
-                "INSERT INTO goal_state (goal, last_occurrence)
-                 SELECT g, max(t) FROM unnest($1::text[], $2::timestamptz[]) AS u(g, t) GROUP BY g
-                 ON CONFLICT (goal) DO UPDATE SET last_occurrence =
-                     greatest(goal_state.last_occurrence, excluded.last_occurrence)",
-                &[&g, &t],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
+        let mut paused: HashSet<String> = HashSet::new();
+        let mut running: HashMap<String, Vec<String>> = HashMap::new();
+        let mut waiting: HashSet<String> = HashSet::new();
+        for r in &state {
+            let goal: String = r.get(0);
+            if r.get(1) {
+                paused.insert(goal.clone());
+            }
+            if r.get(3) {
+                waiting.insert(goal.clone());
+            }
+            running.insert(goal, r.get(2));
         }
-        let fresh_goals: Vec<&str> = fresh.iter().map(|(g, _)| g.as_str()).collect();
-        let paused: std::collections::HashSet<String> = tx
-            .query(
-                "SELECT goal FROM goal_state WHERE paused AND goal = ANY($1)",
-                &[&fresh_goals],
-            )
-            .await
-            .map_err(|e| self.err(&e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let mut running: std::collections::HashMap<String, Vec<String>> = Default::default();
-        for r in tx
-            .query(
-                "SELECT goal, id FROM runs WHERE status = 'running' AND goal = ANY($1)",
-                &[&fresh_goals],
-            )
-            .await
-            .map_err(|e| self.err(&e))?
-        {
-            running.entry(r.get(0)).or_default().push(r.get(1));
-        }
-        let mut waiting: std::collections::HashSet<String> = tx
-            .query(
-                "SELECT DISTINCT goal FROM occurrences WHERE status = 'queued' AND goal = ANY($1)",
-                &[&fresh_goals],
-            )
-            .await
-            .map_err(|e| self.err(&e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
         let mut starts: Vec<(&Due, String)> = Vec::new();
         let mut nots: Vec<(&Due, &'static str)> = Vec::new();
-        let mut replace: Vec<String> = Vec::new();
+        // Runs a newer occurrence replaces (overlap `replace`), each with its replacement.
+        let mut replace: Vec<(String, String)> = Vec::new();
         for d in due
             .iter()
             .filter(|d| fresh.contains(&(d.goal.clone(), d.at)))
@@ -754,11 +792,12 @@ impl PgStore {
                 nots.push((d, "paused"));
                 continue;
             }
+            let mut replaced = Vec::new();
             let busy = running.get(&d.goal).is_some_and(|r| !r.is_empty());
             let state = match (busy, d.overlap) {
                 (false, _) | (true, "allow") => None,
                 (true, "replace") => {
-                    replace.extend(running.get(&d.goal).into_iter().flatten().cloned());
+                    replaced.extend(running.remove(&d.goal).unwrap_or_default());
                     None
                 }
                 (true, "queue") if !waiting.contains(&d.goal) => {
@@ -771,83 +810,49 @@ impl PgStore {
                 Some(s) => nots.push((d, s)),
                 None => {
                     let id = super::new_run_id();
+                    replace.extend(replaced.drain(..).map(|old| (old, id.clone())));
                     running.entry(d.goal.clone()).or_default().push(id.clone());
                     starts.push((d, id));
                 }
             }
         }
-        if !starts.is_empty() {
-            let ids: Vec<&str> = starts.iter().map(|(_, id)| id.as_str()).collect();
-            let g: Vec<&str> = starts.iter().map(|(d, _)| d.goal.as_str()).collect();
-            let t: Vec<DateTime<Utc>> = starts.iter().map(|(d, _)| d.at).collect();
-            let retry: Vec<bool> = starts.iter().map(|(d, _)| d.retry_interrupted).collect();
-            tx.execute(
-                "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, daemon_id,
-                     host, pid, retry_interrupted)
-                 SELECT i, g, $4, CASE WHEN $4 = 'schedule' THEN t END, 'running', clock_timestamp(),
-                     $5, $6, $7, r
-                 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $8::bool[]) AS u(i, g, t, r)",
-                &[
-                    &ids,
-                    &g,
-                    &t,
-                    &kind,
-                    &me.id,
-                    &me.host,
-                    &(std::process::id() as i32),
-                    &retry,
-                ],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-            tx.execute(
-                "UPDATE occurrences o SET status = 'running', run_id = u.i
-                 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(i, g, t)
-                 WHERE o.goal = u.g AND o.scheduled_for = u.t",
-                &[&ids, &g, &t],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        }
-        if !nots.is_empty() {
-            let g: Vec<&str> = nots.iter().map(|(d, _)| d.goal.as_str()).collect();
-            let t: Vec<DateTime<Utc>> = nots.iter().map(|(d, _)| d.at).collect();
-            let s: Vec<&str> = nots.iter().map(|(_, s)| *s).collect();
-            tx.execute(
-                "UPDATE occurrences o SET status = u.s
-                 FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS u(g, t, s)
-                 WHERE o.goal = u.g AND o.scheduled_for = u.t",
-                &[&g, &t, &s],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        }
-        if !replace.is_empty() {
-            tx.execute(
-                "UPDATE runs SET cancel_requested = true WHERE id = ANY($1)",
-                &[&replace],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-            for id in &replace {
-                tx.execute("SELECT pg_notify('sup_cancel', $1)", &[id])
-                    .await
-                    .map_err(|e| self.err(&e))?;
-            }
-        }
-        // What this daemon owns of the batch, including what an earlier attempt whose commit
-        // went unanswered claimed.
-        let owned = tx
-            .query(
-                "SELECT o.goal, o.scheduled_for, o.status, o.run_id FROM occurrences o
-                 JOIN unnest($1::text[], $2::timestamptz[]) AS u(g, t)
-                     ON o.goal = u.g AND o.scheduled_for = u.t
-                 WHERE o.claimed_by = $3",
-                &[&goals, &ats, &me.id],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        tx.commit().await.map_err(|e| self.err(&e))?;
+        let ids: Vec<&str> = starts.iter().map(|(_, id)| id.as_str()).collect();
+        let start_goals: Vec<&str> = starts.iter().map(|(d, _)| d.goal.as_str()).collect();
+        let start_ats: Vec<DateTime<Utc>> = starts.iter().map(|(d, _)| d.at).collect();
+        let retry: Vec<bool> = starts.iter().map(|(d, _)| d.retry_interrupted).collect();
+        let not_goals: Vec<&str> = nots.iter().map(|(d, _)| d.goal.as_str()).collect();
+        let not_ats: Vec<DateTime<Utc>> = nots.iter().map(|(d, _)| d.at).collect();
+        let not_status: Vec<&str> = nots.iter().map(|(_, s)| *s).collect();
+        let (old, new): (Vec<&str>, Vec<&str>) = replace
+            .iter()
+            .map(|(o, n)| (o.as_str(), n.as_str()))
+            .unzip();
+        let pid = std::process::id() as i32;
+        // The other pipeline: run rows for what starts, the others' statuses, the replaced
+        // runs told (at once by `NOTIFY`, or at their daemon's next renewal), and what this
+        // daemon owns of the batch (with what an earlier attempt whose commit went unanswered
+        // claimed).
+        let start_params: [&(dyn ToSql + Sync); 8] = [
+            &ids,
+            &start_goals,
+            &start_ats,
+            &kind,
+            &me.id,
+            &me.host,
+            &pid,
+            &retry,
+        ];
+        let settle_params: [&(dyn ToSql + Sync); 3] = [&not_goals, &not_ats, &not_status];
+        let ask_params: [&(dyn ToSql + Sync); 2] = [&old, &new];
+        let owned_params: [&(dyn ToSql + Sync); 3] = [&goals, &ats, &me.id];
+        let (_, _, _, owned) = futures::try_join!(
+            tx.execute(&start, &start_params),
+            tx.execute(&settle, &settle_params),
+            tx.execute(&ask, &ask_params),
+            tx.query(&owned, &owned_params),
+        )
+        .map_err(err)?;
+        tx.commit().await.map_err(err)?;
         Ok(owned
             .iter()
             .map(|r| {
@@ -893,9 +898,7 @@ impl PgStore {
     }
 
     /// The latest claimed occurrence of each goal.
-    pub async fn last_occurrences(
-        &self,
-    ) -> Result<std::collections::HashMap<String, DateTime<Utc>>, PgError> {
+    pub async fn last_occurrences(&self) -> Result<HashMap<String, DateTime<Utc>>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "SELECT goal, last_occurrence FROM goal_state WHERE last_occurrence IS NOT NULL",
@@ -1377,17 +1380,6 @@ impl PgStore {
             },
             n(3),
         ))
-    }
-
-    /// Whether the store asked for a run to be cancelled (overlap `replace`).
-    pub async fn cancel_requested(&self, id: &str) -> Result<bool, PgError> {
-        let c = self.client().await?;
-        Ok(
-            c.query_opt("SELECT cancel_requested FROM runs WHERE id = $1", &[&id])
-                .await
-                .map_err(|e| self.err(&e))?
-                .is_some_and(|r| r.get(0)),
-        )
     }
 
     // ----- goals -----

@@ -1,8 +1,9 @@
 //! A fleet of daemons on one PostgreSQL store, through the binary: exactly-once occurrences
 //! across three daemon processes, leases (`kill -9` → interrupted by another daemon, and a
-//! retry), overlap for manual triggers, history and approvals from a process that is not a
-//! daemon, the store's faults (bad URL, credentials, rights, newer schema), connections cut
-//! mid-run, and outcomes kept on disk while the store is away.
+//! retry), overlap for manual triggers and `replace` across daemons, goal files picked up as
+//! they change, history and approvals from a process that is not a daemon, the store's faults
+//! (bad URL, credentials, rights, newer schema), connections cut mid-run, and outcomes kept on
+//! disk while the store is away.
 //!
 //! Each test makes its own database on the server named by `SUP_TEST_PG` (default
 //! `postgres://postgres@127.0.0.1:5432/`) and drops it at the end. A server that cannot be
@@ -768,4 +769,153 @@ fn the_same_history_cases_pass_on_sqlite_and_postgresql() {
         let (code, _, _) = sup(&mut f, &["resume", "once", "--goals", "."]);
         assert_eq!(code, 0, "{which}");
     }
+}
+
+fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// `sup trigger NAME` handed to the fleet: the run it started.
+fn trigger(f: &mut Fleet, name: &str) -> String {
+    let (code, text) = f.out(2, &["trigger", name, "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    text.split("started as run ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{text}\n{}", f.logs()))
+        .to_string()
+}
+
+#[test]
+fn overlap_replace_cancels_the_running_one_on_whichever_daemon_runs_it() {
+    let mut f = Fleet::new();
+    f.goal("long", None, 60_000, "overlap = \"replace\"");
+    let a = f.daemon(0, &["--lease", "10s"]);
+    let b = f.daemon(1, &["--lease", "10s"]);
+    until("two daemons serve the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "2"
+    });
+    let host = |f: &Fleet, run: &str| {
+        f.pg.one(&format!("SELECT host FROM runs WHERE id = '{run}'"))
+    };
+    let first = trigger(&mut f, "long");
+    let first_host = host(&f, &first);
+    let runs_first = if first_host == "m0" { &a } else { &b };
+    // Claimed by the other daemon: the one that runs the first is stopped meanwhile, and its
+    // `LISTEN` connection is cut, so that the cancel request reaches it only through the
+    // store, at its next lease renewal.
+    signal(runs_first, Signal::SIGSTOP);
+    f.pg.one(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = '{}' AND query LIKE 'LISTEN%'",
+        f.pg.name
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    let second = trigger(&mut f, "long");
+    signal(runs_first, Signal::SIGCONT);
+    assert_ne!(host(&f, &second), first_host, "{}", f.logs());
+    until("the first run is cancelled", 20, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) == "interrupted"
+    });
+    let logs = f.logs();
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT stop_reason || ' · ' || error FROM runs WHERE id = '{first}'"
+        )),
+        format!("cancelled · replaced by run {second} (overlap replace)"),
+        "{logs}"
+    );
+    assert_eq!(
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{second}'")),
+        "running",
+        "{logs}"
+    );
+    // Claimed by the daemon that runs it (the other one stopped this time): told by NOTIFY.
+    signal(runs_first, Signal::SIGSTOP);
+    let third = trigger(&mut f, "long");
+    signal(runs_first, Signal::SIGCONT);
+    assert_eq!(host(&f, &third), host(&f, &second), "{}", f.logs());
+    until("the second run is cancelled", 20, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{second}'")) == "interrupted"
+    });
+    let logs = f.logs();
+    assert!(
+        f.pg.one(&format!("SELECT error FROM runs WHERE id = '{second}'"))
+            .contains(&format!("replaced by run {third}")),
+        "{logs}"
+    );
+    // One run of the goal is going, the newest.
+    assert_eq!(
+        f.pg.one("SELECT string_agg(id, ',') FROM runs WHERE status = 'running'"),
+        third,
+        "{logs}"
+    );
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT count(*) FROM occurrences WHERE run_id IN ('{first}', '{second}') AND status = 'done'"
+        )),
+        "2",
+        "{logs}"
+    );
+    stop(a);
+    stop(b);
+}
+
+#[test]
+fn the_fleet_daemon_picks_up_added_edited_and_removed_goal_files_without_a_signal() {
+    let mut f = Fleet::new();
+    f.goal("g", Some("0 0 1 1 *"), 0, "");
+    let d = f.daemon(0, &["--lease", "3s"]);
+    until("the daemon serves g", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "1"
+    });
+    let runs = |f: &Fleet, goal: &str| {
+        f.pg.one(&format!(
+            "SELECT count(*) FROM runs WHERE goal = '{goal}' AND status = 'achieved'"
+        ))
+        .parse::<u32>()
+        .unwrap()
+    };
+    // Added.
+    f.goal("h", Some("* * * * * *"), 0, "overlap = \"allow\"");
+    until("the added goal runs", 15, || runs(&f, "h") >= 1);
+    // Edited: g now runs every second.
+    let old = f.pg.one("SELECT hash FROM goal_versions WHERE goal = 'g'");
+    f.goal("g", Some("* * * * * *"), 0, "overlap = \"allow\"");
+    until("the edited goal runs", 15, || runs(&f, "g") >= 1);
+    let good = f.pg.one("SELECT hash FROM goal_versions WHERE goal = 'g'");
+    assert_ne!(good, old, "the new version is published");
+    // Broken: the last good version keeps its schedule.
+    std::fs::write(
+        f.goals.path().join("g.toml"),
+        "prompt = \"work\"\nschedule = \"every now and then\"\n",
+    )
+    .unwrap();
+    until("the broken file is reported", 15, || {
+        f.logs()
+            .contains("the last good version of this goal keeps its schedule")
+    });
+    let before = runs(&f, "g");
+    until("g runs on", 15, || runs(&f, "g") >= before + 2);
+    assert_eq!(
+        f.pg.one("SELECT hash FROM goal_versions WHERE goal = 'g'"),
+        good
+    );
+    // Removed.
+    std::fs::remove_file(f.goals.path().join("h.toml")).unwrap();
+    until("h is no longer served", 15, || {
+        f.pg.one("SELECT count(*) FROM goal_versions WHERE goal = 'h'") == "0"
+    });
+    let since = f.pg.one("SELECT now() + interval '1 second'");
+    let before = runs(&f, "g");
+    until("g runs on", 15, || runs(&f, "g") >= before + 2);
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT count(*) FROM occurrences WHERE goal = 'h' AND scheduled_for > '{since}'"
+        )),
+        "0",
+        "{}",
+        f.logs()
+    );
+    assert_eq!(stop(d), 0);
 }
