@@ -1,9 +1,11 @@
-//! The whole work loop as a user runs it: the `sup` binary against a loopback Chat Completions
-//! server that streams one `read_file` call per step (2 KB results) and a final answer at the
-//! last step, at 50, 200 and 400 steps. For each run: the CPU of the whole `sup` process, its
-//! CPU per step early (steps 10–20) and late (the last ten), its peak memory, and its time per
-//! step beyond a bare client that replays the very same request bodies to the same server.
-//! Run: `cargo bench --bench agent_loop`.
+//! The whole work loop as a user runs it: the `sup` binary against a loopback server that
+//! streams one `read_file` call per step (2 KB results) and a final answer at the last step,
+//! at 50, 200 and 400 steps, in both wire protocols (Chat Completions and Anthropic
+//! Messages). For each run: the CPU of the whole `sup` process, its CPU per step early (steps
+//! 10–20) and late (the last ten), its peak memory, and its CPU and time per step beyond a
+//! bare client that replays the very same request bodies to the same server.
+//! Run: `cargo bench --bench agent_loop`. `SUP_BENCH_ROUNDS` (default 3) runs of each; the
+//! figures are their medians. `SUP_BENCH_BIN` measures another build of `sup`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,6 +13,12 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Protocol {
+    OpenAi,
+    Anthropic,
+}
 
 /// Sum of the on-CPU time (ns) of every thread of `pid`, from /proc/PID/task/*/schedstat.
 fn cpu_ns(pid: &str) -> u64 {
@@ -49,8 +57,15 @@ fn children_cpu() -> f64 {
     (f[13] + f[14]) as f64 / 100.0
 }
 
-fn sse(events: &[String]) -> Vec<u8> {
-    let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+/// An HTTP response streaming `events`, each `(event name, data)`.
+fn sse(events: &[(&str, String)]) -> Vec<u8> {
+    let body: String = events
+        .iter()
+        .map(|(name, data)| match *name {
+            "" => format!("data: {data}\n\n"),
+            name => format!("event: {name}\ndata: {data}\n\n"),
+        })
+        .collect();
     format!(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -58,30 +73,68 @@ fn sse(events: &[String]) -> Vec<u8> {
     .into_bytes()
 }
 
-fn tool_turn(step: usize) -> Vec<u8> {
+fn tool_turn(protocol: Protocol, step: usize) -> Vec<u8> {
     let path = if step.is_multiple_of(2) {
         "a.txt"
     } else {
         "b.txt"
     };
-    let call = serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null,
-        "tool_calls": [{"index": 0, "id": format!("call_{step}"), "type": "function",
-            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"{path}\"}}")}}]}}]});
-    sse(&[
-        call.to_string(),
-        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.into(),
-        r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}"#.into(),
-        "[DONE]".into(),
-    ])
+    let id = format!("call_{step}");
+    let args = format!("{{\"path\":\"{path}\"}}");
+    match protocol {
+        Protocol::OpenAi => {
+            let call = serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null,
+                "tool_calls": [{"index": 0, "id": id, "type": "function",
+                    "function": {"name": "read_file", "arguments": args}}]}}]});
+            sse(&[
+                ("", call.to_string()),
+                (
+                    "",
+                    r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.into(),
+                ),
+                (
+                    "",
+                    r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}"#.into(),
+                ),
+                ("", "[DONE]".into()),
+            ])
+        }
+        Protocol::Anthropic => {
+            let start = serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": id, "name": "read_file", "input": {}}});
+            let delta = serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": args}});
+            sse(&[
+                ("message_start", MESSAGE_START.into()),
+                ("content_block_start", start.to_string()),
+                ("content_block_delta", delta.to_string()),
+                ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.into()),
+                ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":5}}"#.into()),
+                ("message_stop", r#"{"type":"message_stop"}"#.into()),
+            ])
+        }
+    }
 }
 
-fn final_turn() -> Vec<u8> {
-    sse(&[
-        r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"done"}}]}"#.into(),
-        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.into(),
-        r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}"#.into(),
-        "[DONE]".into(),
-    ])
+const MESSAGE_START: &str = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"bench","stop_reason":null,"usage":{"input_tokens":10,"output_tokens":1}}}"#;
+
+fn final_turn(protocol: Protocol) -> Vec<u8> {
+    match protocol {
+        Protocol::OpenAi => sse(&[
+            ("", r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"done"}}]}"#.into()),
+            ("", r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.into()),
+            ("", r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}"#.into()),
+            ("", "[DONE]".into()),
+        ]),
+        Protocol::Anthropic => sse(&[
+            ("message_start", MESSAGE_START.into()),
+            ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.into()),
+            ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"done"}}"#.into()),
+            ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.into()),
+            ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":5}}"#.into()),
+            ("message_stop", r#"{"type":"message_stop"}"#.into()),
+        ]),
+    }
 }
 
 /// What the server saw of one client.
@@ -103,7 +156,12 @@ struct Server {
 
 /// A keep-alive HTTP/1.1 server: request `k` of `steps` gets a tool call, the last the final
 /// answer. `pid` (set once the client is spawned) is whose CPU to sample.
-fn serve(steps: usize, windows: Vec<(usize, usize)>, pid: Arc<Mutex<Option<String>>>) -> Server {
+fn serve(
+    protocol: Protocol,
+    steps: usize,
+    windows: Vec<(usize, usize)>,
+    pid: Arc<Mutex<Option<String>>>,
+) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -114,13 +172,14 @@ fn serve(steps: usize, windows: Vec<(usize, usize)>, pid: Arc<Mutex<Option<Strin
             let seen = s.clone();
             let windows = windows.clone();
             let pid = pid.clone();
-            std::thread::spawn(move || connection(socket, steps, &windows, &pid, &seen));
+            std::thread::spawn(move || connection(protocol, socket, steps, &windows, &pid, &seen));
         }
     });
     Server { url, seen }
 }
 
 fn connection(
+    protocol: Protocol,
     socket: TcpStream,
     steps: usize,
     windows: &[(usize, usize)],
@@ -166,9 +225,9 @@ fn connection(
             k
         };
         let reply = if k >= steps {
-            final_turn()
+            final_turn(protocol)
         } else {
-            tool_turn(k)
+            tool_turn(protocol, k)
         };
         if write.write_all(&reply).is_err() {
             return;
@@ -197,9 +256,9 @@ fn mean_interval(arrived: &[Instant], (a, b): (usize, usize)) -> f64 {
 
 /// Replay `bodies` back to back to a fresh server with a bare reqwest client on this thread: wall time per
 /// request between arrivals at the server, and this thread's CPU per request.
-fn bare(bodies: &[Vec<u8>]) -> (f64, f64) {
+fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64) {
     let seen_pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let server = serve(usize::MAX, Vec::new(), seen_pid);
+    let server = serve(protocol, usize::MAX, Vec::new(), seen_pid);
     let endpoint = format!("{}/v1/chat/completions", server.url);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -241,11 +300,11 @@ fn bare(bodies: &[Vec<u8>]) -> (f64, f64) {
     })
 }
 
-fn run(steps: usize) -> Figures {
+fn run(protocol: Protocol, steps: usize) -> Figures {
     let early = (10, 20);
     let late = (steps - 10, steps);
     let pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let server = serve(steps, vec![early, late], pid.clone());
+    let server = serve(protocol, steps, vec![early, late], pid.clone());
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let page: String = (0..40)
@@ -256,18 +315,21 @@ fn run(steps: usize) -> Figures {
     std::fs::write(ws.path().join("b.txt"), page.replace("lorem", "LOREM")).unwrap();
     // SUP_BENCH_BIN: another build of sup to measure (e.g. the one before a change).
     let bin = std::env::var("SUP_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sup").into());
-    let mut child = Command::new(bin)
-        .args([
-            "run",
-            "read the files",
-            "--model",
-            "openai:bench",
-            "--max-steps",
-        ])
-        .arg(steps.to_string())
+    let mut cmd = Command::new(bin);
+    cmd.args(["run", "read the files", "--max-steps"])
+        .arg(steps.to_string());
+    match protocol {
+        Protocol::OpenAi => cmd
+            .args(["--model", "openai:bench"])
+            .env("OPENAI_BASE_URL", format!("{}/v1", server.url)),
+        Protocol::Anthropic => cmd
+            .args(["--model", "anthropic:bench"])
+            .env("ANTHROPIC_BASE_URL", &server.url)
+            .env("ANTHROPIC_API_KEY", "sk-ant-bench-key"),
+    };
+    let mut child = cmd
         .env("SUP_HOME", home.path())
         .env("SUP_CONFIG", home.path().join("no-config.toml"))
-        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
         .env_remove("SUP_MODEL")
         .env_remove("RUST_LOG")
         .current_dir(ws.path())
@@ -293,8 +355,8 @@ fn run(steps: usize) -> Figures {
             .collect()
     };
     let late_bodies = bodies(late);
-    let (bare_early_us, bare_cpu_early_us) = bare(&bodies(early));
-    let (bare_late_us, bare_cpu_late_us) = bare(&late_bodies);
+    let (bare_early_us, bare_cpu_early_us) = bare(protocol, &bodies(early));
+    let (bare_late_us, bare_cpu_late_us) = bare(protocol, &late_bodies);
     Figures {
         cpu_total,
         cpu_early_us: per_step_cpu(early),
@@ -314,79 +376,108 @@ fn main() {
     // reqwest is built without a default TLS provider; `sup` installs ring, and so does the
     // bare client here.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let rounds: usize = std::env::var("SUP_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
-    println!(
-        "the work loop: `sup run` against a loopback Chat Completions server, one read_file \
-         call (2 KB result) per step; medians of {rounds} runs"
-    );
-    for steps in [50, 200, 400] {
-        let mut all: Vec<Figures> = (0..rounds).map(|_| run(steps)).collect();
-        let median = |f: &dyn Fn(&Figures) -> f64| {
-            let mut v: Vec<f64> = all.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let late = format!("{}–{}", steps - 10, steps);
-        println!(
-            "{steps} steps (last request body {:.0} KB):",
-            median(&|f| f.late_body_kb)
-        );
-        let target = match steps {
-            400 => "   (target: under 0.3 s)",
-            _ => "",
-        };
-        println!(
-            "  CPU of the whole run                    {:>8.3} s{target}",
-            median(&|f| f.cpu_total)
-        );
-        println!(
-            "  CPU per step, steps 10–20               {:>8.0} µs",
-            median(&|f| f.cpu_early_us)
-        );
-        println!(
-            "  CPU per step, steps {late:<19} {:>8.0} µs",
-            median(&|f| f.cpu_late_us)
-        );
-        println!(
-            "  bare client CPU per request, early/late {:>8.0} / {:.0} µs",
-            median(&|f| f.bare_cpu_early_us),
-            median(&|f| f.bare_cpu_late_us)
-        );
-        let ratio = median(&|f| {
-            (f.cpu_late_us - f.bare_cpu_late_us) / (f.cpu_early_us - f.bare_cpu_early_us)
-        });
-        println!(
-            "  late/early CPU per step beyond the bare client {ratio:>5.2}×{}",
-            if steps == 400 {
-                "   (target: at most 1.5×)"
-            } else {
-                ""
-            }
-        );
-        println!(
-            "  time per step beyond the bare client, steps 10–20 {:>7.0} µs  ({:.0} − {:.0})",
-            median(&|f| f.wall_early_us - f.bare_early_us),
-            median(&|f| f.wall_early_us),
-            median(&|f| f.bare_early_us)
-        );
-        println!(
-            "  time per step beyond the bare client, steps {late:<7} {:>7.0} µs  ({:.0} − {:.0})",
-            median(&|f| f.wall_late_us - f.bare_late_us),
-            median(&|f| f.wall_late_us),
-            median(&|f| f.bare_late_us)
-        );
-        println!(
-            "  peak memory of sup                      {:>8.1} MB{}",
-            median(&|f| f.peak_mb),
-            if steps == 200 {
-                "   (target: at most 20 MB)"
-            } else {
-                ""
-            }
-        );
-        all.clear();
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let rounds: usize = var("SUP_BENCH_ROUNDS").parse().unwrap_or(3);
+    // SUP_BENCH_STEPS=50,400 and SUP_BENCH_PROTOCOLS=anthropic narrow the runs.
+    let mut counts: Vec<usize> = var("SUP_BENCH_STEPS")
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .filter(|&n| n > 20)
+        .collect();
+    if counts.is_empty() {
+        counts = vec![50, 200, 400];
     }
+    let only = var("SUP_BENCH_PROTOCOLS");
+    let protocols = [
+        (Protocol::OpenAi, "openai", "Chat Completions"),
+        (Protocol::Anthropic, "anthropic", "Anthropic Messages"),
+    ];
+    println!(
+        "the work loop: `sup run` against a loopback server, one read_file call (2 KB result) \
+         per step; medians of {rounds} runs"
+    );
+    for (protocol, name, title) in protocols {
+        if !only.is_empty() && !only.contains(name) {
+            continue;
+        }
+        println!("{title}:");
+        for &steps in &counts {
+            report(
+                steps,
+                &(0..rounds)
+                    .map(|_| run(protocol, steps))
+                    .collect::<Vec<_>>(),
+            );
+        }
+    }
+}
+
+fn report(steps: usize, all: &[Figures]) {
+    let median = |f: &dyn Fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = all.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let target = |at: usize, what: &str| {
+        if steps == at {
+            format!("   (target: {what})")
+        } else {
+            String::new()
+        }
+    };
+    let late = format!("{}–{}", steps - 10, steps);
+    println!(
+        "  {steps} steps (last request body {:.0} KB):",
+        median(&|f| f.late_body_kb)
+    );
+    println!(
+        "    CPU of the whole run                         {:>8.3} s{}",
+        median(&|f| f.cpu_total),
+        target(400, "under 0.3 s")
+    );
+    println!(
+        "    CPU per step, steps 10–20                    {:>8.0} µs",
+        median(&|f| f.cpu_early_us)
+    );
+    println!(
+        "    CPU per step, steps {late:<24} {:>8.0} µs",
+        median(&|f| f.cpu_late_us)
+    );
+    println!(
+        "    bare client CPU per request, early / late    {:>8.0} / {:.0} µs",
+        median(&|f| f.bare_cpu_early_us),
+        median(&|f| f.bare_cpu_late_us)
+    );
+    println!(
+        "    CPU per step beyond the bare client, early   {:>8.0} µs",
+        median(&|f| f.cpu_early_us - f.bare_cpu_early_us)
+    );
+    println!(
+        "    CPU per step beyond the bare client, late    {:>8.0} µs",
+        median(&|f| f.cpu_late_us - f.bare_cpu_late_us)
+    );
+    println!(
+        "    late / early CPU per step beyond the bare client {:>5.2}×{}",
+        median(&|f| {
+            (f.cpu_late_us - f.bare_cpu_late_us) / (f.cpu_early_us - f.bare_cpu_early_us)
+        }),
+        target(400, "at most 1.5×")
+    );
+    println!(
+        "    time per step beyond the bare client, 10–20  {:>8.0} µs  ({:.0} − {:.0})",
+        median(&|f| f.wall_early_us - f.bare_early_us),
+        median(&|f| f.wall_early_us),
+        median(&|f| f.bare_early_us)
+    );
+    println!(
+        "    time per step beyond the bare client, {late:<7}{:>7.0} µs  ({:.0} − {:.0})",
+        median(&|f| f.wall_late_us - f.bare_late_us),
+        median(&|f| f.wall_late_us),
+        median(&|f| f.bare_late_us)
+    );
+    println!(
+        "    peak memory of sup                           {:>8.1} MB{}",
+        median(&|f| f.peak_mb),
+        target(200, "at most 20 MB")
+    );
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 use sup::model::http::{Decoder, Endpoint, HttpOptions};
 use sup::model::openai::{ChatDecoder, ChatModel, Dialect};
 use sup::model::sse::SseParser;
-use sup::model::{Message, Model, ModelRequest};
+use sup::model::{Conversation, Message, Model, ModelRequest};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// A Chat Completions stream of `n` text chunks.
@@ -120,14 +120,14 @@ async fn overhead() {
         client: client.clone(),
         wire: Default::default(),
     };
-    let messages = vec![
+    let messages = Conversation::from(vec![
         Message::System {
             content: "You are a benchmark.".into(),
         },
         Message::User {
             content: "Say something.".into(),
         },
-    ];
+    ]);
     let bare_body = json!({"model": "bench", "messages": [{"role": "user", "content": "Say something."}], "stream": true});
     let n = 500;
     let mut bare = Duration::MAX;

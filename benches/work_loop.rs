@@ -85,7 +85,7 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         started: Instant::now(),
         gate: None,
     };
-    let mut messages = Vec::new();
+    let mut messages = sup::model::Conversation::new();
     let started = Instant::now();
     let outcome = work.run(&mut messages, Default::default()).await;
     let elapsed = started.elapsed();

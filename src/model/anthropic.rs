@@ -4,14 +4,15 @@
 //! turn back and continues. Pure conversion apart from the transport.
 
 use async_trait::async_trait;
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::http::{DecodeError, Decoder, Endpoint, HttpOptions, exchange};
 use super::sse::SseEvent;
 use super::{
-    FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec,
-    Usage, WireCache,
+    Conversation, FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall,
+    ToolSpec, Usage, Wire, WireCache,
 };
 
 pub const DEFAULT_MAX_TOKENS: u32 = 8192;
@@ -22,10 +23,9 @@ fn cache_mark(block: &mut Value) {
     block["cache_control"] = json!({"type": "ephemeral"});
 }
 
-/// Which side of the conversation a message is on; system text goes apart.
+/// Which side of the conversation a wire message is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    System,
+enum Role {
     User,
     Assistant,
 }
@@ -33,18 +33,10 @@ pub enum Role {
 impl Role {
     fn wire(self) -> &'static [u8] {
         match self {
-            Role::System => b"system",
             Role::User => b"user",
             Role::Assistant => b"assistant",
         }
     }
-}
-
-/// One message of ours as content blocks, each a JSON object without a cache mark.
-#[derive(Debug)]
-pub struct Piece {
-    pub role: Role,
-    pub blocks: Vec<Vec<u8>>,
 }
 
 #[derive(Serialize)]
@@ -92,140 +84,176 @@ struct Ephemeral {
 const EPHEMERAL: Ephemeral = Ephemeral { kind: "ephemeral" };
 const MARK: &[u8] = b",\"cache_control\":{\"type\":\"ephemeral\"}}";
 
-fn block(b: &WireBlock) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(b)
+/// Where the body stands after the messages written so far. Messages of one role in a row
+/// share one wire message. The latest block is left open, without its closing brace, for the
+/// tail to close: with the cache breakpoint mark, so that the next step re-reads all of
+/// this, or without it when a paused turn follows. The mark moves on with every turn, so it
+/// is never kept.
+#[derive(Default)]
+pub struct Turns {
+    /// The role of the last wire message, once there is one.
+    role: Option<Role>,
+    /// Whether that message has a block yet (then its last one is open).
+    open_block: bool,
+    /// The text of the system messages, joined; sent apart from the messages.
+    system: Option<String>,
 }
 
-/// One message of ours as wire blocks.
-pub fn piece(m: &Message) -> Result<Piece, ModelError> {
-    Ok(match m {
-        Message::System { .. } => Piece {
-            role: Role::System,
-            blocks: Vec::new(),
-        },
-        Message::User { content } => Piece {
-            role: Role::User,
-            blocks: vec![block(&WireBlock::Text { text: content })?],
-        },
+impl Turns {
+    /// Start a wire message of `role`.
+    fn start(&mut self, out: &mut BytesMut, role: Role) {
+        if self.open_block {
+            out.extend_from_slice(b"}");
+            self.open_block = false;
+        }
+        if self.role.is_some() {
+            out.extend_from_slice(b"]},");
+        }
+        out.extend_from_slice(b"{\"role\":\"");
+        out.extend_from_slice(role.wire());
+        out.extend_from_slice(b"\",\"content\":[");
+        self.role = Some(role);
+    }
+
+    /// Write one block of the last wire message, left open.
+    fn block(&mut self, out: &mut BytesMut, block: &WireBlock) -> Result<(), ModelError> {
+        if self.open_block {
+            out.extend_from_slice(b"},");
+        }
+        serde_json::to_writer(out.writer(), block)?;
+        if out.last() != Some(&b'}') {
+            return Err(ModelError::Encode(
+                "a content block is not an object".into(),
+            ));
+        }
+        out.truncate(out.len() - 1);
+        self.open_block = true;
+        Ok(())
+    }
+}
+
+/// The body's start: `{"model":…,"max_tokens":…,"messages":[`.
+fn open(out: &mut BytesMut, model: &str, max_tokens: u32) -> Result<(), ModelError> {
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(out.writer(), model)?;
+    out.extend_from_slice(b",\"max_tokens\":");
+    serde_json::to_writer(out.writer(), &max_tokens)?;
+    out.extend_from_slice(b",\"messages\":[");
+    Ok(())
+}
+
+/// One message of ours as wire blocks at the end of the body: tool results are blocks of a
+/// user message, system text is kept for the tail.
+fn append(out: &mut BytesMut, turns: &mut Turns, m: &Message) -> Result<(), ModelError> {
+    let role = match m {
+        Message::System { content } => {
+            match &mut turns.system {
+                Some(system) => {
+                    system.push_str("\n\n");
+                    system.push_str(content);
+                }
+                None => turns.system = Some(content.clone()),
+            }
+            return Ok(());
+        }
+        Message::User { .. } | Message::Tool { .. } => Role::User,
+        Message::Assistant { .. } => Role::Assistant,
+    };
+    if turns.role != Some(role) {
+        turns.start(out, role);
+    }
+    match m {
+        Message::System { .. } => {}
+        Message::User { content } => turns.block(out, &WireBlock::Text { text: content })?,
         Message::Assistant {
             text, tool_calls, ..
         } => {
-            let mut blocks = Vec::new();
             if !text.is_empty() {
-                blocks.push(block(&WireBlock::Text { text })?);
+                turns.block(out, &WireBlock::Text { text })?;
             }
             for c in tool_calls {
                 let input = serde_json::from_str::<Value>(&c.arguments)
                     .ok()
                     .filter(Value::is_object)
                     .unwrap_or_else(|| json!({}));
-                blocks.push(block(&WireBlock::ToolUse {
-                    id: &c.id,
-                    name: &c.name,
-                    input,
-                })?);
+                turns.block(
+                    out,
+                    &WireBlock::ToolUse {
+                        id: &c.id,
+                        name: &c.name,
+                        input,
+                    },
+                )?;
             }
-            if blocks.is_empty() {
-                blocks.push(block(&WireBlock::Text {
-                    text: "(no answer)",
-                })?);
-            }
-            Piece {
-                role: Role::Assistant,
-                blocks,
+            if text.is_empty() && tool_calls.is_empty() {
+                turns.block(
+                    out,
+                    &WireBlock::Text {
+                        text: "(no answer)",
+                    },
+                )?;
             }
         }
-        Message::Tool { results } => Piece {
-            role: Role::User,
-            blocks: results
-                .iter()
-                .map(|r| {
-                    block(&WireBlock::ToolResult {
+        Message::Tool { results } => {
+            for r in results {
+                turns.block(
+                    out,
+                    &WireBlock::ToolResult {
                         tool_use_id: &r.call_id,
                         content: &r.content,
                         is_error: r.is_error,
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-        },
-    })
+                    },
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
-/// The request body, written from each message's blocks (`pieces`, in the order of
-/// `messages`). Messages of one role in a row share one wire message; the latest block is a
-/// cache breakpoint, so the next step re-reads all of this; that mark is written here, never
-/// kept, since it moves on with every turn. `continuation` holds the content of a paused
-/// assistant turn.
-pub fn write_body<'p>(
-    model: &str,
-    max_tokens: u32,
-    messages: &[Message],
-    pieces: impl IntoIterator<Item = &'p Piece>,
+/// The body's end, after the messages: the latest block closed with the cache mark, or the
+/// paused assistant turn's blocks (`continuation`) with the mark on their last; then the
+/// stream flag, the system text and the tools, each marked as a breakpoint too.
+fn tail(
+    out: &mut BytesMut,
+    turns: &Turns,
+    continuation: &[Value],
     tools: &[ToolSpec],
     stream: bool,
-    continuation: &[Value],
-) -> Result<Vec<u8>, ModelError> {
-    let mut tail: Vec<Vec<u8>> = Vec::new();
-    // The wire messages: a role and its blocks, borrowed.
-    let mut turns: Vec<(Role, Vec<&[u8]>)> = Vec::new();
-    let mut size = 0;
-    for p in pieces {
-        if p.role == Role::System {
-            continue;
+) -> Result<(), ModelError> {
+    let mut role = turns.role;
+    if continuation.is_empty() {
+        if turns.open_block {
+            out.extend_from_slice(MARK);
         }
-        size += p.blocks.iter().map(|b| b.len() + 1).sum::<usize>();
-        match turns.last_mut() {
-            Some((role, blocks)) if *role == p.role => {
-                blocks.extend(p.blocks.iter().map(Vec::as_slice))
+    } else {
+        let mut any = turns.open_block;
+        if turns.open_block {
+            out.extend_from_slice(b"}");
+        }
+        if role != Some(Role::Assistant) {
+            if role.is_some() {
+                out.extend_from_slice(b"]},");
             }
-            _ => turns.push((p.role, p.blocks.iter().map(Vec::as_slice).collect())),
+            out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":[");
+            role = Some(Role::Assistant);
+            any = false;
         }
-    }
-    if !continuation.is_empty() {
-        // The paused turn's blocks, the last one marked (it may carry any keys).
         for (i, b) in continuation.iter().enumerate() {
+            if any {
+                out.extend_from_slice(b",");
+            }
+            any = true;
             if i + 1 == continuation.len() {
+                // It may carry any keys.
                 let mut b = b.clone();
                 cache_mark(&mut b);
-                tail.push(serde_json::to_vec(&b)?);
+                serde_json::to_writer(out.writer(), &b)?;
             } else {
-                tail.push(serde_json::to_vec(b)?);
+                serde_json::to_writer(out.writer(), b)?;
             }
-        }
-        let blocks = tail.iter().map(Vec::as_slice);
-        match turns.last_mut() {
-            Some((Role::Assistant, list)) => list.extend(blocks),
-            _ => turns.push((Role::Assistant, blocks.collect())),
         }
     }
-    let mut out = Vec::with_capacity(size + 64 * turns.len() + 512);
-    out.extend_from_slice(b"{\"model\":");
-    serde_json::to_writer(&mut out, model)?;
-    out.extend_from_slice(b",\"max_tokens\":");
-    serde_json::to_writer(&mut out, &max_tokens)?;
-    out.extend_from_slice(b",\"messages\":[");
-    let last_turn = turns.len().wrapping_sub(1);
-    for (t, (role, blocks)) in turns.iter().enumerate() {
-        if t > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"role\":\"");
-        out.extend_from_slice(role.wire());
-        out.extend_from_slice(b"\",\"content\":[");
-        for (i, b) in blocks.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            let latest = t == last_turn && i + 1 == blocks.len();
-            // Our own blocks are objects without a mark; the continuation's last has it.
-            match b.split_last() {
-                Some((b'}', body)) if latest && continuation.is_empty() => {
-                    out.extend_from_slice(body);
-                    out.extend_from_slice(MARK);
-                }
-                _ => out.extend_from_slice(b),
-            }
-        }
+    if role.is_some() {
         out.extend_from_slice(b"]}");
     }
     out.extend_from_slice(if stream {
@@ -233,20 +261,13 @@ pub fn write_body<'p>(
     } else {
         &b"],\"stream\":false"[..]
     });
-    let system: Vec<&str> = messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::System { content } => Some(content.as_str()),
-            _ => None,
-        })
-        .collect();
-    if !system.is_empty() {
+    if let Some(system) = &turns.system {
         out.extend_from_slice(b",\"system\":");
         serde_json::to_writer(
-            &mut out,
+            out.writer(),
             &[WireSystem {
                 kind: "text",
-                text: &system.join("\n\n"),
+                text: system,
                 cache_control: EPHEMERAL,
             }],
         )?;
@@ -263,31 +284,25 @@ pub fn write_body<'p>(
                 cache_control: (i + 1 == tools.len()).then_some(EPHEMERAL),
             })
             .collect();
-        serde_json::to_writer(&mut out, &list)?;
+        serde_json::to_writer(out.writer(), &list)?;
     }
-    out.push(b'}');
-    Ok(out)
+    out.extend_from_slice(b"}");
+    Ok(())
 }
 
-/// The request body of a whole conversation, built from nothing (no cache).
-pub fn request_body(
-    model: &str,
-    max_tokens: u32,
-    messages: &[Message],
+/// The request body of `messages`, kept in `cache` and extended by what is new.
+/// `continuation` holds the content of a paused assistant turn.
+pub fn cached_body(
+    cache: &WireCache<Turns>,
+    (model, max_tokens): (&str, u32),
+    messages: &Conversation,
     tools: &[ToolSpec],
     stream: bool,
     continuation: &[Value],
-) -> Result<Vec<u8>, ModelError> {
-    let pieces = messages.iter().map(piece).collect::<Result<Vec<_>, _>>()?;
-    write_body(
-        model,
-        max_tokens,
-        messages,
-        &pieces,
-        tools,
-        stream,
-        continuation,
-    )
+) -> Result<(Wire<Turns>, Bytes), ModelError> {
+    let mut wire = cache.take(messages, |out| open(out, model, max_tokens), append)?;
+    let body = wire.body(|out, turns| tail(out, turns, continuation, tools, stream))?;
+    Ok((wire, body))
 }
 
 #[derive(Debug, Clone)]
@@ -543,8 +558,8 @@ pub struct MessagesModel {
     pub endpoint: Endpoint,
     pub http: HttpOptions,
     pub client: reqwest::Client,
-    /// Each message's blocks, built once.
-    pub wire: WireCache<Piece>,
+    /// The request body so far, extended by what each step adds.
+    pub wire: WireCache<Turns>,
 }
 
 #[async_trait]
@@ -557,21 +572,16 @@ impl Model for MessagesModel {
         let mut continuation: Vec<Value> = Vec::new();
         let mut merged: Option<ModelResponse> = None;
         for _ in 0..=MAX_CONTINUATIONS {
-            let body = {
-                let pieces = self.wire.pieces(request.messages, piece)?;
-                write_body(
-                    &self.model,
-                    self.max_tokens,
-                    request.messages,
-                    pieces.iter().map(|(_, p)| p),
-                    request.tools,
-                    self.http.stream,
-                    &continuation,
-                )?
-            };
-            let body = bytes::Bytes::from(body);
+            let (wire, body) = cached_body(
+                &self.wire,
+                (&self.model, self.max_tokens),
+                request.messages,
+                request.tools,
+                self.http.stream,
+                &continuation,
+            )?;
             let mut decoder = MessagesDecoder::new();
-            exchange(
+            let sent = exchange(
                 &self.client,
                 &self.endpoint,
                 &self.http,
@@ -579,7 +589,9 @@ impl Model for MessagesModel {
                 &mut decoder,
                 request.on_text,
             )
-            .await?;
+            .await;
+            self.wire.put(wire, body);
+            sent?;
             let part = decoder.response()?;
             let paused = decoder.stop_reason() == Some("pause_turn");
             continuation.extend(decoder.content());
@@ -608,6 +620,20 @@ impl Model for MessagesModel {
 mod tests {
     use super::*;
     use crate::model::ToolResult;
+
+    /// The request body of a whole conversation, written from nothing.
+    fn request_body(
+        model: &str,
+        max_tokens: u32,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        continuation: &[Value],
+    ) -> Result<Bytes, ModelError> {
+        let messages = Conversation::from(messages.to_vec());
+        let mut wire = Wire::new(&messages, |out| open(out, model, max_tokens), append)?;
+        wire.body(|out, turns| tail(out, turns, continuation, tools, stream))
+    }
 
     /// The request body as it was built before the wire cache: the reference.
     fn old_request_body(
@@ -717,39 +743,45 @@ mod tests {
         ]
     }
 
-    /// Step by step, the body from cached blocks is the old full serialization for every
-    /// prefix of a conversation: the cache breakpoint moves to the latest block each step and
-    /// the block it left is sent without it; with and without a paused turn to continue.
+    /// Step by step, the body kept and extended is byte for byte the body written from
+    /// nothing, and the old full serialization, for every prefix of a conversation: the cache
+    /// breakpoint moves to the latest block each step and the block it left is sent without
+    /// it; with and without a paused turn to continue; also when the transport still held the
+    /// last body.
     #[test]
-    fn cached_body_equals_the_full_serialization_at_every_step() {
+    fn kept_body_equals_the_full_serialization_at_every_step() {
         let all = crate::model::sample::conversation(8);
         let cache = WireCache::default();
         let paused = [
             json!({"type": "text", "text": "Let me"}),
             json!({"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {"q": "x"}}),
         ];
+        let mut messages = Conversation::new();
         for n in 0..=all.len() {
-            let messages = &all[..n];
+            if n > 0 {
+                messages.push(all[n - 1].clone());
+            }
             for (tools, stream, continuation) in [
                 (tools(), true, &[][..]),
                 (vec![], false, &[][..]),
                 (tools(), true, &paused[..]),
                 (tools(), true, &paused[..1]),
             ] {
-                let pieces = cache.pieces(messages, piece).unwrap();
-                let body = write_body(
-                    "claude",
-                    1000,
-                    messages,
-                    pieces.iter().map(|(_, p)| p),
+                let (wire, body) = cached_body(
+                    &cache,
+                    ("claude", 1000),
+                    &messages,
                     &tools,
                     stream,
                     continuation,
                 )
                 .unwrap();
-                drop(pieces);
+                let fresh =
+                    request_body("claude", 1000, &messages, &tools, stream, continuation).unwrap();
+                assert_eq!(body, fresh, "{n} messages");
                 let got: Value = serde_json::from_slice(&body).unwrap();
-                let want = old_request_body("claude", 1000, messages, &tools, stream, continuation);
+                let want =
+                    old_request_body("claude", 1000, &messages, &tools, stream, continuation);
                 assert_eq!(
                     got,
                     want,
@@ -761,36 +793,37 @@ mod tests {
                     + usize::from(!tools.is_empty())
                     + usize::from(got["messages"].as_array().is_some_and(|m| !m.is_empty()));
                 assert_eq!(marks, expected, "one breakpoint on the latest block only");
+                let held = (n % 3 == 0).then(|| body.clone());
+                cache.put(wire, body);
+                drop(held);
             }
         }
     }
 
+    /// A rewritten conversation is written anew, never sent stale.
     #[test]
-    fn an_edited_message_is_never_sent_stale() {
+    fn a_rewritten_conversation_is_never_sent_stale() {
         let cache = WireCache::default();
-        let body = |messages: &[Message]| -> Value {
-            let pieces = cache.pieces(messages, piece).unwrap();
-            let body = write_body(
-                "m",
-                10,
-                messages,
-                pieces.iter().map(|(_, p)| p),
-                &[],
-                true,
-                &[],
-            )
-            .unwrap();
+        let body = |messages: &Conversation| -> Value {
+            let (wire, body) = cached_body(&cache, ("m", 10), messages, &[], true, &[]).unwrap();
+            cache.put(wire, body.clone());
+            assert_eq!(
+                body,
+                request_body("m", 10, messages, &[], true, &[]).unwrap()
+            );
             serde_json::from_slice(&body).unwrap()
         };
-        let mut messages = crate::model::sample::conversation(5);
+        let mut messages = Conversation::from(crate::model::sample::conversation(5));
         body(&messages);
-        if let Message::Assistant { tool_calls, .. } = &mut messages[2] {
-            tool_calls[0].arguments = "{\"path\": \"other.txt\"}".into();
-        }
+        messages.rewrite(|m| {
+            if let Message::Assistant { tool_calls, .. } = &mut m[2] {
+                tool_calls[0].arguments = "{\"path\": \"other.txt\"}".into();
+            }
+        });
         let got = body(&messages);
         assert_eq!(got, old_request_body("m", 10, &messages, &[], true, &[]));
         assert!(got.to_string().contains("other.txt"));
-        let fresh = crate::model::sample::conversation(1);
+        let fresh = Conversation::from(crate::model::sample::conversation(1));
         assert_eq!(
             body(&fresh),
             old_request_body("m", 10, &fresh, &[], true, &[])

@@ -1,6 +1,6 @@
 //! The model seam: provider-neutral messages and tool specs, the `Model` trait with its one
-//! async step, token usage, the per-message cache of wire bytes the protocols build their
-//! request bodies from, and `from_spec`, which turns `PROVIDER:MODEL` into a model.
+//! async step, token usage, the conversation (appended to, its rewrites marked), the request
+//! body kept between steps that the protocols extend by what is new, and `from_spec`, which turns `PROVIDER:MODEL` into a model.
 
 pub mod anthropic;
 pub mod http;
@@ -11,9 +11,11 @@ pub mod script;
 pub mod sse;
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -124,7 +126,7 @@ pub struct ModelResponse {
 
 /// What one step sends: the conversation so far and the tools on offer.
 pub struct ModelRequest<'a> {
-    pub messages: &'a [Message],
+    pub messages: &'a Conversation,
     pub tools: &'a [ToolSpec],
     /// Called with each piece of text as it arrives (streaming providers).
     pub on_text: &'a (dyn Fn(&str) + Send + Sync),
@@ -168,47 +170,199 @@ impl From<serde_json::Error> for ModelError {
     }
 }
 
-/// Each message's wire form (`P`), built once. A conversation only grows, so a step builds
-/// only what is new. Every entry keeps a copy of the message it was built from and is used
-/// only while the conversation still holds an equal message at its place: an edited or
-/// replaced message (another conversation, `--fresh`) is rebuilt, never sent stale.
-pub struct WireCache<P> {
-    entries: Mutex<Vec<(Message, P)>>,
+/// A conversation. Messages are only appended to it, except through [`Conversation::clear`]
+/// and [`Conversation::rewrite`], which give it a new generation. A generation is never
+/// reused, in this conversation or any other: so (generation, length) names the first
+/// `length` messages of it for good, and a request body kept from an earlier step is known
+/// to be still valid without reading the messages again.
+#[derive(Debug)]
+pub struct Conversation {
+    messages: Vec<Message>,
+    generation: u64,
+    /// What `prices::message_bytes` counts, summed over the messages.
+    bytes: usize,
 }
 
-impl<P> Default for WireCache<P> {
+fn next_generation() -> u64 {
+    static GENERATIONS: AtomicU64 = AtomicU64::new(0);
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Conversation {
+    pub fn new() -> Self {
+        Self::from(Vec::new())
+    }
+
+    pub fn push(&mut self, message: Message) {
+        self.bytes += prices::message_bytes(&message);
+        self.messages.push(message);
+    }
+
+    /// Start over: a new generation.
+    pub fn clear(&mut self) {
+        self.rewrite(Vec::clear);
+    }
+
+    /// Change messages already in the conversation (edit, remove, trim): a new generation,
+    /// so what was built from the old messages is built again.
+    pub fn rewrite(&mut self, change: impl FnOnce(&mut Vec<Message>)) {
+        change(&mut self.messages);
+        self.generation = next_generation();
+        self.bytes = self.messages.iter().map(prices::message_bytes).sum();
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bytes of message text (`prices::message_bytes`), kept as messages come.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Default for Conversation {
     fn default() -> Self {
-        WireCache {
-            entries: Mutex::new(Vec::new()),
+        Self::new()
+    }
+}
+
+/// A copy is another conversation: a generation of its own.
+impl Clone for Conversation {
+    fn clone(&self) -> Self {
+        Self::from(self.messages.clone())
+    }
+}
+
+impl From<Vec<Message>> for Conversation {
+    fn from(messages: Vec<Message>) -> Self {
+        Conversation {
+            bytes: messages.iter().map(prices::message_bytes).sum(),
+            messages,
+            generation: next_generation(),
         }
     }
 }
 
-impl<P> WireCache<P> {
-    /// The wire form of every message of `messages`, in order, building what is missing.
-    pub fn pieces<'a>(
-        &'a self,
-        messages: &[Message],
-        mut build: impl FnMut(&Message) -> Result<P, ModelError>,
-    ) -> Result<MutexGuard<'a, Vec<(Message, P)>>, ModelError> {
-        // A poisoned lock only means a panic elsewhere mid-build: start over.
-        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| {
-            self.entries.clear_poison();
-            let mut e = poisoned.into_inner();
-            e.clear();
-            e
-        });
-        let valid = entries
-            .iter()
-            .zip(messages)
-            .take_while(|((built_from, _), m)| built_from == *m)
-            .count();
-        entries.truncate(valid);
-        for m in &messages[valid..] {
-            let piece = build(m)?;
-            entries.push((m.clone(), piece));
+impl std::ops::Deref for Conversation {
+    type Target = [Message];
+    fn deref(&self) -> &[Message] {
+        &self.messages
+    }
+}
+
+/// The request body of a conversation so far, kept between steps: every message's wire JSON
+/// in one buffer, written once, and what the protocol needs to go on writing (`S`). A step
+/// writes only the messages appended since; a conversation of another generation (cleared,
+/// rewritten, another conversation) is written anew. It is the one copy of the
+/// conversation's wire form: the body a step sends is this buffer with the request's tail,
+/// lent to the transport and taken back after.
+pub struct WireCache<S> {
+    kept: Mutex<Option<Wire<S>>>,
+}
+
+impl<S> Default for WireCache<S> {
+    fn default() -> Self {
+        WireCache {
+            kept: Mutex::new(None),
         }
-        Ok(entries)
+    }
+}
+
+/// The body of one conversation up to the end of its `len` first messages.
+pub struct Wire<S> {
+    generation: u64,
+    len: usize,
+    /// Where the messages end, once the tail is written.
+    end: usize,
+    pub buf: BytesMut,
+    pub state: S,
+}
+
+impl<S: Default> Wire<S> {
+    /// The body of `conversation`, written from nothing.
+    pub fn new(
+        conversation: &Conversation,
+        open: impl FnOnce(&mut BytesMut) -> Result<(), ModelError>,
+        append: impl FnMut(&mut BytesMut, &mut S, &Message) -> Result<(), ModelError>,
+    ) -> Result<Self, ModelError> {
+        let mut wire = Wire {
+            generation: conversation.generation(),
+            len: 0,
+            end: 0,
+            buf: BytesMut::new(),
+            state: S::default(),
+        };
+        open(&mut wire.buf)?;
+        wire.extend(conversation, append)?;
+        Ok(wire)
+    }
+
+    fn extend(
+        &mut self,
+        conversation: &Conversation,
+        mut append: impl FnMut(&mut BytesMut, &mut S, &Message) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        for m in &conversation[self.len..] {
+            append(&mut self.buf, &mut self.state, m)?;
+            self.len += 1;
+        }
+        Ok(())
+    }
+
+    /// The whole body: the messages, then what `tail` writes. The buffer goes with it, to
+    /// come back through `WireCache::put`.
+    pub fn body(
+        &mut self,
+        tail: impl FnOnce(&mut BytesMut, &S) -> Result<(), ModelError>,
+    ) -> Result<Bytes, ModelError> {
+        self.end = self.buf.len();
+        if let Err(e) = tail(&mut self.buf, &self.state) {
+            self.buf.truncate(self.end);
+            return Err(e);
+        }
+        Ok(std::mem::take(&mut self.buf).freeze())
+    }
+}
+
+impl<S: Default> WireCache<S> {
+    /// The kept body of `conversation`, brought up to date by `append`, or written anew
+    /// (`open`, then `append` for every message) when what is kept is of another generation.
+    /// Give it back with `put` once sent; until then, another step writes its own.
+    pub fn take(
+        &self,
+        conversation: &Conversation,
+        open: impl FnOnce(&mut BytesMut) -> Result<(), ModelError>,
+        append: impl FnMut(&mut BytesMut, &mut S, &Message) -> Result<(), ModelError>,
+    ) -> Result<Wire<S>, ModelError> {
+        // Nothing can panic while the lock is held: a poisoned lock holds nothing half-done.
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .filter(|w| w.generation == conversation.generation() && w.len <= conversation.len());
+        match kept {
+            Some(mut wire) => {
+                wire.extend(conversation, append)?;
+                Ok(wire)
+            }
+            None => Wire::new(conversation, open, append),
+        }
+    }
+
+    /// Keep `wire` for the next step, with `body` (from `wire.body`) back as its buffer, the
+    /// tail cut off. The buffer is the body's own unless the transport still holds the body;
+    /// then the messages are copied once.
+    pub fn put(&self, mut wire: Wire<S>, body: Bytes) {
+        wire.buf = match body.try_into_mut() {
+            Ok(mut buf) => {
+                buf.truncate(wire.end);
+                buf
+            }
+            Err(body) => BytesMut::from(&body[..wire.end]),
+        };
+        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(wire);
     }
 }
 
@@ -473,5 +627,90 @@ pub(crate) mod sample {
             reasoning: None,
         });
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    fn open(out: &mut BytesMut) -> Result<(), ModelError> {
+        out.extend_from_slice(b"[");
+        Ok(())
+    }
+
+    fn append(out: &mut BytesMut, n: &mut usize, m: &Message) -> Result<(), ModelError> {
+        if *n > 0 {
+            out.extend_from_slice(b",");
+        }
+        *n += 1;
+        serde_json::to_writer(out.writer(), m)?;
+        Ok(())
+    }
+
+    fn close(out: &mut BytesMut, _: &usize) -> Result<(), ModelError> {
+        out.extend_from_slice(b"]");
+        Ok(())
+    }
+
+    /// The body a step sends is the kept buffer itself, lent to the transport and taken back:
+    /// the next step writes on after the messages, copying nothing; a body the transport
+    /// still holds is left to it, and the messages are copied once.
+    #[test]
+    fn the_body_is_lent_and_taken_back_not_copied() {
+        let cache = WireCache::default();
+        let mut messages = Conversation::from(sample::conversation(2));
+        let mut wire = cache.take(&messages, open, append).unwrap();
+        let body = wire.body(close).unwrap();
+        let at = body.as_ptr();
+        let sent: Vec<Message> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(sent, *messages);
+        cache.put(wire, body);
+        let mut wire = cache.take(&messages, open, append).unwrap();
+        assert_eq!(wire.buf.as_ptr(), at, "the same buffer, not a copy");
+        assert_eq!(wire.buf.last(), Some(&b'}'), "the tail is cut off");
+        let body = wire.body(close).unwrap();
+        let held = body.clone();
+        cache.put(wire, body);
+        messages.push(Message::User {
+            content: "more".into(),
+        });
+        let mut wire = cache.take(&messages, open, append).unwrap();
+        assert_ne!(wire.buf.as_ptr(), at, "the held body is not written over");
+        let body = wire.body(close).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Vec<Message>>(&body).unwrap(),
+            *messages
+        );
+        let before: Vec<Message> = serde_json::from_slice(&held).unwrap();
+        assert_eq!(before, messages[..messages.len() - 1]);
+    }
+
+    /// What a conversation counts of its text follows every change.
+    #[test]
+    fn a_conversation_keeps_its_size_and_marks_rewrites() {
+        let mut c = Conversation::from(sample::conversation(3));
+        let count = |c: &Conversation| c.iter().map(prices::message_bytes).sum::<usize>();
+        assert_eq!(c.bytes(), count(&c));
+        let generation = c.generation();
+        c.push(Message::User {
+            content: "12345".into(),
+        });
+        assert_eq!(c.generation(), generation, "appending keeps the generation");
+        assert_eq!(c.bytes(), count(&c));
+        c.rewrite(|m| m.truncate(3));
+        assert_ne!(c.generation(), generation);
+        assert_eq!(c.bytes(), count(&c));
+        let copy = c.clone();
+        assert_ne!(
+            copy.generation(),
+            c.generation(),
+            "a copy is another conversation"
+        );
+        let generation = c.generation();
+        c.clear();
+        assert_ne!(c.generation(), generation);
+        assert_eq!(c.bytes(), 0);
     }
 }

@@ -6,14 +6,15 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::http::{DecodeError, Decoder, Endpoint, HttpOptions, exchange};
 use super::sse::SseEvent;
 use super::{
-    FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec,
-    Usage, WireCache,
+    Conversation, FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall,
+    ToolSpec, Usage, Wire, WireCache,
 };
 
 /// Settings of the request body that vary by server.
@@ -78,16 +79,46 @@ impl<'a> WireMessage<'a> {
     }
 }
 
-/// One message of ours as wire JSON: one object, or one per tool result, comma-separated.
-pub fn message_json(m: &Message, dialect: &Dialect) -> Result<Vec<u8>, ModelError> {
-    let mut out = Vec::new();
+/// The body's start: `{"model":…,"messages":[`.
+fn open(out: &mut BytesMut, model: &str) -> Result<(), ModelError> {
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(out.writer(), model)?;
+    out.extend_from_slice(b",\"messages\":[");
+    Ok(())
+}
+
+/// Whether the body holds a wire message yet (the next one needs a comma).
+#[derive(Default)]
+pub struct Written(bool);
+
+fn object(out: &mut BytesMut, written: &mut Written, msg: &WireMessage) -> Result<(), ModelError> {
+    if written.0 {
+        out.extend_from_slice(b",");
+    }
+    serde_json::to_writer(out.writer(), msg)?;
+    written.0 = true;
+    Ok(())
+}
+
+/// One message of ours as wire JSON at the end of the body: one object, or one per tool
+/// result.
+fn append(
+    out: &mut BytesMut,
+    written: &mut Written,
+    m: &Message,
+    dialect: &Dialect,
+) -> Result<(), ModelError> {
     match m {
-        Message::System { content } => {
-            serde_json::to_writer(&mut out, &WireMessage::new("system", Some(content.into())))?
-        }
-        Message::User { content } => {
-            serde_json::to_writer(&mut out, &WireMessage::new("user", Some(content.into())))?
-        }
+        Message::System { content } => object(
+            out,
+            written,
+            &WireMessage::new("system", Some(content.into())),
+        ),
+        Message::User { content } => object(
+            out,
+            written,
+            &WireMessage::new("user", Some(content.into())),
+        ),
         Message::Assistant {
             text,
             tool_calls,
@@ -113,13 +144,10 @@ pub fn message_json(m: &Message, dialect: &Dialect) -> Result<Vec<u8>, ModelErro
                 })
                 .collect();
             msg.reasoning_content = reasoning.as_deref().filter(|_| dialect.send_reasoning);
-            serde_json::to_writer(&mut out, &msg)?;
+            object(out, written, &msg)
         }
         Message::Tool { results } => {
-            for (i, r) in results.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
+            for r in results {
                 let content = if r.is_error {
                     Cow::Owned(format!("Error: {}", r.content))
                 } else {
@@ -127,33 +155,20 @@ pub fn message_json(m: &Message, dialect: &Dialect) -> Result<Vec<u8>, ModelErro
                 };
                 let mut msg = WireMessage::new("tool", Some(content));
                 msg.tool_call_id = Some(&r.call_id);
-                serde_json::to_writer(&mut out, &msg)?;
+                object(out, written, &msg)?;
             }
+            Ok(())
         }
     }
-    Ok(out)
 }
 
-/// The request body, written from each message's wire JSON (`pieces`, in order).
-pub fn write_body<'p>(
-    model: &str,
-    pieces: impl IntoIterator<Item = &'p [u8]>,
+/// The body's end, after the messages: the stream flag, the tools, the output limit.
+fn tail(
+    out: &mut BytesMut,
     tools: &[ToolSpec],
     stream: bool,
     dialect: &Dialect,
-) -> Result<Vec<u8>, ModelError> {
-    let pieces: Vec<&[u8]> = pieces.into_iter().filter(|p| !p.is_empty()).collect();
-    let size: usize = pieces.iter().map(|p| p.len() + 1).sum();
-    let mut out = Vec::with_capacity(size + 256);
-    out.extend_from_slice(b"{\"model\":");
-    serde_json::to_writer(&mut out, model)?;
-    out.extend_from_slice(b",\"messages\":[");
-    for (i, p) in pieces.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(p);
-    }
+) -> Result<(), ModelError> {
     out.extend_from_slice(if stream {
         &b"],\"stream\":true"[..]
     } else {
@@ -172,40 +187,37 @@ pub fn write_body<'p>(
                 },
             })
             .collect();
-        serde_json::to_writer(&mut out, &tools)?;
+        serde_json::to_writer(out.writer(), &tools)?;
     }
     if stream {
         out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true}");
     }
     if let Some(n) = dialect.max_tokens {
-        out.push(b',');
-        serde_json::to_writer(&mut out, dialect.max_tokens_field)?;
-        out.push(b':');
-        serde_json::to_writer(&mut out, &n)?;
+        out.extend_from_slice(b",");
+        serde_json::to_writer(out.writer(), dialect.max_tokens_field)?;
+        out.extend_from_slice(b":");
+        serde_json::to_writer(out.writer(), &n)?;
     }
-    out.push(b'}');
-    Ok(out)
+    out.extend_from_slice(b"}");
+    Ok(())
 }
 
-/// The request body of a whole conversation, built from nothing (no cache).
-pub fn request_body(
+/// The request body of `messages`, kept in `cache` and extended by what is new.
+pub fn cached_body(
+    cache: &WireCache<Written>,
     model: &str,
-    messages: &[Message],
+    messages: &Conversation,
     tools: &[ToolSpec],
     stream: bool,
     dialect: &Dialect,
-) -> Result<Vec<u8>, ModelError> {
-    let pieces = messages
-        .iter()
-        .map(|m| message_json(m, dialect))
-        .collect::<Result<Vec<_>, _>>()?;
-    write_body(
-        model,
-        pieces.iter().map(Vec::as_slice),
-        tools,
-        stream,
-        dialect,
-    )
+) -> Result<(Wire<Written>, Bytes), ModelError> {
+    let mut wire = cache.take(
+        messages,
+        |out| open(out, model),
+        |out, written, m| append(out, written, m, dialect),
+    )?;
+    let body = wire.body(|out, _| tail(out, tools, stream, dialect))?;
+    Ok((wire, body))
 }
 
 fn usage_of(u: &Value) -> Usage {
@@ -455,8 +467,8 @@ pub struct ChatModel {
     pub http: HttpOptions,
     pub dialect: Dialect,
     pub client: reqwest::Client,
-    /// Each message's wire JSON, built once.
-    pub wire: WireCache<Vec<u8>>,
+    /// The request body so far, extended by what each step adds.
+    pub wire: WireCache<Written>,
 }
 
 #[async_trait]
@@ -466,21 +478,16 @@ impl Model for ChatModel {
     }
 
     async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = {
-            let pieces = self
-                .wire
-                .pieces(request.messages, |m| message_json(m, &self.dialect))?;
-            write_body(
-                &self.model,
-                pieces.iter().map(|(_, p)| p.as_slice()),
-                request.tools,
-                self.http.stream,
-                &self.dialect,
-            )?
-        };
-        let body = bytes::Bytes::from(body);
+        let (wire, body) = cached_body(
+            &self.wire,
+            &self.model,
+            request.messages,
+            request.tools,
+            self.http.stream,
+            &self.dialect,
+        )?;
         let mut decoder = ChatDecoder::new();
-        exchange(
+        let sent = exchange(
             &self.client,
             &self.endpoint,
             &self.http,
@@ -488,7 +495,9 @@ impl Model for ChatModel {
             &mut decoder,
             request.on_text,
         )
-        .await?;
+        .await;
+        self.wire.put(wire, body);
+        sent?;
         decoder.response()
     }
 }
@@ -574,6 +583,22 @@ mod tests {
             body[dialect.max_tokens_field] = json!(n);
         }
         body
+    }
+
+    /// The request body of a whole conversation, written from nothing.
+    fn request_body(
+        model: &str,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        stream: bool,
+        dialect: &Dialect,
+    ) -> Result<Bytes, ModelError> {
+        let mut wire = Wire::new(
+            &Conversation::from(messages.to_vec()),
+            |out| open(out, model),
+            |out, written, m| append(out, written, m, dialect),
+        )?;
+        wire.body(|out, _| tail(out, tools, stream, dialect))
     }
 
     fn body_value(
@@ -702,82 +727,96 @@ mod tests {
         ]
     }
 
-    /// Step by step, the body from cached pieces is the old full serialization, for every
-    /// prefix of a conversation with every kind of message.
+    /// Step by step, the body kept and extended is byte for byte the body written from
+    /// nothing, and the old full serialization, for every prefix of a conversation with every
+    /// kind of message; also when the transport still held the last body.
     #[test]
-    fn cached_body_equals_the_full_serialization_at_every_step() {
+    fn kept_body_equals_the_full_serialization_at_every_step() {
         let all = crate::model::sample::conversation(8);
         for dialect in dialects() {
             let cache = WireCache::default();
-            for stream in [true, false] {
-                for n in 0..=all.len() {
-                    let messages = &all[..n];
+            let mut messages = Conversation::new();
+            for n in 0..=all.len() {
+                if n > 0 {
+                    messages.push(all[n - 1].clone());
+                }
+                for stream in [true, false] {
                     for tools in [tools(), vec![]] {
-                        let pieces = cache
-                            .pieces(messages, |m| message_json(m, &dialect))
-                            .unwrap();
-                        let body = write_body(
-                            "gpt \"x\"",
-                            pieces.iter().map(|(_, p)| p.as_slice()),
-                            &tools,
-                            stream,
-                            &dialect,
-                        )
-                        .unwrap();
-                        drop(pieces);
+                        let (wire, body) =
+                            cached_body(&cache, "gpt \"x\"", &messages, &tools, stream, &dialect)
+                                .unwrap();
+                        let fresh =
+                            request_body("gpt \"x\"", &messages, &tools, stream, &dialect).unwrap();
+                        assert_eq!(body, fresh, "{n} messages, {dialect:?}, stream {stream}");
                         let got: Value = serde_json::from_slice(&body).unwrap();
                         let want =
-                            old_request_body("gpt \"x\"", messages, &tools, stream, &dialect);
+                            old_request_body("gpt \"x\"", &messages, &tools, stream, &dialect);
                         assert_eq!(got, want, "{n} messages, {dialect:?}, stream {stream}");
+                        let held = (n % 3 == 0).then(|| body.clone());
+                        cache.put(wire, body);
+                        drop(held);
                     }
                 }
             }
         }
     }
 
-    /// An entry is only used while its message is unchanged: an edited message, a shorter
-    /// conversation or another conversation is rebuilt, never sent stale.
+    /// A rewritten conversation is written anew, never sent stale: an edit in place that
+    /// keeps every length, a trimmed conversation, a cleared one, another one.
     #[test]
-    fn an_edited_message_is_never_sent_stale() {
+    fn a_rewritten_conversation_is_never_sent_stale() {
         let dialect = Dialect {
             send_reasoning: true,
             ..Dialect::default()
         };
         let cache = WireCache::default();
-        let body = |messages: &[Message]| -> Value {
-            let pieces = cache
-                .pieces(messages, |m| message_json(m, &dialect))
-                .unwrap();
-            let body = write_body(
-                "m",
-                pieces.iter().map(|(_, p)| p.as_slice()),
-                &[],
-                true,
-                &dialect,
-            )
-            .unwrap();
-            serde_json::from_slice(&body).unwrap()
+        let body = |messages: &Conversation| -> Bytes {
+            let (wire, body) = cached_body(&cache, "m", messages, &[], true, &dialect).unwrap();
+            cache.put(wire, body.clone());
+            assert_eq!(
+                body,
+                request_body("m", messages, &[], true, &dialect).unwrap(),
+                "the kept body is the fresh one"
+            );
+            body
         };
-        let mut messages = crate::model::sample::conversation(5);
+        let mut messages = Conversation::from(crate::model::sample::conversation(5));
+        let before = body(&messages);
+        messages.rewrite(|m| {
+            if let Message::Tool { results } = &mut m[3] {
+                results[0].content.replace_range(0..4, "LINE");
+            }
+            if let Message::Assistant { reasoning, .. } = &mut m[4] {
+                *reasoning = Some("changed my mind".into());
+            }
+        });
+        let edited = body(&messages);
+        assert_ne!(edited, before);
+        assert!(String::from_utf8_lossy(&edited).contains("LINE"));
+        // Trimmed to fewer messages, then grown back to as many as before.
+        messages.rewrite(|m| m.truncate(2));
         body(&messages);
-        if let Message::Tool { results } = &mut messages[3] {
-            results[0].content.replace_range(0..4, "LINE");
-        }
-        if let Message::Assistant { reasoning, .. } = &mut messages[4] {
-            *reasoning = Some("changed my mind".into());
-        }
-        let got = body(&messages);
-        assert_eq!(got, old_request_body("m", &messages, &[], true, &dialect));
-        assert!(got.to_string().contains("LINE"));
-        let fresh = crate::model::sample::conversation(1);
+        messages.push(Message::User {
+            content: "again".into(),
+        });
+        body(&messages);
+        messages.clear();
         assert_eq!(
-            body(&fresh),
-            old_request_body("m", &fresh, &[], true, &dialect)
+            serde_json::from_slice::<Value>(&body(&messages)).unwrap()["messages"],
+            json!([])
         );
-        assert_eq!(
-            body(&messages[..2]),
-            old_request_body("m", &messages[..2], &[], true, &dialect)
-        );
+        let mut other = Conversation::from(crate::model::sample::conversation(1));
+        body(&other);
+        // A copy is another conversation: what it gets is not sent for the original.
+        let mut copy = other.clone();
+        copy.push(Message::User {
+            content: "only in the copy".into(),
+        });
+        body(&copy);
+        other.push(Message::User {
+            content: "only in the original".into(),
+        });
+        body(&other);
     }
 
     #[test]

@@ -149,16 +149,17 @@ impl Prices {
     }
 }
 
-/// Bytes of the conversation the provider is sent, roughly: message text and tool specs.
-pub fn request_bytes(messages: &[Message], tools: &[ToolSpec]) -> usize {
-    let tools: usize = tools
+/// Bytes of the tool specs a provider is sent, roughly: names, descriptions, schemas. With
+/// `Conversation::bytes`, the size of a request.
+pub fn tool_bytes(tools: &[ToolSpec]) -> usize {
+    tools
         .iter()
         .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
-        .sum();
-    messages.iter().map(message_bytes).sum::<usize>() + tools
+        .sum()
 }
 
-fn message_bytes(m: &Message) -> usize {
+/// Bytes of one message's text; a conversation keeps their sum.
+pub(crate) fn message_bytes(m: &Message) -> usize {
     match m {
         Message::System { content } | Message::User { content } => content.len(),
         Message::Assistant {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::Gate;
-use crate::model::{Message, Model, Usage};
+use crate::model::{Conversation, Message, Model, Usage};
 use crate::store::RunDir;
 use crate::tools::Registry;
 use crate::tools::sandbox::Jail;
@@ -131,7 +131,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         started,
         gate: rt.gate,
     };
-    let mut messages = Vec::new();
+    let mut messages = Conversation::new();
     begin(&mut messages, goal, goal.prompt.clone(), rt.events);
     let mut out = Outcome {
         status: Status::Error,
@@ -254,7 +254,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
 }
 
 /// Open a conversation: the system prompt, then `first` as the user's message.
-fn begin(messages: &mut Vec<Message>, goal: &Goal, first: String, events: &Events) {
+fn begin(messages: &mut Conversation, goal: &Goal, first: String, events: &Events) {
     let system = Message::System {
         content: goal.system.clone(),
     };

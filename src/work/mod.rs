@@ -11,8 +11,10 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Answer, Call, Gate};
-use crate::model::prices::{InputEstimate, Price, request_bytes};
-use crate::model::{FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage};
+use crate::model::prices::{InputEstimate, Price, tool_bytes};
+use crate::model::{
+    Conversation, FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage,
+};
 use crate::tools::process::safe_name;
 use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
 pub use crate::trace::StopReason;
@@ -86,7 +88,7 @@ pub struct Outcome {
 
 /// Add a message to the conversation and to the transcript.
 /// Known secrets are redacted first: what the model is sent never holds one.
-pub fn push(messages: &mut Vec<Message>, message: Message, events: &Events) {
+pub fn push(messages: &mut Conversation, message: Message, events: &Events) {
     let message = crate::redact::serde(&message).unwrap_or(message);
     events.emit(Event::Message {
         message: message.clone(),
@@ -115,10 +117,11 @@ impl Work<'_> {
     }
 
     /// Run the loop on `messages`; `spent` is what earlier tries of the same run used.
-    pub async fn run(&self, messages: &mut Vec<Message>, spent: Usage) -> Outcome {
+    pub async fn run(&self, messages: &mut Conversation, spent: Usage) -> Outcome {
         let mut usage = Usage::default();
         let mut repeats = Repeats::default();
         let mut estimate = InputEstimate::default();
+        let tool_bytes = tool_bytes(self.tools.specs());
         let events = self.events;
         for step in 1..=self.limits.max_steps {
             if self.cancel.is_cancelled() {
@@ -133,7 +136,7 @@ impl Work<'_> {
             {
                 return self.finish(StopReason::Budget, step - 1, usage);
             }
-            let bytes = request_bytes(messages, self.tools.specs());
+            let bytes = messages.bytes() + tool_bytes;
             if let (Some(price), Some(cap)) = (self.limits.price, self.limits.max_cost)
                 && price.cost(&spent_now) + price.input_cost(estimate.tokens(bytes)) >= cap
             {

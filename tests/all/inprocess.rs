@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sup::approval::{Approver, Gate, Judgement, Mode, Reply, Request, Rules};
-use sup::model::Message;
 use sup::model::script::ScriptModel;
+use sup::model::{Conversation, Message};
 use sup::store::RunDir;
 use sup::tools::{Registry, builtin};
 use sup::trace::{Event, EventSink, Events, Status, StopReason};
@@ -142,9 +142,9 @@ async fn the_work_loop_acts_observes_and_stops_on_a_final_answer() {
             {"text": "done"}
         ]),
     );
-    let mut messages = vec![Message::User {
+    let mut messages = Conversation::from(vec![Message::User {
         content: "work".into(),
-    }];
+    }]);
     let out = f
         .work(&m, None)
         .run(&mut messages, Default::default())
@@ -196,7 +196,7 @@ async fn the_work_loop_stops_at_max_steps_and_never_calls_it_success() {
             {"text": "never reached"}
         ]),
     );
-    let mut messages = Vec::new();
+    let mut messages = Conversation::new();
     let out = f
         .work(&m, None)
         .run(&mut messages, Default::default())
@@ -227,7 +227,7 @@ async fn the_gate_asks_the_injected_approver_and_a_denial_is_the_result() {
             {"text": "done"}
         ]),
     );
-    let mut messages = Vec::new();
+    let mut messages = Conversation::new();
     let out = f
         .work(&m, Some(&gate))
         .run(&mut messages, Default::default())
@@ -360,9 +360,9 @@ async fn provider_error(reply: crate::common::fake_server::Reply) -> sup::model:
     };
     opts.http.max_attempts = 1;
     let model = sup::model::from_spec("openai:m", Path::new("."), &opts).unwrap();
-    let messages = vec![Message::User {
+    let messages = Conversation::from(vec![Message::User {
         content: "hi".into(),
-    }];
+    }]);
     let request = sup::model::ModelRequest {
         messages: &messages,
         tools: &[],

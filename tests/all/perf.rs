@@ -1,8 +1,8 @@
-//! What the speed-ups of issue 16 must not change: request bodies written from each message's
-//! cached wire JSON still carry the whole conversation step after step, with the Anthropic
-//! cache breakpoint on the latest block only (through the binary, against fake servers); and
-//! scheduled runs recorded in the claim's transaction are complete records, also when a run
-//! cannot start (in-process daemon on a manual clock).
+//! What the speed-ups of issue 16 must not change: request bodies written from the kept
+//! wire JSON still carry the whole conversation step after step, with the Anthropic cache
+//! breakpoint on the latest block only, and a `--fresh` try sends a new conversation (through
+//! the binary, against fake servers); and scheduled runs recorded in the claim's transaction
+//! are complete records, also when a run cannot start (in-process daemon on a manual clock).
 
 use crate::common;
 
@@ -168,6 +168,68 @@ fn the_anthropic_cache_breakpoint_moves_to_the_latest_block() {
     assert!(results[0].get("is_error").is_none());
     // Invalid arguments are sent as an empty input.
     assert_eq!(last[3]["content"][1]["input"], serde_json::json!({}));
+}
+
+/// `--fresh`: the second try's request starts anew from the prompt and the report, in both
+/// protocols; nothing of the first try's conversation is sent again, though the body of the
+/// first was kept to be extended.
+#[test]
+fn a_fresh_try_sends_a_new_conversation_not_the_kept_one() {
+    for protocol in [Protocol::OpenAi, Protocol::Anthropic] {
+        let env = Env::new();
+        let turns = [
+            Turn::text("First try, a long answer that only the first try has."),
+            Turn::text("Second."),
+        ];
+        let replies: Vec<Reply> = turns
+            .iter()
+            .map(|t| match protocol {
+                Protocol::OpenAi => openai_stream(t, Indexing::Standard),
+                Protocol::Anthropic => anthropic_stream(t),
+            })
+            .collect();
+        let server = FakeServer::start(replies);
+        let mut cmd = env.sup();
+        cmd.args([
+            "goal",
+            "make it so",
+            "--check-cmd",
+            "echo try $SUP_TRY failed; exit 1",
+            "--fresh",
+            "--tries",
+            "2",
+        ]);
+        match protocol {
+            Protocol::OpenAi => cmd
+                .args(["--model", "openai:gpt-test"])
+                .env("OPENAI_BASE_URL", format!("{}/v1", server.url)),
+            Protocol::Anthropic => cmd
+                .args(["--model", "anthropic:claude-test"])
+                .env("ANTHROPIC_BASE_URL", &server.url)
+                .env("ANTHROPIC_API_KEY", "sk-ant-test"),
+        };
+        let out = cmd.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bodies: Vec<Value> = server.requests().into_iter().map(|r| r.body).collect();
+        assert_eq!(bodies.len(), 2, "{protocol:?}");
+        let second = messages(&bodies[1]);
+        let text = serde_json::to_string(&second).unwrap();
+        assert!(!text.contains("only the first try"), "{protocol:?}: {text}");
+        assert_eq!(
+            second.len(),
+            messages(&bodies[0]).len(),
+            "{protocol:?}: {text}"
+        );
+        assert!(
+            text.contains("make it so") && text.contains("try 1 failed"),
+            "{text}"
+        );
+    }
 }
 
 struct Daemon {
