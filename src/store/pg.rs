@@ -1453,6 +1453,22 @@ impl PgStore {
 
     /// Mirror a local approval request into the store (once).
     pub async fn put_approval(&self, a: &ApprovalRow, daemon: &str) -> Result<(), PgError> {
+        self.insert_approval(a, Some(daemon)).await
+    }
+
+    /// Put a run's request in the store as it is made (once), under the daemon that runs
+    /// the fleet's run `fleet_run`.
+    pub async fn request_approval(&self, a: &ApprovalRow, fleet_run: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        let daemon: Option<String> = c
+            .query_opt("SELECT daemon_id FROM runs WHERE id = $1", &[&fleet_run])
+            .await
+            .map_err(|e| self.err(&e))?
+            .and_then(|r| r.get(0));
+        self.insert_approval(a, daemon.as_deref()).await
+    }
+
+    async fn insert_approval(&self, a: &ApprovalRow, daemon: Option<&str>) -> Result<(), PgError> {
         let c = self.client().await?;
         c.execute(
             "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline,
@@ -1468,32 +1484,6 @@ impl PgStore {
                 &a.created_at,
                 &a.deadline,
                 &daemon,
-            ],
-        )
-        .await
-        .map_err(|e| self.err(&e))?;
-        Ok(())
-    }
-
-    /// Put a run's request in the store as it is made (once), under the daemon that runs
-    /// the fleet's run `fleet_run`.
-    pub async fn request_approval(&self, a: &ApprovalRow, fleet_run: &str) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
-            "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline,
-                 status, daemon_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending',
-                 (SELECT daemon_id FROM runs WHERE id = $9)) ON CONFLICT (id) DO NOTHING",
-            &[
-                &a.id,
-                &a.run_id,
-                &a.goal,
-                &a.kind,
-                &a.tool,
-                &a.input,
-                &a.created_at,
-                &a.deadline,
-                &fleet_run,
             ],
         )
         .await

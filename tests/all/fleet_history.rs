@@ -6,28 +6,10 @@
 use std::path::Path;
 use std::process::{Child, Stdio};
 
-use serde_json::json;
-
 use crate::common;
 use crate::fleet::{Fleet, stop, until};
-use common::fake_server::{FakeServer, Reply};
-
-/// A Chat Completions answer that reports `prompt_tokens` of input and no output.
-fn priced_turn(call: Option<&str>, prompt_tokens: u64) -> Reply {
-    let message = match call {
-        Some(id) => json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": id, "type": "function", "function": {"name": "read_file",
-             "arguments": json!({"path": format!("{id}.txt")}).to_string()}}]}),
-        None => json!({"role": "assistant", "content": "finished"}),
-    };
-    Reply::json(
-        200,
-        json!({"id": "x", "object": "chat.completion", "model": "fake",
-               "choices": [{"index": 0, "message": message,
-                            "finish_reason": if call.is_some() { "tool_calls" } else { "stop" }}],
-               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}}),
-    )
-}
+use crate::unattended::priced_turn;
+use common::fake_server::FakeServer;
 
 /// A daemon on machine `m` that reaches the fake provider and prices its model.
 fn priced_daemon(f: &mut Fleet, m: usize, server: &FakeServer, config: &Path) -> Child {

@@ -380,7 +380,7 @@ fn a_command_channel_gets_the_notice_on_stdin() {
 }
 
 /// A Chat Completions answer that reports `prompt_tokens` of input and no output.
-fn priced_turn(call: Option<&str>, prompt_tokens: u64) -> Reply {
+pub(crate) fn priced_turn(call: Option<&str>, prompt_tokens: u64) -> Reply {
     let message = match call {
         // Each call reads another (missing) file, so no two calls repeat.
         Some(id) => json!({"role": "assistant", "content": null, "tool_calls": [
