@@ -22,6 +22,19 @@ enum Protocol {
     Anthropic,
 }
 
+/// The model of `protocol` at the fake `server`.
+fn point_at(cmd: &mut std::process::Command, protocol: Protocol, server: &FakeServer) {
+    match protocol {
+        Protocol::OpenAi => cmd
+            .args(["--model", "openai:gpt-test"])
+            .env("OPENAI_BASE_URL", format!("{}/v1", server.url)),
+        Protocol::Anthropic => cmd
+            .args(["--model", "anthropic:claude-test"])
+            .env("ANTHROPIC_BASE_URL", &server.url)
+            .env("ANTHROPIC_API_KEY", "sk-ant-test"),
+    };
+}
+
 /// Four steps: two calls each (one reads a file that is missing, one has invalid
 /// arguments at the second step), then the answer. Returns the recorded request bodies.
 fn four_steps(protocol: Protocol) -> Vec<Value> {
@@ -53,15 +66,7 @@ fn four_steps(protocol: Protocol) -> Vec<Value> {
     let server = FakeServer::start(replies);
     let mut cmd = env.sup();
     cmd.args(["run", "read a.txt", "--json"]);
-    match protocol {
-        Protocol::OpenAi => cmd
-            .args(["--model", "openai:gpt-test"])
-            .env("OPENAI_BASE_URL", format!("{}/v1", server.url)),
-        Protocol::Anthropic => cmd
-            .args(["--model", "anthropic:claude-test"])
-            .env("ANTHROPIC_BASE_URL", &server.url)
-            .env("ANTHROPIC_API_KEY", "sk-ant-test"),
-    };
+    point_at(&mut cmd, protocol, &server);
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -199,15 +204,7 @@ fn a_fresh_try_sends_a_new_conversation_not_the_kept_one() {
             "--tries",
             "2",
         ]);
-        match protocol {
-            Protocol::OpenAi => cmd
-                .args(["--model", "openai:gpt-test"])
-                .env("OPENAI_BASE_URL", format!("{}/v1", server.url)),
-            Protocol::Anthropic => cmd
-                .args(["--model", "anthropic:claude-test"])
-                .env("ANTHROPIC_BASE_URL", &server.url)
-                .env("ANTHROPIC_API_KEY", "sk-ant-test"),
-        };
+        point_at(&mut cmd, protocol, &server);
         let out = cmd.output().unwrap();
         assert_eq!(
             out.status.code(),
