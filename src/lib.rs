@@ -11,6 +11,7 @@ pub mod redact;
 pub mod run;
 pub mod schedule;
 pub mod serve;
+mod startup;
 pub mod store;
 pub mod template;
 pub mod tools;

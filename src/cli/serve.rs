@@ -20,7 +20,7 @@ pub(crate) async fn start(
 ) -> Result<tokio::task::JoinHandle<()>, Fail> {
     // Read from the environment sup started with: secret-named variables leave the
     // process environment at start-up.
-    let token = crate::tools::sandbox::var("SUP_SERVE_TOKEN").filter(|t| !t.trim().is_empty());
+    let token = crate::startup::var("SUP_SERVE_TOKEN").filter(|t| !t.trim().is_empty());
     let cfg = serve::Config {
         listen,
         goals_dir: std::path::absolute(&goals).unwrap_or(goals),

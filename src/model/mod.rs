@@ -395,7 +395,7 @@ const PROVIDERS: &str = "openai, anthropic, deepseek, ollama, script";
 
 fn env(var: &str) -> Option<String> {
     // Keys were moved out of the process environment at start-up.
-    crate::tools::sandbox::var(var).filter(|v| !v.trim().is_empty())
+    crate::startup::var(var).filter(|v| !v.trim().is_empty())
 }
 
 /// A provider key from the environment, known to the redactor from here on.

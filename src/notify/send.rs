@@ -35,7 +35,7 @@ fn expand(value: &str) -> Result<String, String> {
         let name = c.get(1).or_else(|| c.get(2)).map_or("", |m| m.as_str());
         // Secret-named variables left the process environment at start-up; read them from
         // the environment sup started with, and keep the value out of everything written.
-        match crate::tools::sandbox::var(name) {
+        match crate::startup::var(name) {
             Some(v) => {
                 crate::redact::add(&v);
                 v
@@ -172,7 +172,7 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
                 }
             }
             if let Some(var) = secret_env {
-                let Some(key) = crate::tools::sandbox::var(var).filter(|k| !k.is_empty()) else {
+                let Some(key) = crate::startup::var(var).filter(|k| !k.is_empty()) else {
                     return Attempt::Fatal(format!(
                         "secret_env: ${var} is not set in the environment"
                     ));
@@ -203,7 +203,7 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
             // The user's own command: it gets the environment sup started with.
             cmd.args(&argv[1..])
                 .env_clear()
-                .envs(crate::tools::sandbox::original_env())
+                .envs(crate::startup::original_env())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

@@ -1029,7 +1029,7 @@ pub(crate) async fn goal_action(
             .arg(&state.cfg.goals_dir)
             // The environment sup started with: the run needs the provider keys.
             .env_clear()
-            .envs(crate::tools::sandbox::original_env());
+            .envs(crate::startup::original_env());
         if let Some((_, url)) = &state.cfg.fleet {
             cmd.env("SUP_STORE", url);
         }

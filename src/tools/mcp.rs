@@ -224,7 +224,7 @@ async fn start_one(
         ("SUP_RUN_ID".into(), run_id.to_string()),
     ];
     for name in &spec.env_pass {
-        if let Some(v) = super::sandbox::var(name) {
+        if let Some(v) = crate::startup::var(name) {
             crate::redact::add(&v);
             extra.push((name.clone(), v));
         }

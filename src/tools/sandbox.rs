@@ -178,14 +178,8 @@ pub(crate) fn is_secret_name(name: &str) -> bool {
     .any(|w| upper.contains(w))
 }
 
-struct Start {
-    /// The environment `sup` started with, secrets included.
-    env: Vec<(OsString, OsString)>,
-    /// What hardening failed, for the first trace line.
-    problems: Vec<String>,
-}
-
-static START: OnceLock<Start> = OnceLock::new();
+/// What hardening failed at start-up, for the first trace line.
+static PROBLEMS: OnceLock<Vec<String>> = OnceLock::new();
 
 /// Harden `sup` right after start-up, before any thread or child exists: make it
 /// non-dumpable (so processes of the same user cannot read its memory or
@@ -217,29 +211,8 @@ pub fn at_start() {
             unsafe { std::env::remove_var(name) };
         }
     }
-    let _ = START.set(Start { env, problems });
-}
-
-/// A variable of the environment `sup` started with (secrets included), or of the current
-/// one when `at_start` did not run (library use).
-pub(crate) fn var(name: &str) -> Option<String> {
-    match START.get() {
-        Some(start) => start
-            .env
-            .iter()
-            .find(|(k, _)| k == name)
-            .and_then(|(_, v)| v.to_str().map(str::to_string)),
-        None => std::env::var(name).ok(),
-    }
-}
-
-/// The environment `sup` started with, secrets included: for what the user runs (notify
-/// commands, a console's `sup trigger`), never for the agent's processes.
-pub(crate) fn original_env() -> Vec<(OsString, OsString)> {
-    match START.get() {
-        Some(start) => start.env.clone(),
-        None => std::env::vars_os().collect(),
-    }
+    let _ = PROBLEMS.set(problems);
+    crate::startup::keep(env);
 }
 
 /// The environment for the agent's processes: sup's own without secret-named variables,
@@ -247,7 +220,7 @@ pub(crate) fn original_env() -> Vec<(OsString, OsString)> {
 pub(crate) fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>) {
     let mut env = Vec::new();
     let mut withheld = Vec::new();
-    for (k, v) in original_env() {
+    for (k, v) in crate::startup::original_env() {
         let name = k.to_string_lossy();
         // `SUP_STORE` may carry a password, and with it the agent could answer its own
         // approvals in a shared store.
@@ -388,7 +361,7 @@ impl Jail {
             read_only: Vec::new(),
             env,
             withheld,
-            missing: START.get().map(|s| s.problems.clone()).unwrap_or_default(),
+            missing: PROBLEMS.get().cloned().unwrap_or_default(),
             tmp: tmp.clone(),
             run_id: run_id.to_string(),
             workspace: workspace.to_path_buf(),
@@ -1004,7 +977,7 @@ pub(crate) fn sweep(run_id: &str) -> usize {
     // Only the `sup` binary, which made itself a subreaper at start-up, owns every child it
     // has; a program using the library (a test harness) has children of its own, so there
     // only processes that carry this run's id are the run's.
-    let subreaper = START.get().is_some();
+    let subreaper = crate::startup::kept();
     let mut killed = 0;
     for _ in 0..50 {
         let procs = processes();
