@@ -1,6 +1,7 @@
 //! `sup` supervises LLM agent loops in three nested layers: `work` (model ⇄ tools),
 //! `verify` (checks and retries) and `schedule` (the daemon). `model` and `tools` sit under
-//! the work loop; `store` and `trace` serve every layer; `cli` is the edge.
+//! the work loop; `store` and `trace` serve every layer, `rules`, `redact` and `startup` sit
+//! beneath them all; `cli` is the edge.
 
 pub mod approval;
 pub mod cli;
@@ -8,6 +9,7 @@ pub mod config;
 pub mod model;
 pub mod notify;
 pub mod redact;
+mod rules;
 pub mod run;
 pub mod schedule;
 pub mod serve;

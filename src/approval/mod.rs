@@ -8,7 +8,6 @@
 
 pub(crate) mod answer;
 pub(crate) mod queue;
-pub(crate) mod rules;
 mod terminal;
 
 use std::path::PathBuf;
@@ -19,9 +18,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use rules::Rule;
-use rules::Verdict;
-pub use rules::{RuleError, Rules};
+pub(crate) use crate::rules::Rule;
+use crate::rules::Verdict;
+pub use crate::rules::{RuleError, Rules};
 pub(crate) use terminal::Terminal;
 
 use crate::tools::Risk;

@@ -182,7 +182,7 @@ fn denied_at_open(
     real_rel: &str,
     typed: &str,
 ) -> Result<(), ToolError> {
-    use crate::approval::rules::Verdict;
+    use crate::rules::Verdict;
     match ctx.rules.judge(tool, real_rel) {
         Some((Verdict::Deny, rule)) => Err(ToolError::Invalid(format!(
             "{typed} leads to {real_rel}, which the approval rule deny `{}` matches; refused",
@@ -195,7 +195,7 @@ fn denied_at_open(
 /// Whether a rule denies reading this workspace-relative path (by `read_file` or the tool
 /// that lists it): listing and search skip it.
 fn read_denied(ctx: &ToolContext, tool: &str, rel: &str) -> bool {
-    use crate::approval::rules::Verdict;
+    use crate::rules::Verdict;
     [tool, "read_file"]
         .iter()
         .any(|t| matches!(ctx.rules.judge(t, rel), Some((Verdict::Deny, _))))

@@ -51,7 +51,7 @@ pub struct ToolContext {
     pub(crate) env: Arc<Vec<(String, String)>>,
     /// The run's approval rules: file tools write under `.git/` or to hard-linked files, and
     /// list what a rule denies to read, only as they say.
-    pub(crate) rules: Arc<crate::approval::Rules>,
+    pub(crate) rules: Arc<crate::rules::Rules>,
     /// The sandbox every process of the run starts in.
     pub(crate) jail: Arc<sandbox::Jail>,
 }

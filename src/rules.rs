@@ -13,6 +13,9 @@
 //! cannot see (a computed command name, code for an interpreter, `find -delete`, a line that
 //! does not parse), a deny or ask rule on the tool makes the line ask. Deny rules on commands
 //! are a tripwire; the sandbox is the guarantee.
+//!
+//! Below both `approval` (which decides with the rules) and `tools` (whose built-ins refuse
+//! what a deny rule names).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
