@@ -179,6 +179,8 @@ struct Daemon {
     slots: BTreeMap<String, Slot>,
     /// Runs claimed and recorded whose tasks start after the commit.
     pending: Vec<Launch>,
+    /// The goals paused, read once in a transaction of claims (no one changes them then).
+    paused: Option<std::collections::HashSet<String>>,
     /// Files that failed to load, with why; their last good version keeps running.
     errors: BTreeMap<PathBuf, String>,
     tasks: JoinSet<()>,
@@ -430,7 +432,9 @@ impl Daemon {
             );
             return false;
         }
+        self.paused = self.db.paused_goals().ok();
         self.due_each(now);
+        self.paused = None;
         if let Err(e) = self.db.conn().execute_batch("COMMIT") {
             tracing::error!(
                 "cannot commit the claims of {}: {e}; their runs do not start",
@@ -482,7 +486,11 @@ impl Daemon {
                 return;
             }
         }
-        match self.db.paused(name) {
+        let paused = match &self.paused {
+            Some(goals) => Ok(goals.contains(name)),
+            None => self.db.paused(name),
+        };
+        match paused {
             Ok(true) => {
                 tracing::info!("goal {name} at {}: paused, not run", stamp(at));
                 let r = self.db.occurrence(name, at, OccurrenceStatus::Paused, None);
@@ -788,6 +796,7 @@ pub async fn run(
         ),
         slots: BTreeMap::new(),
         pending: Vec::new(),
+        paused: None,
         errors: BTreeMap::new(),
         tasks: JoinSet::new(),
         done_tx,

@@ -797,6 +797,17 @@ impl Db {
             .unwrap_or(false))
     }
 
+    /// The goals paused now.
+    pub fn paused_goals(&self) -> Result<std::collections::HashSet<String>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT goal FROM goal_state WHERE paused")
+            .map_err(|e| self.err(e))?;
+        stmt.query_map([], |r| r.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| self.err(e))
+    }
+
     pub fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
         let count = |status: OccurrenceStatus| -> Result<u64, DbError> {
             self.conn
