@@ -78,12 +78,14 @@ async fn ten_thousand_goals() {
     let shutdown = CancellationToken::new();
     let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let started = Instant::now();
+    let cpu_started = cpu_time();
     let stop = shutdown.clone();
     let task = tokio::spawn(async move { daemon::run(cfg, stop, rx).await.unwrap() });
     while clock.waiting() == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let startup = started.elapsed();
+    let startup_cpu = cpu_time() - cpu_started;
     let rss_loaded = status_kib("VmRSS:");
     let cpu_before = cpu_time();
     let idle = Duration::from_secs(3);
@@ -94,8 +96,10 @@ async fn ten_thousand_goals() {
     let goals_mb = rss_loaded.saturating_sub(rss_before) as f64 / 1024.0;
     println!("10,000 goals loaded:");
     println!(
-        "  start-up (load, check, first plan)  {:>8.0} ms   (target: at most 300 ms)",
-        startup.as_secs_f64() * 1e3
+        "  start-up (load, check, first plan)  {:>8.0} ms   (target: at most 300 ms; \
+         CPU {:.0} ms)",
+        startup.as_secs_f64() * 1e3,
+        startup_cpu.as_secs_f64() * 1e3
     );
     println!(
         "  memory for the goals                {goals_mb:>8.1} MB   (target: at most 30 MB; \

@@ -191,6 +191,10 @@ pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> 
         #[serde(default)]
         approval_rules: SpannedRules,
     }
+    // Most files have no rules: they are not parsed again for them.
+    if !text.contains("approval_rules") {
+        return Ok(());
+    }
     let Ok(only) = toml::from_str::<Only>(text) else {
         return Ok(());
     };
@@ -219,12 +223,18 @@ fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileError> {
         #[serde(default)]
         writable: Vec<toml::Spanned<String>>,
     }
-    let Ok(only) = toml::from_str::<Only>(text) else {
-        return Ok(Vec::new());
+    // Most files have no `writable`: they are not parsed again for it.
+    let only = if text.contains("writable") {
+        let Ok(only) = toml::from_str::<Only>(text) else {
+            return Ok(Vec::new());
+        };
+        only.writable
+    } else {
+        Vec::new()
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     let resolved = crate::tools::sandbox::SandboxSettings {
-        writable: only.writable,
+        writable: only,
         ..Default::default()
     }
     .resolve(dir)

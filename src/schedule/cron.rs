@@ -132,6 +132,11 @@ impl Schedule {
         Ok(schedule)
     }
 
+    /// The same for every goal that shares this schedule (while any holds it).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
     /// Whether two schedules are the same expression in the same zone.
     pub fn same(&self, other: &Schedule) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || (self.expr == other.expr && self.tz == other.tz)

@@ -232,6 +232,10 @@ impl Daemon {
             .collect();
         // The user config, read once for every goal.
         let user = UserConfig::load().map_err(|e| e.to_string());
+        // The next occurrence after `now` of each shared schedule, worked out once (the
+        // schedule is held here, so its id stays its own for the pass).
+        let mut nexts: std::collections::HashMap<usize, (Schedule, Option<DateTime<Utc>>)> =
+            std::collections::HashMap::new();
         self.errors.clear();
         // One file at a time: ten thousand goals never sit in memory twice.
         for path in paths {
@@ -289,7 +293,10 @@ impl Daemon {
                             schedule.tz
                         );
                     }
-                    schedule.next_after(now)
+                    nexts
+                        .entry(schedule.id())
+                        .or_insert_with(|| (schedule.clone(), schedule.next_after(now)))
+                        .1
                 }
             };
             let (running, queued) = self
