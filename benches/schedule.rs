@@ -1,6 +1,8 @@
-//! The daemon at scale: 10,000 goals loaded (start-up time, memory, idle CPU), and 1,000
-//! goals due in the same second with a trivial scripted goal (how late each started:
-//! median and p99). Run: `cargo bench --bench schedule`.
+//! The daemon at scale, each figure beside its target (issue 16): 10,000 goals loaded
+//! (start-up time at most 300 ms, memory at most 30 MB; idle CPU), and 1,000 goals due in the
+//! same second with a trivial scripted goal (p99 from due time to the run's row written under
+//! 100 ms; how late each was claimed). Run: `cargo bench --bench schedule`; add `-- load` or
+//! `-- due` for one part.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -76,12 +78,14 @@ async fn ten_thousand_goals() {
     let shutdown = CancellationToken::new();
     let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let started = Instant::now();
+    let cpu_started = cpu_time();
     let stop = shutdown.clone();
     let task = tokio::spawn(async move { daemon::run(cfg, stop, rx).await.unwrap() });
     while clock.waiting() == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let startup = started.elapsed();
+    let startup_cpu = cpu_time() - cpu_started;
     let rss_loaded = status_kib("VmRSS:");
     let cpu_before = cpu_time();
     let idle = Duration::from_secs(3);
@@ -89,21 +93,55 @@ async fn ten_thousand_goals() {
     let cpu_idle = cpu_time() - cpu_before;
     shutdown.cancel();
     task.await.unwrap();
+    let goals_mb = rss_loaded.saturating_sub(rss_before) as f64 / 1024.0;
     println!("10,000 goals loaded:");
     println!(
-        "  start-up (load, check, first plan)  {:>8.0} ms",
-        startup.as_secs_f64() * 1e3
+        "  start-up (load, check, first plan)  {:>8.0} ms   (target: at most 300 ms; \
+         CPU {:.0} ms)",
+        startup.as_secs_f64() * 1e3,
+        startup_cpu.as_secs_f64() * 1e3
     );
     println!(
-        "  memory: {:.1} MB resident ({:.1} MB for the goals)",
+        "  memory for the goals                {goals_mb:>8.1} MB   (target: at most 30 MB; \
+         {:.1} MB resident in all)",
         rss_loaded as f64 / 1024.0,
-        rss_loaded.saturating_sub(rss_before) as f64 / 1024.0
     );
     println!(
         "  idle CPU over {}s: {:.2}% of one core",
         idle.as_secs(),
         cpu_idle.as_secs_f64() / idle.as_secs_f64() * 100.0
     );
+}
+
+/// Watch the store under `home` from another thread until it holds `n` runs: when each count
+/// of rows was first seen, looking every millisecond (a row is seen once committed).
+fn watch_rows(
+    home: std::path::PathBuf,
+    n: usize,
+) -> std::thread::JoinHandle<Vec<(chrono::DateTime<Utc>, usize)>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let db = loop {
+            if let Ok(db) = Db::open(&home) {
+                break db;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut seen = Vec::new();
+        let mut last = 0;
+        while last < n && Instant::now() < deadline {
+            let count: usize = db
+                .conn()
+                .query_row("SELECT count(*) FROM runs", [], |r| r.get(0))
+                .unwrap_or(last);
+            if count > last {
+                seen.push((Utc::now(), count));
+                last = count;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        seen
+    })
 }
 
 async fn thousand_due_at_once() {
@@ -126,6 +164,7 @@ async fn thousand_due_at_once() {
     let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = shutdown.clone();
     let task = tokio::spawn(async move { daemon::run(cfg, stop, rx).await.unwrap() });
+    let committed = watch_rows(home.clone(), 1000);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -151,6 +190,18 @@ async fn thousand_due_at_once() {
             Some((started - due).num_microseconds()? as f64 / 1000.0)
         })
         .collect();
+    let due = runs
+        .iter()
+        .find_map(|r| parse_stamp(r.scheduled_for.as_deref()?))
+        .unwrap();
+    // The k-th row is on record from the first look that saw k rows.
+    let seen = committed.join().unwrap();
+    let mut visible: Vec<f64> = (1..=runs.len())
+        .filter_map(|k| {
+            let (t, _) = seen.iter().find(|(_, n)| *n >= k)?;
+            Some((*t - due).num_microseconds()? as f64 / 1000.0)
+        })
+        .collect();
     let mut fired: Vec<f64> = Vec::new();
     for r in &runs {
         for (at, _, _) in db.occurrences(&r.goal, 1).unwrap() {
@@ -172,14 +223,19 @@ async fn thousand_due_at_once() {
         "1,000 goals due in the same second (--max-concurrent 1000), {} runs:",
         late.len()
     );
-    for (what, v) in [
-        ("claimed and fired", &mut fired),
-        ("run recorded as started", &mut late),
+    for (what, v, target) in [
+        ("claimed", &mut fired, ""),
+        ("run's row stamped", &mut late, ""),
+        (
+            "run's row committed",
+            &mut visible,
+            "   (target: p99 under 100 ms)",
+        ),
     ] {
         v.sort_by(f64::total_cmp);
         let pct = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
         println!(
-            "  lateness, {what:<24} median {:>7.1} ms, p99 {:>7.1} ms, max {:>7.1} ms",
+            "  due to {what:<18} median {:>7.1} ms, p99 {:>7.1} ms, max {:>7.1} ms{target}",
             pct(0.5),
             pct(0.99),
             pct(1.0)
@@ -193,6 +249,16 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(ten_thousand_goals());
-    rt.block_on(thousand_due_at_once());
+    // `cargo bench --bench schedule -- load` (or `-- due`) runs one part, for a profiler.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
+    if wanted("load") {
+        rt.block_on(ten_thousand_goals());
+    }
+    if wanted("due") {
+        rt.block_on(thousand_due_at_once());
+    }
 }

@@ -191,6 +191,10 @@ pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> 
         #[serde(default)]
         approval_rules: SpannedRules,
     }
+    // Most files have no rules: they are not parsed again for them.
+    if !text.contains("approval_rules") {
+        return Ok(());
+    }
     let Ok(only) = toml::from_str::<Only>(text) else {
         return Ok(());
     };
@@ -220,12 +224,18 @@ pub(super) fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileE
         #[serde(default)]
         writable: Vec<toml::Spanned<String>>,
     }
-    let Ok(only) = toml::from_str::<Only>(text) else {
-        return Ok(Vec::new());
+    // Most files have no `writable`: they are not parsed again for it.
+    let only = if text.contains("writable") {
+        let Ok(only) = toml::from_str::<Only>(text) else {
+            return Ok(Vec::new());
+        };
+        only.writable
+    } else {
+        Vec::new()
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     let resolved = crate::tools::sandbox::SandboxSettings {
-        writable: only.writable,
+        writable: only,
         ..Default::default()
     }
     .resolve(dir)

@@ -56,10 +56,10 @@ pub enum Overlap {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Source {
     Flag,
-    GoalFile(PathBuf),
+    GoalFile(std::sync::Arc<Path>),
     /// `SUP_<KEY>`.
     Environment,
-    UserConfig(PathBuf),
+    UserConfig(std::sync::Arc<Path>),
     Default,
 }
 
@@ -641,10 +641,12 @@ pub(crate) fn merge(layers: &Layers) -> Result<Effective, ConfigError> {
     let mut merged = Settings::default();
     let mut provenance = Provenance::default();
     let defaults = Settings::defaults();
-    let user_path = layers.user.path.clone().unwrap_or_default();
+    // Shared by every setting noted from them: a path is not copied per setting.
+    let user_path: std::sync::Arc<Path> =
+        layers.user.path.as_deref().unwrap_or(Path::new("")).into();
     let mut sources: Vec<(Source, &Settings)> = vec![(Source::Flag, layers.flags)];
     if let Some(g) = layers.goal {
-        sources.push((Source::GoalFile(g.path.clone()), &g.settings));
+        sources.push((Source::GoalFile(g.path.as_path().into()), &g.settings));
     }
     sources.push((Source::Environment, layers.env));
     sources.push((Source::UserConfig(user_path), &layers.user.settings));
@@ -820,12 +822,12 @@ mod tests {
         assert_eq!(p.source("model"), Some(&Source::Flag));
         assert_eq!(
             p.source("max_steps"),
-            Some(&Source::GoalFile("/g/x.toml".into()))
+            Some(&Source::GoalFile(Path::new("/g/x.toml").into()))
         );
         assert_eq!(p.source("approval"), Some(&Source::Environment));
         assert_eq!(
             p.source("token_budget"),
-            Some(&Source::UserConfig("/u/config.toml".into()))
+            Some(&Source::UserConfig(Path::new("/u/config.toml").into()))
         );
         assert_eq!(p.source("tool_timeout"), Some(&Source::Default));
         assert_eq!(p.source("workspace"), None);

@@ -405,6 +405,26 @@ fn secret_env(var: &str) -> Option<String> {
     Some(key)
 }
 
+/// Where a `script:` model's file is: `rest` from `base_dir`.
+fn script_path(rest: &str, base_dir: &Path) -> std::path::PathBuf {
+    if base_dir == Path::new(".") {
+        Path::new(rest).to_path_buf()
+    } else {
+        base_dir.join(rest)
+    }
+}
+
+/// The name the model of `spec` gives itself once built: a `script:` model names its file
+/// from `base_dir`, any other model its spec. Reads and makes nothing.
+pub fn resolved_name(spec: &str, base_dir: &Path) -> String {
+    match spec.split_once(':') {
+        Some(("script", rest)) if !rest.trim().is_empty() => {
+            format!("script:{}", script_path(rest, base_dir).display())
+        }
+        _ => spec.to_string(),
+    }
+}
+
 /// Build a model from `PROVIDER:MODEL`. Relative `script:` paths resolve against `base_dir`.
 pub fn from_spec(
     spec: &str,
@@ -466,14 +486,9 @@ pub fn from_spec(
         }
     };
     match provider {
-        "script" => {
-            let path = if base_dir == Path::new(".") {
-                Path::new(rest).to_path_buf()
-            } else {
-                base_dir.join(rest)
-            };
-            Ok(Box::new(script::ScriptModel::load(&path)?))
-        }
+        "script" => Ok(Box::new(script::ScriptModel::load(&script_path(
+            rest, base_dir,
+        ))?)),
         "openai" => {
             const OPENAI: &str = "https://api.openai.com/v1";
             let url = base("OPENAI_BASE_URL", OPENAI);

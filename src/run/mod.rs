@@ -109,14 +109,27 @@ fn setup(msg: impl Into<String>) -> RunError {
 impl RunSpec {
     /// Read the user config, merge every layer, and resolve the result.
     pub fn build(inv: &Invocation, file: Option<&GoalFile>) -> Result<RunSpec, RunError> {
-        let user = config::UserConfig::load()?;
+        Self::build_with(inv, &config::UserConfig::load()?, file)
+    }
+
+    /// `build` with the user config read already (the daemon reads it once for all goals).
+    pub(crate) fn build_with(
+        inv: &Invocation,
+        user: &config::UserConfig,
+        file: Option<&GoalFile>,
+    ) -> Result<RunSpec, RunError> {
         let effective = config::merge(&config::Layers {
             flags: &inv.flags,
             goal: file,
             env: &inv.env,
-            user: &user,
+            user,
         })?;
         Self::resolve(effective, &inv.checks, file)
+    }
+
+    /// The model's name as the run's model will give it (`script:` with its full path).
+    pub fn model_name(&self) -> String {
+        model::resolved_name(&self.model, &self.model_base)
     }
 
     /// Settle what depends on the machine: the workspace (a goal file's is made on first
@@ -644,19 +657,28 @@ pub async fn launch_shared(
     launch_in(spec, home, trigger, None, Some(shared), sinks, cancel).await
 }
 
-/// `launch` for a run whose row the caller wrote already (the daemon, in the transaction
-/// that claimed its occurrence), in the folder `run` names. A run that cannot start is
-/// recorded as an error.
+/// A run the caller recorded already (the daemon, in the transaction that claimed its
+/// occurrence): its folder, and the model its row names.
+pub struct Recorded {
+    pub run: RunDir,
+    pub model: String,
+}
+
+/// `launch` for a run whose row the caller wrote already, with the spec `build` makes (here,
+/// off the caller's path). A run that cannot start is recorded as an error.
 pub async fn launch_recorded(
-    spec: &RunSpec,
+    build: impl FnOnce() -> Result<RunSpec, RunError>,
     home: &Path,
     trigger: Trigger,
-    run: RunDir,
+    recorded: Recorded,
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
-    let id = run.id.clone();
-    let result = launch_in(spec, home, trigger, Some(run), None, sinks, cancel).await;
+    let id = recorded.run.id.clone();
+    let result = match build() {
+        Ok(spec) => launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
+        Err(e) => Err(e),
+    };
     if let Err(e) = &result {
         let failed = Db::open(home).and_then(|db| db.fail_run(&id, &e.to_string()));
         if let Err(db) = failed {
@@ -670,7 +692,7 @@ async fn launch_in(
     spec: &RunSpec,
     home: &Path,
     trigger: Trigger,
-    recorded: Option<RunDir>,
+    recorded: Option<Recorded>,
     shared: Option<&Shared>,
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
@@ -691,13 +713,12 @@ async fn launch_in(
         None => prepare(spec, &db, trigger)?,
         Some(sh) => prepare_shared(spec, sh, trigger).await?,
     };
-    let prerecorded = recorded.is_some();
-    let run = match recorded {
-        Some(run) => {
-            run.make()?;
-            run
+    let (run, recorded_model) = match recorded {
+        Some(r) => {
+            r.run.make()?;
+            (r.run, Some(r.model))
         }
-        None => RunDir::create(home)?,
+        None => (RunDir::create(home)?, None),
     };
     let checks: Vec<PathBuf> = spec
         .goal
@@ -736,7 +757,7 @@ async fn launch_in(
             tools.add(t)?;
         }
         let transcript = Transcript::create(&run.transcript())?;
-        if !prerecorded {
+        if recorded_model.is_none() {
             db.start_run(&NewRun {
                 id: &run.id,
                 goal: &spec.goal.name,
@@ -746,7 +767,7 @@ async fn launch_in(
                 workspace: &spec.goal.workspace.display().to_string(),
                 dir: &run.dir.display().to_string(),
             })?;
-        } else if model.name() != spec.model {
+        } else if recorded_model.as_deref() != Some(model.name()) {
             db.set_run_model(&run.id, model.name())?;
         }
         Ok::<_, RunError>(transcript)

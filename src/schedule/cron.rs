@@ -2,10 +2,13 @@
 //! seconds field, `L`, `W`, `#`, names, and day-of-month OR day-of-week as classic cron,
 //! parsed by `croner` and evaluated in an IANA zone from `chrono-tz`. Across DST a time in the
 //! spring-forward gap runs right after the gap, and a time in the fall-back overlap once.
-//! A parsed expression is shared by every schedule that uses it (croner keeps a year-long
-//! table in each, about 5 KB): ten thousand goals at `0 9 * * *` hold one.
+//! Schedules are shared: every goal with the same expression and zone holds one `Schedule`,
+//! checked once (it must fire within five years), and every zone of an expression one parse
+//! (croner keeps a table of every year in each, about 10 KB): ten thousand goals at
+//! `0 9 * * *` hold one.
 
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -14,25 +17,49 @@ use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
+/// A checked cron expression in a zone; cheap to clone, shared by every goal that has it.
 #[derive(Clone, Debug)]
-pub struct Schedule {
+pub struct Schedule(Arc<Parsed>);
+
+#[derive(Debug)]
+pub struct Parsed {
     pub expr: String,
     pub tz: Tz,
     cron: Arc<Cron>,
 }
 
-/// Parsed expressions by their text, while any schedule holds them.
-fn parsed() -> &'static Mutex<HashMap<String, Weak<Cron>>> {
-    static PARSED: OnceLock<Mutex<HashMap<String, Weak<Cron>>>> = OnceLock::new();
-    PARSED.get_or_init(Default::default)
+impl Deref for Schedule {
+    type Target = Parsed;
+    fn deref(&self) -> &Parsed {
+        &self.0
+    }
+}
+
+/// What is parsed, while anything holds it: expressions, and schedules by expression and zone.
+#[derive(Default)]
+struct Shared {
+    crons: HashMap<String, Weak<Cron>>,
+    schedules: HashMap<(String, Tz), Weak<Parsed>>,
+}
+
+fn shared() -> std::sync::MutexGuard<'static, Shared> {
+    static SHARED: OnceLock<Mutex<Shared>> = OnceLock::new();
+    SHARED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Forget what nothing holds any more, now and then (when the map has doubled).
+fn forget<K, V>(map: &mut HashMap<K, Weak<V>>) {
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, v| v.strong_count() > 0);
+    }
 }
 
 /// The parsed form of `expr`, shared with every other schedule of the same text.
-fn shared(expr: &str) -> Result<Arc<Cron>, String> {
-    let mut map = parsed()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(cron) = map.get(expr).and_then(Weak::upgrade) {
+fn cron_of(shared: &mut Shared, expr: &str) -> Result<Arc<Cron>, String> {
+    if let Some(cron) = shared.crons.get(expr).and_then(Weak::upgrade) {
         return Ok(cron);
     }
     let cron = Arc::new(
@@ -43,11 +70,8 @@ fn shared(expr: &str) -> Result<Arc<Cron>, String> {
             .parse(expr)
             .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?,
     );
-    // Forget expressions no schedule uses any more, now and then.
-    if map.len() >= 64 && map.len().is_power_of_two() {
-        map.retain(|_, c| c.strong_count() > 0);
-    }
-    map.insert(expr.to_string(), Arc::downgrade(&cron));
+    forget(&mut shared.crons);
+    shared.crons.insert(expr.to_string(), Arc::downgrade(&cron));
     Ok(cron)
 }
 
@@ -71,8 +95,13 @@ pub fn parse_zone(name: &str) -> Result<Tz, String> {
 }
 
 impl Schedule {
-    /// Parse `expr` (5 or 6 fields) for zone `tz`.
+    /// Parse `expr` (5 or 6 fields) for zone `tz`, or share the schedule parsed before.
     pub fn parse(expr: &str, tz: Tz) -> Result<Schedule, String> {
+        let mut shared = shared();
+        let key = (expr.to_string(), tz);
+        if let Some(parsed) = shared.schedules.get(&key).and_then(Weak::upgrade) {
+            return Ok(Schedule(parsed));
+        }
         let fields = expr.split_whitespace().count();
         if !expr.trim_start().starts_with('@') && !(5..=6).contains(&fields) {
             return Err(format!(
@@ -80,22 +109,37 @@ impl Schedule {
                  or 6 (seconds first)"
             ));
         }
-        let cron = shared(expr)?;
-        let schedule = Schedule {
+        let cron = cron_of(&mut shared, expr)?;
+        let schedule = Schedule(Arc::new(Parsed {
             expr: expr.to_string(),
             tz,
             cron,
-        };
+        }));
         // A schedule that never fires is a mistake (`0 0 31 2 *`: February has no 31st).
         let now = Utc::now();
         let horizon = now + chrono::Duration::days(5 * 366);
         match schedule.next_after(now) {
-            Some(next) if next <= horizon => Ok(schedule),
-            _ => Err(format!(
-                "`{expr}` has no occurrence in the next five years; check its day, month and \
-                 weekday fields"
-            )),
+            Some(next) if next <= horizon => {}
+            _ => {
+                return Err(format!(
+                    "`{expr}` has no occurrence in the next five years; check its day, month \
+                     and weekday fields"
+                ));
+            }
         }
+        forget(&mut shared.schedules);
+        shared.schedules.insert(key, Arc::downgrade(&schedule.0));
+        Ok(schedule)
+    }
+
+    /// The same for every goal that shares this schedule (while any holds it).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    /// Whether two schedules are the same expression in the same zone.
+    pub fn same(&self, other: &Schedule) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || (self.expr == other.expr && self.tz == other.tz)
     }
 
     /// The first occurrence strictly after `t`.
@@ -250,6 +294,10 @@ mod tests {
         let c = Schedule::parse("0 10 * * MON-FRI", Tz::UTC).unwrap();
         assert!(Arc::ptr_eq(&a.cron, &b.cron));
         assert!(!Arc::ptr_eq(&a.cron, &c.cron));
+        // One expression in one zone is one schedule, checked once.
+        let a2 = Schedule::parse("0 9 * * MON-FRI", Tz::UTC).unwrap();
+        assert!(Arc::ptr_eq(&a.0, &a2.0));
+        assert!(!Arc::ptr_eq(&a.0, &b.0));
         // Each still counts in its own zone.
         let t = utc("2026-11-27T00:00:00Z");
         assert_eq!(a.next_after(t).unwrap(), utc("2026-11-27T09:00:00Z"));

@@ -4,9 +4,11 @@
 //! with a global concurrency limit, reloads goal files when they change, and on shutdown
 //! drains or cancels what runs, recording everything. A run that can start at once is
 //! recorded in the transaction that claims its occurrence, on the daemon's one connection,
-//! so a thousand due together are all on record within milliseconds; folders, transcripts
-//! and models are made afterwards, in the runs' own tasks. Time comes from a `Clock`, so
-//! tests move time instead of sleeping.
+//! so a thousand due together are all on record within milliseconds; their tasks start after
+//! the commit, and make the run's spec, folder, transcript and model there. A loaded goal
+//! keeps only what scheduling needs: its file's text (a run is built from it), a schedule
+//! shared with every goal of the same expression and zone, and what the claim records. Time
+//! comes from a `Clock`, so tests move time instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -21,8 +23,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::cron::Schedule;
-use super::goals::{self, Overlap, ScheduledGoal};
-use crate::run::{self, Invocation, RunSpec, Trigger};
+use super::goals::{self, Overlap};
+use crate::config::{GoalFile, UserConfig};
+use crate::run::{self, Invocation, Recorded, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, NewRun, stamp};
 use crate::store::{OccurrenceStatus, RunDir, TriggerKind};
 
@@ -113,22 +116,51 @@ struct Running {
     cancel: CancellationToken,
 }
 
+/// A loaded goal: what scheduling needs, and no more.
 struct Slot {
     path: PathBuf,
-    spec: RunSpec,
+    /// The text of the version that last loaded: each run is built from it, so a file that
+    /// broke since runs as it was.
+    text: Arc<str>,
     schedule: Schedule,
     overlap: Overlap,
     catch_up: Duration,
     jitter: Duration,
+    /// Whether the goal has `[[notify]]` tables (missed occurrences are told).
+    notify: bool,
+    /// What the claim records of a run, as the run resolves it.
+    run_goal: String,
+    model: String,
+    workspace: String,
     next: Option<DateTime<Utc>>,
     running: Vec<Running>,
     queued: Option<DateTime<Utc>>,
 }
 
-impl goals::FromFile for Slot {
-    fn path(&self) -> &Path {
-        &self.path
+/// What a run is built from: a goal file's text, with the daemon's defaults.
+#[derive(Clone)]
+struct Source {
+    path: PathBuf,
+    text: Arc<str>,
+    defaults: Arc<Invocation>,
+}
+
+impl Source {
+    fn spec(&self) -> Result<RunSpec, RunError> {
+        let file =
+            GoalFile::parse(&self.path, &self.text).map_err(crate::config::ConfigError::from)?;
+        RunSpec::build(&self.defaults, Some(&file))
     }
+}
+
+/// A run to start once the claims are committed.
+struct Launch {
+    goal: String,
+    at: DateTime<Utc>,
+    source: Source,
+    jitter: Duration,
+    cancel: CancellationToken,
+    recorded: Option<(Recorded, tokio::sync::OwnedSemaphorePermit)>,
 }
 
 struct Done {
@@ -141,9 +173,16 @@ struct Done {
 /// The daemon's state, driven by `run`.
 struct Daemon {
     cfg: Config,
+    defaults: Arc<Invocation>,
     db: Db,
     id: String,
     slots: BTreeMap<String, Slot>,
+    /// Runs claimed and recorded whose tasks start after the commit.
+    pending: Vec<Launch>,
+    /// The goals paused, read once in a transaction of claims (no one changes them then).
+    paused: Option<std::collections::HashSet<String>>,
+    /// Files that failed to load, with why; their last good version keeps running.
+    errors: BTreeMap<PathBuf, String>,
     tasks: JoinSet<()>,
     done_tx: mpsc::UnboundedSender<Done>,
     permits: Arc<Semaphore>,
@@ -151,9 +190,23 @@ struct Daemon {
     all_running: Arc<Mutex<Vec<CancellationToken>>>,
 }
 
-fn spec_of(goal: &ScheduledGoal, defaults: &Invocation) -> Result<RunSpec, String> {
-    RunSpec::build(defaults, Some(&goal.file))
-        .map_err(|e| format!("{}: {e}", goal.file.path.display()))
+/// A goal file's text, checked as a scheduled goal and as a run (its spec is made and
+/// dropped; the slot keeps what the claim records).
+fn check(
+    path: &Path,
+    text: &str,
+    defaults: &Invocation,
+    user: &Result<UserConfig, String>,
+) -> Result<(goals::ScheduledGoal, RunSpec), String> {
+    let goal = GoalFile::parse(path, text)
+        .and_then(goals::check)
+        .map_err(|e| e.to_string())?;
+    let user = user
+        .as_ref()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let spec = RunSpec::build_with(defaults, user, Some(&goal.file))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((goal, spec))
 }
 
 impl Daemon {
@@ -164,22 +217,75 @@ impl Daemon {
     }
 
     /// Load (or reload) the goal files. New or changed schedules start from `now`; a broken
-    /// file keeps its last good version.
+    /// file keeps its last good version; a file whose text is unchanged is not read again.
     fn load(&mut self, now: DateTime<Utc>, starting: bool) -> Result<(), DaemonError> {
-        let defaults = &self.cfg.defaults;
-        goals::reload(
-            &self.cfg.goals_dir,
-            &mut self.slots,
-            |g| {
-                let spec = spec_of(&g, defaults)?;
-                Ok((g, spec))
-            },
-            |name, (goal, spec), old| {
-                let schedule = goal.schedule.clone()?;
-                let changed = old.as_ref().is_none_or(|s| {
-                    s.schedule.expr != schedule.expr || s.schedule.tz != schedule.tz
-                });
-                let next = if changed {
+        let paths = goals::paths(&self.cfg.goals_dir).map_err(|source| DaemonError::Goals {
+            path: self.cfg.goals_dir.display().to_string(),
+            source,
+        })?;
+        let mut seen: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+        // Which goal each file held, to notice renames without scanning every slot.
+        let by_path: std::collections::HashMap<PathBuf, String> = self
+            .slots
+            .iter()
+            .map(|(n, s)| (s.path.clone(), n.clone()))
+            .collect();
+        // The user config, read once for every goal.
+        let user = UserConfig::load().map_err(|e| e.to_string());
+        // The next occurrence after `now` of each shared schedule, worked out once (the
+        // schedule is held here, so its id stays its own for the pass).
+        let mut nexts: std::collections::HashMap<usize, (Schedule, Option<DateTime<Utc>>)> =
+            std::collections::HashMap::new();
+        self.errors.clear();
+        // One file at a time: ten thousand goals never sit in memory twice.
+        for path in paths {
+            seen.insert(path.clone());
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    let e = format!("{}: cannot read the goal file: {e}", path.display());
+                    tracing::warn!("{e}; the last good version of this goal keeps its schedule");
+                    self.errors.insert(path, e);
+                    continue;
+                }
+            };
+            let unchanged = by_path
+                .get(&path)
+                .and_then(|n| self.slots.get(n))
+                .is_some_and(|s| *s.text == *text);
+            if unchanged {
+                continue;
+            }
+            let (goal, spec) = match check(&path, &text, &self.defaults, &user) {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!("{e}; the last good version of this goal keeps its schedule");
+                    self.errors.insert(path, e);
+                    continue;
+                }
+            };
+            let name = goal.file.name.clone();
+            if let Some(other) = self.slots.get(&name).filter(|s| s.path != path) {
+                let e = format!(
+                    "{}: the goal name `{name}` is taken by {}",
+                    path.display(),
+                    other.path.display()
+                );
+                tracing::warn!("{e}");
+                self.errors.insert(path, e);
+                continue;
+            }
+            // A file that now has another name gives up its old slot.
+            if let Some(old) = by_path.get(&path).filter(|old| **old != name) {
+                self.slots.remove(old);
+            }
+            let Some(schedule) = goal.schedule else {
+                self.slots.remove(&name);
+                continue;
+            };
+            let next = match self.slots.get(&name) {
+                Some(s) if s.schedule.same(&schedule) => s.next,
+                _ => {
                     if !starting {
                         tracing::info!(
                             "goal {name}: schedule `{}` ({}) loaded",
@@ -187,43 +293,63 @@ impl Daemon {
                             schedule.tz
                         );
                     }
-                    schedule.next_after(now)
-                } else {
-                    old.as_ref().and_then(|s| s.next)
-                };
-                let (running, queued) = old.map(|s| (s.running, s.queued)).unwrap_or_default();
-                Some(Slot {
-                    path: goal.file.path.clone(),
-                    spec,
+                    nexts
+                        .entry(schedule.id())
+                        .or_insert_with(|| (schedule.clone(), schedule.next_after(now)))
+                        .1
+                }
+            };
+            let (running, queued) = self
+                .slots
+                .remove(&name)
+                .map(|s| (s.running, s.queued))
+                .unwrap_or_default();
+            self.slots.insert(
+                name,
+                Slot {
+                    path,
+                    text: text.into(),
                     schedule,
                     overlap: goal.overlap,
                     catch_up: goal.catch_up,
                     jitter: goal.jitter,
+                    notify: !spec.notify.is_empty(),
+                    model: spec.model_name(),
+                    workspace: spec.goal.workspace.display().to_string(),
+                    run_goal: spec.goal.name,
                     next,
                     running,
                     queued,
-                })
-            },
-        )
-        .map_err(|source| DaemonError::Goals {
-            path: self.cfg.goals_dir.display().to_string(),
-            source,
-        })?;
+                },
+            );
+        }
+        let gone: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| !seen.contains(&s.path))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            tracing::info!("goal {n}: its file is gone; no more occurrences");
+            self.slots.remove(&n);
+        }
         Ok(())
     }
 
     /// At start: occurrences missed while no daemon ran. The latest within `catch_up` runs;
     /// the others are recorded as missed.
     fn catch_up(&mut self, now: DateTime<Utc>) {
+        let lasts = match self.db.last_occurrences() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("{e}");
+                return;
+            }
+        };
         let names: Vec<String> = self.slots.keys().cloned().collect();
         for name in names {
-            let last = match self.db.last_occurrence(&name) {
-                Ok(Some(t)) => t,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::error!("{e}");
-                    continue;
-                }
+            let Some(&last) = lasts.get(&name) else {
+                continue;
             };
             let Some(slot) = self.slots.get(&name) else {
                 continue;
@@ -276,13 +402,20 @@ impl Daemon {
 
     /// A `missed` notice for an occurrence that did not run (sent in the background).
     fn tell_missed(&mut self, name: &str, at: DateTime<Utc>, status: &str) {
-        let Some(slot) = self.slots.get(name).filter(|s| !s.spec.notify.is_empty()) else {
+        let Some(slot) = self.slots.get(name).filter(|s| s.notify) else {
             return;
         };
-        let notifier = crate::notify::Notifier::new(&self.cfg.home, slot.spec.notify.clone());
+        let source = self.source(slot);
+        let home = self.cfg.home.clone();
         let notice = crate::notify::Notice::missed(name, at, status);
         self.tasks.spawn(async move {
-            notifier.send(&[crate::notify::Kind::Missed], &notice).await;
+            match source.spec() {
+                Ok(spec) => {
+                    let notifier = crate::notify::Notifier::new(&home, spec.notify);
+                    notifier.send(&[crate::notify::Kind::Missed], &notice).await;
+                }
+                Err(e) => tracing::warn!("no missed notice for {}: {e}", notice.goal),
+            }
         });
     }
 
@@ -296,6 +429,8 @@ impl Daemon {
         {
             return true;
         }
+        // What started outside this transaction is on record already.
+        self.launch_pending();
         if let Err(e) = self.db.conn().execute_batch("BEGIN IMMEDIATE") {
             // Claims never run outside their transaction.
             tracing::error!(
@@ -304,10 +439,22 @@ impl Daemon {
             );
             return false;
         }
+        self.paused = self.db.paused_goals().ok();
         self.due_each(now);
+        self.paused = None;
         if let Err(e) = self.db.conn().execute_batch("COMMIT") {
-            tracing::error!("cannot commit the claims of {}: {e}", stamp(now));
+            tracing::error!(
+                "cannot commit the claims of {}: {e}; their runs do not start",
+                stamp(now)
+            );
             let _ = self.db.conn().execute_batch("ROLLBACK");
+            // Nothing of them is on record: they start nowhere, and the next start-up
+            // catches them up.
+            for l in std::mem::take(&mut self.pending) {
+                if let Some(slot) = self.slots.get_mut(&l.goal) {
+                    slot.running.retain(|r| r.at != l.at);
+                }
+            }
         }
         true
     }
@@ -346,7 +493,11 @@ impl Daemon {
                 return;
             }
         }
-        match self.db.paused(name) {
+        let paused = match &self.paused {
+            Some(goals) => Ok(goals.contains(name)),
+            None => self.db.paused(name),
+        };
+        match paused {
             Ok(true) => {
                 tracing::info!("goal {name} at {}: paused, not run", stamp(at));
                 let r = self.db.occurrence(name, at, OccurrenceStatus::Paused, None);
@@ -406,81 +557,123 @@ impl Daemon {
         self.start(name, at);
     }
 
+    fn source(&self, slot: &Slot) -> Source {
+        Source {
+            path: slot.path.clone(),
+            text: slot.text.clone(),
+            defaults: self.defaults.clone(),
+        }
+    }
+
+    /// Start a run of `name` for `at`: one that can start at once is recorded now (in the
+    /// claim's transaction, when there is one); its task starts with `launch_pending`.
     fn start(&mut self, name: &str, at: DateTime<Utc>) {
-        let Some(slot) = self.slots.get_mut(name) else {
+        let Some(slot) = self.slots.get(name) else {
             return;
         };
-        let cancel = CancellationToken::new();
-        slot.running.push(Running {
-            at,
-            cancel: cancel.clone(),
-        });
-        if let Ok(mut all) = self.all_running.lock() {
-            all.retain(|c| !c.is_cancelled());
-            all.push(cancel.clone());
-        }
-        let spec = slot.spec.clone();
+        let source = self.source(slot);
         let jitter = slot.jitter;
-        let home = self.cfg.home.clone();
-        let permits = self.permits.clone();
-        let done = self.done_tx.clone();
-        let goal = name.to_string();
-        // A run that can start now is recorded now, in the claim's transaction.
         let ready = if jitter.is_zero() {
             self.permits.clone().try_acquire_owned().ok()
         } else {
             None
         };
         let recorded = ready.and_then(|permit| {
-            let run = RunDir::planned(&home);
+            let run = RunDir::planned(&self.cfg.home);
             let r = self.db.start_run(&NewRun {
                 id: &run.id,
-                goal: &spec.goal.name,
+                goal: &slot.run_goal,
                 trigger: TriggerKind::Schedule,
                 scheduled_for: Some(at),
-                model: &spec.model,
-                workspace: &spec.goal.workspace.display().to_string(),
+                model: &slot.model,
+                workspace: &slot.workspace,
                 dir: &run.dir.display().to_string(),
             });
             match r {
-                Ok(()) => Some((run, permit)),
+                Ok(()) => Some((
+                    Recorded {
+                        run,
+                        model: slot.model.clone(),
+                    },
+                    permit,
+                )),
                 Err(e) => {
                     tracing::error!("{e}");
                     None
                 }
             }
         });
-        let run_id = recorded.as_ref().map(|(run, _)| run.id.clone());
+        let run_id = recorded.as_ref().map(|(r, _)| r.run.id.clone());
         let r = self
             .db
             .occurrence(name, at, OccurrenceStatus::Running, run_id.as_deref());
         self.log_db(r);
-        self.tasks.spawn(async move {
-            // The run in a task of its own: should it panic, the occurrence is still closed
-            // and the goal's overlap slot freed.
-            let name = goal.clone();
-            let inner = tokio::spawn(async move {
-                match recorded {
-                    Some((run, _permit)) => {
-                        start_recorded(&name, at, &spec, &home, run, &cancel).await
-                    }
-                    None => run_one(&name, at, &spec, &home, jitter, &permits, &cancel).await,
-                }
+        let cancel = CancellationToken::new();
+        if let Some(slot) = self.slots.get_mut(name) {
+            slot.running.push(Running {
+                at,
+                cancel: cancel.clone(),
             });
-            let (run_id, status) = match inner.await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!("goal {goal} at {}: the run failed: {e}", stamp(at));
-                    (run_id, format!("error: sup hit a bug ({e})"))
-                }
-            };
-            let _ = done.send(Done {
+        }
+        self.pending.push(Launch {
+            goal: name.to_string(),
+            at,
+            source,
+            jitter,
+            cancel,
+            recorded,
+        });
+    }
+
+    /// Start the tasks of the runs started since the last call.
+    fn launch_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Ok(mut all) = self.all_running.lock() {
+            all.retain(|c| !c.is_cancelled());
+            all.extend(self.pending.iter().map(|l| l.cancel.clone()));
+        }
+        for launch in std::mem::take(&mut self.pending) {
+            let home = self.cfg.home.clone();
+            let permits = self.permits.clone();
+            let done = self.done_tx.clone();
+            let Launch {
                 goal,
                 at,
-                run_id,
-                status,
+                source,
+                jitter,
+                cancel,
+                recorded,
+            } = launch;
+            let run_id = recorded.as_ref().map(|(r, _)| r.run.id.clone());
+            self.tasks.spawn(async move {
+                // The run in a task of its own: should it panic, the occurrence is still
+                // closed and the goal's overlap slot freed.
+                let name = goal.clone();
+                let inner = tokio::spawn(async move {
+                    match recorded {
+                        Some((recorded, _permit)) => {
+                            start_recorded(&name, at, source, &home, recorded, &cancel).await
+                        }
+                        None => run_one(&name, at, source, &home, jitter, &permits, &cancel).await,
+                    }
+                });
+                let (run_id, status) = match inner.await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!("goal {goal} at {}: the run failed: {e}", stamp(at));
+                        (run_id, format!("error: sup hit a bug ({e})"))
+                    }
+                };
+                let _ = done.send(Done {
+                    goal,
+                    at,
+                    run_id,
+                    status,
+                });
             });
-        });
+        }
     }
 
     fn finished(&mut self, done: Done) {
@@ -517,9 +710,9 @@ impl Daemon {
 async fn start_recorded(
     goal: &str,
     at: DateTime<Utc>,
-    spec: &RunSpec,
+    source: Source,
     home: &Path,
-    run: RunDir,
+    recorded: Recorded,
     cancel: &CancellationToken,
 ) -> (Option<String>, String) {
     tracing::info!("goal {goal} at {}: fired", stamp(at));
@@ -527,8 +720,17 @@ async fn start_recorded(
         kind: TriggerKind::Schedule,
         scheduled_for: Some(at),
     };
-    let id = run.id.clone();
-    match run::launch_recorded(spec, home, trigger, run, Vec::new(), cancel).await {
+    let id = recorded.run.id.clone();
+    match run::launch_recorded(
+        || source.spec(),
+        home,
+        trigger,
+        recorded,
+        Vec::new(),
+        cancel,
+    )
+    .await
+    {
         Ok(l) => (Some(l.run_id), l.outcome.status.as_str().to_string()),
         Err(e) => {
             tracing::error!("goal {goal} at {}: could not start: {e}", stamp(at));
@@ -540,7 +742,7 @@ async fn start_recorded(
 async fn run_one(
     goal: &str,
     at: DateTime<Utc>,
-    spec: &RunSpec,
+    source: Source,
     home: &Path,
     jitter: Duration,
     permits: &Semaphore,
@@ -562,7 +764,11 @@ async fn run_one(
         kind: TriggerKind::Schedule,
         scheduled_for: Some(at),
     };
-    match run::launch(spec, home, trigger, Vec::new(), cancel).await {
+    let launched = match source.spec() {
+        Ok(spec) => run::launch(&spec, home, trigger, Vec::new(), cancel).await,
+        Err(e) => Err(e),
+    };
+    match launched {
         Ok(l) => (Some(l.run_id), l.outcome.status.as_str().to_string()),
         Err(e) => {
             tracing::error!("goal {goal} at {}: could not start: {e}", stamp(at));
@@ -587,6 +793,7 @@ pub async fn run(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut d = Daemon {
         permits: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
+        defaults: Arc::new(cfg.defaults.clone()),
         cfg,
         db,
         id: format!(
@@ -595,6 +802,9 @@ pub async fn run(
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         ),
         slots: BTreeMap::new(),
+        pending: Vec::new(),
+        paused: None,
+        errors: BTreeMap::new(),
         tasks: JoinSet::new(),
         done_tx,
         all_running: Arc::new(Mutex::new(Vec::new())),
@@ -608,10 +818,13 @@ pub async fn run(
         d.cfg.goals_dir.display()
     );
     d.catch_up(now);
+    d.launch_pending();
     let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     loop {
         let now = clock.now();
-        let wake = if d.due(now) {
+        let claimed = d.due(now);
+        d.launch_pending();
+        let wake = if claimed {
             d.slots.values().filter_map(|s| s.next).min()
         } else {
             Some(now + chrono::Duration::seconds(1))
@@ -681,6 +894,7 @@ async fn drain(d: &mut Daemon, done_rx: &mut mpsc::UnboundedReceiver<Done>) {
         while let Ok(done) = done_rx.try_recv() {
             d.finished(done);
         }
+        d.launch_pending();
     }
     while let Ok(done) = done_rx.try_recv() {
         d.finished(done);

@@ -59,13 +59,23 @@ pub fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
 
 /// The goal files of a folder: `*.toml`, sorted.
 pub fn paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+    // All in one folder: sorted by name, which is cheaper than comparing paths part by part.
+    // A file's type comes with its entry; only a link is followed to see what it is.
+    let mut names: Vec<std::ffi::OsString> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.is_file())
+        .filter(|e| {
+            Path::new(&e.file_name())
+                .extension()
+                .is_some_and(|x| x == "toml")
+        })
+        .filter(|e| {
+            e.file_type()
+                .is_ok_and(|t| t.is_file() || (t.is_symlink() && e.path().is_file()))
+        })
+        .map(|e| e.file_name())
         .collect();
-    paths.sort();
-    Ok(paths)
+    names.sort_unstable();
+    Ok(names.into_iter().map(|n| dir.join(n)).collect())
 }
 
 /// The goal files of a folder, each loaded or with its error.

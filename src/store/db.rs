@@ -757,6 +757,26 @@ impl Db {
         Ok(s.flatten().as_deref().and_then(parse_stamp))
     }
 
+    /// The latest occurrence of every goal that any daemon claimed, in one query.
+    pub fn last_occurrences(
+        &self,
+    ) -> Result<std::collections::HashMap<String, DateTime<Utc>>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT goal, last_occurrence FROM goal_state WHERE last_occurrence IS NOT NULL",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows: Vec<(String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(Iterator::collect)
+            .map_err(|e| self.err(e))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(goal, at)| Some((goal, parse_stamp(&at)?)))
+            .collect())
+    }
+
     pub fn set_paused(&self, goal: &str, paused: bool) -> Result<(), DbError> {
         self.conn
             .execute(
@@ -775,6 +795,17 @@ impl Db {
             .and_then(|mut st| st.query_row([goal], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))?
             .unwrap_or(false))
+    }
+
+    /// The goals paused now.
+    pub fn paused_goals(&self) -> Result<std::collections::HashSet<String>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT goal FROM goal_state WHERE paused")
+            .map_err(|e| self.err(e))?;
+        stmt.query_map([], |r| r.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| self.err(e))
     }
 
     pub fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {

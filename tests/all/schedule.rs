@@ -1,5 +1,6 @@
 //! The daemon in-process with a manual clock: time moves when the test says, nothing waits
-//! for a real schedule. Catch-up, every overlap policy, pause and resume, retention.
+//! for a real schedule. Catch-up, every overlap policy, pause and resume, retention; goals
+//! that share an expression in different zones; goal files edited and broken while it runs.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ struct Harness {
     clock: Arc<ManualClock>,
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
+    reload: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 }
 
 fn t(s: &str) -> DateTime<Utc> {
@@ -34,6 +36,7 @@ impl Harness {
             clock: Arc::new(ManualClock::new(t(start))),
             shutdown: CancellationToken::new(),
             task: None,
+            reload: None,
         }
     }
 
@@ -72,13 +75,23 @@ impl Harness {
             clock: self.clock.clone(),
             defaults: Default::default(),
         };
-        let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.reload = Some(tx);
         let shutdown = self.shutdown.clone();
         self.task = Some(tokio::spawn(async move {
-            // Keep the reload sender alive for the daemon's life.
-            let _tx = _tx;
             daemon::run(cfg, shutdown, rx).await.unwrap();
         }));
+    }
+
+    /// Ask for the goal files to be read again, and wait until the daemon has (it stops
+    /// sleeping on the clock for the reload, then sleeps again).
+    async fn reload(&self) {
+        self.reload.as_ref().unwrap().send(()).unwrap();
+        eventually_async(Duration::from_secs(20), "the daemon to reload", || {
+            (self.clock.waiting() == 0).then_some(())
+        })
+        .await;
+        self.idle().await;
     }
 
     /// Wait until the daemon sleeps on the clock: it has loaded and settled.
@@ -216,6 +229,37 @@ async fn missed_occurrences_outside_the_window_are_recorded_not_run() {
         h.stop().await;
         assert_eq!(h.run_statuses("g"), ["achieved"], "{extra}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missed_occurrences_are_told_to_the_goals_notify_channels() {
+    let mut h = Harness::new("2026-01-01T00:00:30Z");
+    let sink = h.home.path().join("missed.json");
+    h.goal(
+        "g",
+        &format!(
+            "schedule = \"* * * * *\"\ntimezone = \"UTC\"\n[[notify]]\non = [\"missed\"]\n\
+             command = [\"sh\", \"-c\", \"cat > '{}'\"]",
+            sink.display()
+        ),
+        0,
+    );
+    prior_occurrence(&h, "g", "2025-12-31T23:57:00Z");
+    h.start();
+    h.idle().await;
+    let notice: serde_json::Value =
+        eventually_async(Duration::from_secs(20), "the missed notice", || {
+            serde_json::from_str(&std::fs::read_to_string(&sink).ok()?).ok()
+        })
+        .await;
+    h.stop().await;
+    assert_eq!(notice["event"], "missed", "{notice}");
+    assert_eq!(notice["goal"], "g", "{notice}");
+    assert_eq!(
+        notice["scheduled_for"].as_str().and_then(parse_stamp),
+        Some(t("2026-01-01T00:00:00Z")),
+        "{notice}"
+    );
 }
 
 /// A slow goal (the model takes 1.5 s) under `policy`: occurrences at :01 and :02 (and :03).
@@ -442,4 +486,102 @@ async fn a_daemon_that_wakes_late_runs_only_the_latest_occurrence_within_its_win
             "{catch_up} {woken}: {s:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goals_of_one_expression_in_different_zones_fire_at_their_own_times() {
+    let mut h = Harness::new("2026-01-01T23:00:00Z");
+    // 09:00 in Tokyo is 00:00 UTC; the UTC goal fires nine hours later. A third goal shares
+    // the first one's expression and zone.
+    h.goal(
+        "tokyo",
+        "schedule = \"0 9 * * *\"\ntimezone = \"Asia/Tokyo\"",
+        0,
+    );
+    h.goal(
+        "tokyo2",
+        "schedule = \"0 9 * * *\"\ntimezone = \"Asia/Tokyo\"",
+        0,
+    );
+    h.goal("utc", "schedule = \"0 9 * * *\"\ntimezone = \"UTC\"", 0);
+    h.start();
+    h.idle().await;
+    h.advance_to("2026-01-02T00:00:00.300Z");
+    h.until("the Tokyo goals ran", |_| {
+        ["tokyo", "tokyo2"]
+            .iter()
+            .all(|g| status_of(&h, g, "2026-01-02T00:00:00Z").as_deref() == Some("done"))
+    })
+    .await;
+    h.idle().await;
+    assert!(h.statuses("utc").is_empty(), "{:?}", h.statuses("utc"));
+    h.advance_to("2026-01-02T09:00:00.300Z");
+    h.until("the UTC goal ran", |_| {
+        status_of(&h, "utc", "2026-01-02T09:00:00Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.statuses("tokyo").len(), 1, "{:?}", h.statuses("tokyo"));
+    assert_eq!(h.statuses("utc").len(), 1, "{:?}", h.statuses("utc"));
+    assert_eq!(h.run_statuses("utc"), ["achieved"]);
+}
+
+/// The prompt a run of `goal` started with, from its transcript.
+fn prompt_of(h: &Harness, goal: &str, at: &str) -> String {
+    let runs = h.db().runs(Some(goal), None, 100).unwrap();
+    let run = runs
+        .iter()
+        .find(|r| r.scheduled_for.as_deref().and_then(parse_stamp) == Some(t(at)))
+        .unwrap_or_else(|| panic!("no run at {at}: {runs:?}"));
+    let text = std::fs::read_to_string(Path::new(&run.dir).join("transcript.jsonl")).unwrap();
+    let started: serde_json::Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["type"] == "run_started")
+        .unwrap();
+    started["prompt"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_goal_file_runs_at_its_new_time_and_a_broken_one_as_it_was() {
+    let mut h = Harness::new("2026-01-01T08:00:00Z");
+    h.goal("g", "schedule = \"0 9 * * *\"\ntimezone = \"UTC\"", 0);
+    h.start();
+    h.idle().await;
+    // Edited while the daemon sleeps: a new time and a new prompt.
+    let file = h.goals.path().join("g.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("0 9 * * *", "0 10 * * *")
+            .replace("prompt = \"work\"", "prompt = \"work, second version\""),
+    )
+    .unwrap();
+    h.reload().await;
+    h.advance_to("2026-01-01T10:00:00.300Z");
+    h.until("ran at the new time", |_| {
+        status_of(&h, "g", "2026-01-01T10:00:00Z").as_deref() == Some("done")
+    })
+    .await;
+    h.idle().await;
+    // Nothing at the old time: not run, not missed.
+    assert_eq!(h.statuses("g").len(), 1, "{:?}", h.statuses("g"));
+    assert_eq!(
+        prompt_of(&h, "g", "2026-01-01T10:00:00Z"),
+        "work, second version"
+    );
+    // Broken: the last good version keeps its time, and its runs are built from it.
+    std::fs::write(&file, "prompt = \"unterminated\n").unwrap();
+    h.reload().await;
+    h.advance_to("2026-01-02T10:00:00.300Z");
+    h.until("the last good version ran", |_| {
+        status_of(&h, "g", "2026-01-02T10:00:00Z").as_deref() == Some("done")
+    })
+    .await;
+    h.stop().await;
+    assert_eq!(h.run_statuses("g"), ["achieved", "achieved"]);
+    assert_eq!(
+        prompt_of(&h, "g", "2026-01-02T10:00:00Z"),
+        "work, second version"
+    );
 }
