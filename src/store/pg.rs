@@ -592,7 +592,8 @@ impl PgStore {
     }
 
     /// Daemons whose lease ran out become `dead`; their runs `interrupted`, their occurrences
-    /// closed, and runs that ask for it get a retry trigger.
+    /// closed, and runs that ask for it get a retry trigger, unless a newer run replaced
+    /// them (the retry would replace that one).
     pub async fn reap(&self, by: &str) -> Result<Vec<Reaped>, PgError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(&e))?;
@@ -622,7 +623,7 @@ impl PgStore {
                          ended_at = now(),
                          error = 'its daemon ' || $1 || ' stopped renewing its lease (killed, machine gone or cut off); marked by ' || $2
                      WHERE daemon_id = $1 AND status = 'running'
-                     RETURNING id, goal, retry_interrupted",
+                     RETURNING id, goal, retry_interrupted AND NOT cancel_requested",
                     &[&d, &by],
                 )
                 .await

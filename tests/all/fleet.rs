@@ -861,6 +861,54 @@ fn overlap_replace_cancels_the_running_one_on_whichever_daemon_runs_it() {
     stop(b);
 }
 
+/// A run that a newer one replaced while its daemon was dying is not retried when the
+/// daemon's lease runs out: the retry would replace (cancel) the newer run.
+#[test]
+fn a_replaced_run_of_a_dead_daemon_is_not_retried_over_its_replacement() {
+    let mut f = Fleet::new();
+    f.goal(
+        "long",
+        None,
+        60_000,
+        "overlap = \"replace\"\nretry_interrupted = true",
+    );
+    let a = f.daemon(0, &["--lease", "3s"]);
+    let b = f.daemon(1, &["--lease", "3s"]);
+    until("two daemons serve the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "2"
+    });
+    let first = trigger(&mut f, "long");
+    let first_host =
+        f.pg.one(&format!("SELECT host FROM runs WHERE id = '{first}'"));
+    let (mut victim, survivor) = if first_host == "m0" { (a, b) } else { (b, a) };
+    kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = victim.wait();
+    // Before the lease runs out, a newer run replaces the first (its daemon never hears).
+    let second = trigger(&mut f, "long");
+    assert!(
+        f.pg.one(&format!(
+            "SELECT cancel_requested FROM runs WHERE id = '{first}'"
+        )) == "t",
+        "{}",
+        f.logs()
+    );
+    until("the first run is marked interrupted", 30, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) == "interrupted"
+    });
+    let logs = f.logs();
+    assert_eq!(
+        f.pg.one("SELECT count(*) FROM triggers WHERE kind = 'retry'"),
+        "0",
+        "{logs}"
+    );
+    assert_eq!(
+        f.pg.one("SELECT string_agg(id, ',') FROM runs WHERE status = 'running'"),
+        second,
+        "{logs}"
+    );
+    stop(survivor);
+}
+
 #[test]
 fn the_fleet_daemon_picks_up_added_edited_and_removed_goal_files_without_a_signal() {
     let mut f = Fleet::new();
