@@ -431,6 +431,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
         }
         Command::Service { action } => {
             if !crate::store::pg::is_pg_url(url) {
+                let url = crate::store::pg::without_password(url);
                 return Err(Fail::usage(anyhow::anyhow!(
                     "--store `{url}` is not a PostgreSQL URL: write \
                      postgres://USER@HOST:PORT/DATABASE"

@@ -66,6 +66,29 @@ pub fn is_pg_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
+/// A store URL as given, for an error that cannot parse it: a password in its user part or
+/// its `password=` option is hidden (what follows the user's `:` up to the last `@` may be
+/// more than the password; it is hidden all the same).
+pub fn without_password(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(start) = out.find("://").map(|i| i + 3)
+        && let Some(at) = out.rfind('@').filter(|at| *at > start)
+        && let Some(colon) = out[start..at].find(':')
+    {
+        out.replace_range(start + colon + 1..at, "***");
+    }
+    let mut from = 0;
+    while let Some(i) = out[from..].to_ascii_lowercase().find("password=") {
+        let value = from + i + "password=".len();
+        let end = out[value..]
+            .find(|c: char| c == '&' || c.is_whitespace())
+            .map_or(out.len(), |e| value + e);
+        out.replace_range(value..end, "***");
+        from = value + 3;
+    }
+    out
+}
+
 /// Where a URL points, without the password.
 fn shown(cfg: &tokio_postgres::Config) -> String {
     let host = cfg
@@ -408,7 +431,7 @@ impl PgStore {
     /// Connect, create or migrate the schema, and refuse a newer one.
     pub async fn open(url: &str) -> Result<PgStore, PgError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| PgError::Url {
-            url: url.to_string(),
+            url: without_password(url),
             why: format!("{e}"),
         })?;
         if cfg.get_connect_timeout().is_none() {
@@ -430,7 +453,7 @@ impl PgStore {
             .create_timeout(Some(Duration::from_secs(6)))
             .build()
             .map_err(|e| PgError::Url {
-                url: url.to_string(),
+                url: without_password(url),
                 why: e.to_string(),
             })?;
         let store = PgStore { pool, cfg, at };

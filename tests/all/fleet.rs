@@ -617,6 +617,26 @@ fn store_faults_exit_2_with_the_servers_words_and_what_to_check() {
     );
 }
 
+/// A store URL that cannot be used is named in the error without its password: the error
+/// goes to a daemon's log.
+#[test]
+fn a_bad_store_url_is_named_without_its_password() {
+    let mut f = Fleet::new();
+    for url in [
+        "postgres://sup:s3cret-pw@127.0.0.1:notaport/db",
+        "postgres://sup@127.0.0.1:notaport/db?password=s3cret-pw",
+        "postgress://sup:s3cret-pw@127.0.0.1/db",
+    ] {
+        for args in [&["runs"][..], &["daemon", "--goals", "."]] {
+            let out = f.sup(0).env("SUP_STORE", url).args(args).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert_eq!(out.status.code(), Some(2), "{url}: {text}");
+            assert!(text.contains("127.0.0.1"), "{url}: {text}");
+            assert!(!text.contains("s3cret-pw"), "{url}: {text}");
+        }
+    }
+}
+
 #[test]
 fn a_store_with_a_newer_schema_is_refused() {
     let mut f = Fleet::new();
