@@ -66,27 +66,53 @@ pub fn is_pg_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
-/// A store URL as given, for an error that cannot parse it: a password in its user part or
-/// its `password=` option is hidden (what follows the user's `:` up to the last `@` may be
-/// more than the password; it is hidden all the same).
+/// Where a store URL as written holds a password: in its user part (what follows the
+/// user's `:` up to the last `@`, which may be more than the password) and in `password=`
+/// options. In order, apart.
+fn password_spans(url: &str) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    if let Some(start) = url.find("://").map(|i| i + 3)
+        && let Some(at) = url.rfind('@').filter(|at| *at > start)
+        && let Some(colon) = url[start..at].find(':')
+    {
+        spans.push(start + colon + 1..at);
+    }
+    let lower = url.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find("password=") {
+        let value = from + i + "password=".len();
+        let end = url[value..]
+            .find(|c: char| c == '&' || c.is_whitespace())
+            .map_or(url.len(), |e| value + e);
+        if spans.last().is_none_or(|s| s.end <= value) {
+            spans.push(value..end);
+        }
+        from = end;
+    }
+    spans
+}
+
+/// A store URL as given, for an error that cannot parse it: a password is `***`.
 pub fn without_password(url: &str) -> String {
     let mut out = url.to_string();
-    if let Some(start) = out.find("://").map(|i| i + 3)
-        && let Some(at) = out.rfind('@').filter(|at| *at > start)
-        && let Some(colon) = out[start..at].find(':')
-    {
-        out.replace_range(start + colon + 1..at, "***");
-    }
-    let mut from = 0;
-    while let Some(i) = out[from..].to_ascii_lowercase().find("password=") {
-        let value = from + i + "password=".len();
-        let end = out[value..]
-            .find(|c: char| c == '&' || c.is_whitespace())
-            .map_or(out.len(), |e| value + e);
-        out.replace_range(value..end, "***");
-        from = value + 3;
+    for span in password_spans(url).into_iter().rev() {
+        out.replace_range(span, "***");
     }
     out
+}
+
+/// A store URL of the same length with each byte of a password an `x`; `None` when it holds
+/// none.
+pub fn password_blotted(url: &str) -> Option<Vec<u8>> {
+    let spans = password_spans(url);
+    if spans.iter().all(|s| s.is_empty()) {
+        return None;
+    }
+    let mut out = url.as_bytes().to_vec();
+    for span in spans {
+        out[span].fill(b'x');
+    }
+    Some(out)
 }
 
 /// Where a URL points, without the password.

@@ -637,6 +637,57 @@ fn a_bad_store_url_is_named_without_its_password() {
     }
 }
 
+/// `--store` with a password on the command line: the agent's commands, which can read
+/// every process's command line, do not find the password in sup's.
+#[test]
+fn a_store_password_on_the_command_line_is_hidden_from_the_agents_commands() {
+    let mut f = Fleet::new();
+    let url = f.pg.url.replacen("postgres@", "postgres:hunter2-pw@", 1);
+    assert!(url.contains("hunter2-pw"), "{url}");
+    std::fs::write(
+        f.goals.path().join("turns.json"),
+        serde_json::json!([
+            {"tool_calls": [{"id": "ps", "name": "run_command", "input": {"command":
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -- --store"}}]},
+            {"text": "done"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(f.goals.path().join("g.toml"), "prompt = \"work\"\n").unwrap();
+    let out = f
+        .sup(0)
+        .env_remove("SUP_STORE")
+        .args([
+            "--store",
+            &url,
+            "goal",
+            "--file",
+            "g.toml",
+            "--workspace",
+            ".",
+        ])
+        .args(["--tries", "1", "--json", "--model", "script:turns.json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = stdout
+        .lines()
+        .find(|l| l.contains("\"tool_result\""))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        seen.contains("--store postgres://postgres:xxxxxxxxxx@127.0.0.1"),
+        "the command saw no sup: {seen}"
+    );
+    assert!(!seen.contains("hunter2-pw"), "{seen}");
+}
+
 #[test]
 fn a_store_with_a_newer_schema_is_refused() {
     let mut f = Fleet::new();
