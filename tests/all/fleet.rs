@@ -980,6 +980,38 @@ fn a_replaced_run_of_a_dead_daemon_is_not_retried_over_its_replacement() {
     stop(survivor);
 }
 
+/// overlap `queue`: an occurrence queued behind a run whose daemon then dies starts once the
+/// fleet declares that run interrupted, not only after some later run of the goal.
+#[test]
+fn an_occurrence_queued_behind_a_dead_daemons_run_starts_when_it_is_interrupted() {
+    let mut f = Fleet::new();
+    f.goal("long", None, 60_000, "overlap = \"queue\"");
+    let a = f.daemon(0, &["--lease", "2s"]);
+    let b = f.daemon(1, &["--lease", "2s"]);
+    until("two daemons serve the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "2"
+    });
+    let first = trigger(&mut f, "long");
+    let (code, text) = f.out(2, &["trigger", "long", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("not run: queued"), "{text}");
+    let first_host =
+        f.pg.one(&format!("SELECT host FROM runs WHERE id = '{first}'"));
+    let (mut victim, survivor) = if first_host == "m0" { (a, b) } else { (b, a) };
+    kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = victim.wait();
+    until("the first run is marked interrupted", 30, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) == "interrupted"
+    });
+    until("the queued occurrence runs", 15, || {
+        f.pg.one("SELECT count(*) FROM occurrences WHERE status = 'queued'") == "0"
+            && f.pg.one(&format!(
+                "SELECT count(*) FROM runs WHERE id <> '{first}' AND status = 'running'"
+            )) == "1"
+    });
+    stop(survivor);
+}
+
 #[test]
 fn the_fleet_daemon_picks_up_added_edited_and_removed_goal_files_without_a_signal() {
     let mut f = Fleet::new();
