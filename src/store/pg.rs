@@ -340,7 +340,8 @@ const CLAIM_SETTLE: &str = "UPDATE occurrences o SET status = u.s
 const CLAIM_REPLACE: &str = "WITH asked AS (
         UPDATE runs r SET cancel_requested = true,
             error = coalesce(r.error, 'replaced by run ' || u.n || ' (overlap replace)')
-        FROM unnest($1::text[], $2::text[]) AS u(o, n) WHERE r.id = u.o RETURNING r.id)
+        FROM unnest($1::text[], $2::text[]) AS u(o, n) WHERE r.id = u.o AND r.status = 'running'
+        RETURNING r.id)
     SELECT pg_notify('sup_cancel', id) FROM asked";
 const CLAIM_OWNED: &str = "SELECT o.goal, o.scheduled_for, o.status, o.run_id FROM occurrences o
     JOIN unnest($1::text[], $2::timestamptz[]) AS u(g, t)

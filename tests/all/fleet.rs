@@ -1012,6 +1012,70 @@ fn an_occurrence_queued_behind_a_dead_daemons_run_starts_when_it_is_interrupted(
     stop(survivor);
 }
 
+/// overlap `replace`: a run that ends while a newer occurrence is being claimed keeps its own
+/// outcome; it is not marked replaced (nor asked to stop) after the fact.
+#[test]
+fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
+    let mut f = Fleet::new();
+    f.goal_turns(
+        "g",
+        None,
+        r#"[{"text": "done", "delay_ms": 1500}]"#,
+        "overlap = \"replace\"",
+    );
+    let d = f.daemon(0, &["--lease", "10s"]);
+    until("the daemon serves the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "1"
+    });
+    let first = trigger(&mut f, "g");
+    // The first run's row is held: its end waits, and so does the claim of the next
+    // occurrence, which saw the first still running.
+    let rt = rt();
+    let holder = rt.block_on(async {
+        let c = connect(&f.pg.url).await;
+        c.batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM runs WHERE id = '{first}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+        c
+    });
+    let waiting = |f: &Fleet, what: &str| {
+        f.pg.one(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}'
+             AND wait_event_type = 'Lock' AND query LIKE '{what}%'",
+            f.pg.name
+        )) == "1"
+    };
+    until("the first run's end waits", 20, || {
+        waiting(&f, "UPDATE runs SET status")
+    });
+    let second = f
+        .sup(2)
+        .args(["trigger", "g", "--goals", "."])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    until("the claim waits", 20, || waiting(&f, "WITH asked AS"));
+    rt.block_on(holder.batch_execute("COMMIT")).unwrap();
+    let out = second.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("started as run"), "{text}");
+    until("the first run has ended", 20, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) != "running"
+    });
+    let logs = f.logs();
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT status || ' · ' || coalesce(error, '-') || ' · ' || cancel_requested
+             FROM runs WHERE id = '{first}'"
+        )),
+        "achieved · - · false",
+        "{logs}"
+    );
+    stop(d);
+}
+
 #[test]
 fn the_fleet_daemon_picks_up_added_edited_and_removed_goal_files_without_a_signal() {
     let mut f = Fleet::new();
