@@ -1020,7 +1020,7 @@ fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
     f.goal_turns(
         "g",
         None,
-        r#"[{"text": "done", "delay_ms": 1500}]"#,
+        r#"[{"text": "done", "delay_ms": 5000}]"#,
         "overlap = \"replace\"",
     );
     let d = f.daemon(0, &["--lease", "10s"]);
@@ -1040,6 +1040,12 @@ fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
         .unwrap();
         c
     });
+    assert_eq!(
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")),
+        "running",
+        "the run ended before its row was held: {}",
+        f.logs()
+    );
     let waiting = |f: &Fleet, what: &str| {
         f.pg.one(&format!(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}'
