@@ -943,8 +943,9 @@ fn a_replaced_run_of_a_dead_daemon_is_not_retried_over_its_replacement() {
         60_000,
         "overlap = \"replace\"\nretry_interrupted = true",
     );
-    let a = f.daemon(0, &["--lease", "3s"]);
-    let b = f.daemon(1, &["--lease", "3s"]);
+    // A lease long enough for the second trigger to come before the first run is reaped.
+    let a = f.daemon(0, &["--lease", "6s"]);
+    let b = f.daemon(1, &["--lease", "6s"]);
     until("two daemons serve the goal", 20, || {
         f.pg.one("SELECT count(*) FROM goal_versions") == "2"
     });
