@@ -24,6 +24,7 @@ use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 /// server's words and what to check.
 pub(crate) async fn open(url: &str) -> Result<pg::PgStore, Fail> {
     if !pg::is_pg_url(url) {
+        let url = pg::without_password(url);
         return Err(Fail::usage(anyhow!(
             "--store `{url}` is not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE, \
              or leave --store and SUP_STORE out for the SQLite store under SUP_HOME"

@@ -313,6 +313,13 @@ pub fn main() -> ExitCode {
             });
         }
     };
+    // A store password given on the command line is no longer readable there by others
+    // (the agent's commands among them).
+    if let Some(url) = &cli.store
+        && let Some(blotted) = crate::store::pg::password_blotted(url)
+    {
+        crate::tools::sandbox::hide_in_cmdline(url.as_bytes(), &blotted);
+    }
     // The daemon logs each occurrence fired and finished; other commands only trouble.
     let default_level = if matches!(cli.command, Command::Daemon { .. } | Command::Serve { .. }) {
         "info"
@@ -431,6 +438,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
         }
         Command::Service { action } => {
             if !crate::store::pg::is_pg_url(url) {
+                let url = crate::store::pg::without_password(url);
                 return Err(Fail::usage(anyhow::anyhow!(
                     "--store `{url}` is not a PostgreSQL URL: write \
                      postgres://USER@HOST:PORT/DATABASE"

@@ -7,7 +7,7 @@
 //! lease ran out; watches its goals folder and publishes its goal versions; and bridges
 //! approval requests of its runs to the store, learning of answers through `LISTEN`/`NOTIFY`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -512,20 +512,21 @@ impl Daemon {
 
     async fn finished(&mut self, done: Done) {
         self.running.remove(&done.run_id);
-        let Some(g) = self.goals.get(&done.goal) else {
+        self.start_queued(&done.goal).await;
+    }
+
+    /// A run of `goal` ended (here, or on a daemon declared dead): its oldest queued
+    /// occurrence starts, when the goal queues and nothing else of it runs.
+    async fn start_queued(&mut self, goal: &str) {
+        let Some(g) = self.goals.get(goal) else {
             return;
         };
         if g.overlap != Overlap::Queue {
             return;
         }
         let retry = g.retry;
-        match self
-            .cfg
-            .store
-            .take_queued(&self.me, &done.goal, retry)
-            .await
-        {
-            Ok(Some((at, run_id))) => self.start(&done.goal.clone(), "schedule", at, &run_id),
+        match self.cfg.store.take_queued(&self.me, goal, retry).await {
+            Ok(Some((at, run_id))) => self.start(goal, "schedule", at, &run_id),
             Ok(None) => {}
             Err(e) => tracing::error!("{e}"),
         }
@@ -614,6 +615,7 @@ impl Daemon {
         {
             match self.cfg.store.reap(&self.me.id).await {
                 Ok(reaped) => {
+                    let mut goals = BTreeSet::new();
                     for r in reaped {
                         tracing::warn!(
                             "daemon {} is gone: its run {} of goal {} is interrupted{}",
@@ -622,6 +624,10 @@ impl Daemon {
                             r.goal,
                             if r.retried { "; a retry is queued" } else { "" }
                         );
+                        goals.insert(r.goal);
+                    }
+                    for goal in goals {
+                        self.start_queued(&goal).await;
                     }
                 }
                 Err(e) => tracing::error!("{e}"),

@@ -66,6 +66,55 @@ pub fn is_pg_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
+/// Where a store URL as written holds a password: in its user part (what follows the
+/// user's `:` up to the last `@`, which may be more than the password) and in `password=`
+/// options. In order, apart.
+fn password_spans(url: &str) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    if let Some(start) = url.find("://").map(|i| i + 3)
+        && let Some(at) = url.rfind('@').filter(|at| *at > start)
+        && let Some(colon) = url[start..at].find(':')
+    {
+        spans.push(start + colon + 1..at);
+    }
+    let lower = url.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find("password=") {
+        let value = from + i + "password=".len();
+        let end = url[value..]
+            .find(|c: char| c == '&' || c.is_whitespace())
+            .map_or(url.len(), |e| value + e);
+        if spans.last().is_none_or(|s| s.end <= value) {
+            spans.push(value..end);
+        }
+        from = end;
+    }
+    spans
+}
+
+/// A store URL as given, for an error that cannot parse it: a password is `***`.
+pub fn without_password(url: &str) -> String {
+    let mut out = url.to_string();
+    for span in password_spans(url).into_iter().rev() {
+        out.replace_range(span, "***");
+    }
+    out
+}
+
+/// A store URL of the same length with each byte of a password an `x`; `None` when it holds
+/// none.
+pub fn password_blotted(url: &str) -> Option<Vec<u8>> {
+    let spans = password_spans(url);
+    if spans.iter().all(|s| s.is_empty()) {
+        return None;
+    }
+    let mut out = url.as_bytes().to_vec();
+    for span in spans {
+        out[span].fill(b'x');
+    }
+    Some(out)
+}
+
 /// Where a URL points, without the password.
 fn shown(cfg: &tokio_postgres::Config) -> String {
     let host = cfg
@@ -291,7 +340,8 @@ const CLAIM_SETTLE: &str = "UPDATE occurrences o SET status = u.s
 const CLAIM_REPLACE: &str = "WITH asked AS (
         UPDATE runs r SET cancel_requested = true,
             error = coalesce(r.error, 'replaced by run ' || u.n || ' (overlap replace)')
-        FROM unnest($1::text[], $2::text[]) AS u(o, n) WHERE r.id = u.o RETURNING r.id)
+        FROM unnest($1::text[], $2::text[]) AS u(o, n) WHERE r.id = u.o AND r.status = 'running'
+        RETURNING r.id)
     SELECT pg_notify('sup_cancel', id) FROM asked";
 const CLAIM_OWNED: &str = "SELECT o.goal, o.scheduled_for, o.status, o.run_id FROM occurrences o
     JOIN unnest($1::text[], $2::timestamptz[]) AS u(g, t)
@@ -408,7 +458,7 @@ impl PgStore {
     /// Connect, create or migrate the schema, and refuse a newer one.
     pub async fn open(url: &str) -> Result<PgStore, PgError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| PgError::Url {
-            url: url.to_string(),
+            url: without_password(url),
             why: format!("{e}"),
         })?;
         if cfg.get_connect_timeout().is_none() {
@@ -430,7 +480,7 @@ impl PgStore {
             .create_timeout(Some(Duration::from_secs(6)))
             .build()
             .map_err(|e| PgError::Url {
-                url: url.to_string(),
+                url: without_password(url),
                 why: e.to_string(),
             })?;
         let store = PgStore { pool, cfg, at };
@@ -592,7 +642,8 @@ impl PgStore {
     }
 
     /// Daemons whose lease ran out become `dead`; their runs `interrupted`, their occurrences
-    /// closed, and runs that ask for it get a retry trigger.
+    /// closed, and runs that ask for it get a retry trigger, unless a newer run replaced
+    /// them (the retry would replace that one).
     pub async fn reap(&self, by: &str) -> Result<Vec<Reaped>, PgError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(&e))?;
@@ -622,7 +673,7 @@ impl PgStore {
                          ended_at = now(),
                          error = 'its daemon ' || $1 || ' stopped renewing its lease (killed, machine gone or cut off); marked by ' || $2
                      WHERE daemon_id = $1 AND status = 'running'
-                     RETURNING id, goal, retry_interrupted",
+                     RETURNING id, goal, retry_interrupted AND NOT cancel_requested",
                     &[&d, &by],
                 )
                 .await

@@ -215,6 +215,41 @@ pub fn at_start() {
     crate::startup::keep(env);
 }
 
+/// Overwrite `text` with `with` (as long) wherever it is in this process's command line,
+/// which every process of the machine can read (`/proc/PID/cmdline`), the agent's commands
+/// too. Call it once the command line is parsed: `std::env::args` reads the same memory.
+pub fn hide_in_cmdline(text: &[u8], with: &[u8]) {
+    if text.is_empty() || text.len() != with.len() {
+        return;
+    }
+    // arg_start and arg_end, fields 48 and 49 of /proc/self/stat.
+    let Some((start, end)) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let close = stat.rfind(')')?;
+            let mut fields = stat.get(close + 2..)?.split(' ').skip(45);
+            let start: usize = fields.next()?.parse().ok()?;
+            let end: usize = fields.next()?.parse().ok()?;
+            (start != 0 && end > start).then_some((start, end))
+        })
+    else {
+        return;
+    };
+    // SAFETY: [arg_start, arg_end) holds this process's argument strings, on its initial
+    // stack: mapped and writable for the life of the process; the command line was parsed
+    // into owned values, and nothing else reads it while this runs.
+    let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+    let mut i = 0;
+    while i + text.len() <= area.len() {
+        if area[i..i + text.len()] == *text {
+            area[i..i + text.len()].copy_from_slice(with);
+            i += text.len();
+        } else {
+            i += 1;
+        }
+    }
+}
+
 /// The environment for the agent's processes: sup's own without secret-named variables,
 /// plus those passed by name; and the names withheld.
 pub(crate) fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<String>) {

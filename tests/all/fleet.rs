@@ -617,6 +617,77 @@ fn store_faults_exit_2_with_the_servers_words_and_what_to_check() {
     );
 }
 
+/// A store URL that cannot be used is named in the error without its password: the error
+/// goes to a daemon's log.
+#[test]
+fn a_bad_store_url_is_named_without_its_password() {
+    let mut f = Fleet::new();
+    for url in [
+        "postgres://sup:s3cret-pw@127.0.0.1:notaport/db",
+        "postgres://sup@127.0.0.1:notaport/db?password=s3cret-pw",
+        "postgress://sup:s3cret-pw@127.0.0.1/db",
+    ] {
+        for args in [&["runs"][..], &["daemon", "--goals", "."]] {
+            let out = f.sup(0).env("SUP_STORE", url).args(args).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert_eq!(out.status.code(), Some(2), "{url}: {text}");
+            assert!(text.contains("127.0.0.1"), "{url}: {text}");
+            assert!(!text.contains("s3cret-pw"), "{url}: {text}");
+        }
+    }
+}
+
+/// `--store` with a password on the command line: the agent's commands, which can read
+/// every process's command line, do not find the password in sup's.
+#[test]
+fn a_store_password_on_the_command_line_is_hidden_from_the_agents_commands() {
+    let mut f = Fleet::new();
+    let url = f.pg.url.replacen("postgres@", "postgres:hunter2-pw@", 1);
+    assert!(url.contains("hunter2-pw"), "{url}");
+    std::fs::write(
+        f.goals.path().join("turns.json"),
+        serde_json::json!([
+            {"tool_calls": [{"id": "ps", "name": "run_command", "input": {"command":
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -- --store"}}]},
+            {"text": "done"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(f.goals.path().join("g.toml"), "prompt = \"work\"\n").unwrap();
+    let out = f
+        .sup(0)
+        .env_remove("SUP_STORE")
+        .args([
+            "--store",
+            &url,
+            "goal",
+            "--file",
+            "g.toml",
+            "--workspace",
+            ".",
+        ])
+        .args(["--tries", "1", "--json", "--model", "script:turns.json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = stdout
+        .lines()
+        .find(|l| l.contains("\"tool_result\""))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        seen.contains("--store postgres://postgres:xxxxxxxxxx@127.0.0.1"),
+        "the command saw no sup: {seen}"
+    );
+    assert!(!seen.contains("hunter2-pw"), "{seen}");
+}
+
 #[test]
 fn a_store_with_a_newer_schema_is_refused() {
     let mut f = Fleet::new();
@@ -859,6 +930,157 @@ fn overlap_replace_cancels_the_running_one_on_whichever_daemon_runs_it() {
     );
     stop(a);
     stop(b);
+}
+
+/// A run that a newer one replaced while its daemon was dying is not retried when the
+/// daemon's lease runs out: the retry would replace (cancel) the newer run.
+#[test]
+fn a_replaced_run_of_a_dead_daemon_is_not_retried_over_its_replacement() {
+    let mut f = Fleet::new();
+    f.goal(
+        "long",
+        None,
+        60_000,
+        "overlap = \"replace\"\nretry_interrupted = true",
+    );
+    // A lease long enough for the second trigger to come before the first run is reaped.
+    let a = f.daemon(0, &["--lease", "6s"]);
+    let b = f.daemon(1, &["--lease", "6s"]);
+    until("two daemons serve the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "2"
+    });
+    let first = trigger(&mut f, "long");
+    let first_host =
+        f.pg.one(&format!("SELECT host FROM runs WHERE id = '{first}'"));
+    let (mut victim, survivor) = if first_host == "m0" { (a, b) } else { (b, a) };
+    kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = victim.wait();
+    // Before the lease runs out, a newer run replaces the first (its daemon never hears).
+    let second = trigger(&mut f, "long");
+    assert!(
+        f.pg.one(&format!(
+            "SELECT cancel_requested FROM runs WHERE id = '{first}'"
+        )) == "t",
+        "{}",
+        f.logs()
+    );
+    until("the first run is marked interrupted", 30, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) == "interrupted"
+    });
+    let logs = f.logs();
+    assert_eq!(
+        f.pg.one("SELECT count(*) FROM triggers WHERE kind = 'retry'"),
+        "0",
+        "{logs}"
+    );
+    assert_eq!(
+        f.pg.one("SELECT string_agg(id, ',') FROM runs WHERE status = 'running'"),
+        second,
+        "{logs}"
+    );
+    stop(survivor);
+}
+
+/// overlap `queue`: an occurrence queued behind a run whose daemon then dies starts once the
+/// fleet declares that run interrupted, not only after some later run of the goal.
+#[test]
+fn an_occurrence_queued_behind_a_dead_daemons_run_starts_when_it_is_interrupted() {
+    let mut f = Fleet::new();
+    f.goal("long", None, 60_000, "overlap = \"queue\"");
+    let a = f.daemon(0, &["--lease", "2s"]);
+    let b = f.daemon(1, &["--lease", "2s"]);
+    until("two daemons serve the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "2"
+    });
+    let first = trigger(&mut f, "long");
+    let (code, text) = f.out(2, &["trigger", "long", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("not run: queued"), "{text}");
+    let first_host =
+        f.pg.one(&format!("SELECT host FROM runs WHERE id = '{first}'"));
+    let (mut victim, survivor) = if first_host == "m0" { (a, b) } else { (b, a) };
+    kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = victim.wait();
+    until("the first run is marked interrupted", 30, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) == "interrupted"
+    });
+    until("the queued occurrence runs", 15, || {
+        f.pg.one("SELECT count(*) FROM occurrences WHERE status = 'queued'") == "0"
+            && f.pg.one(&format!(
+                "SELECT count(*) FROM runs WHERE id <> '{first}' AND status = 'running'"
+            )) == "1"
+    });
+    stop(survivor);
+}
+
+/// overlap `replace`: a run that ends while a newer occurrence is being claimed keeps its own
+/// outcome; it is not marked replaced (nor asked to stop) after the fact.
+#[test]
+fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
+    let mut f = Fleet::new();
+    f.goal_turns(
+        "g",
+        None,
+        r#"[{"text": "done", "delay_ms": 5000}]"#,
+        "overlap = \"replace\"",
+    );
+    let d = f.daemon(0, &["--lease", "10s"]);
+    until("the daemon serves the goal", 20, || {
+        f.pg.one("SELECT count(*) FROM goal_versions") == "1"
+    });
+    let first = trigger(&mut f, "g");
+    // The first run's row is held: its end waits, and so does the claim of the next
+    // occurrence, which saw the first still running.
+    let rt = rt();
+    let holder = rt.block_on(async {
+        let c = connect(&f.pg.url).await;
+        c.batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM runs WHERE id = '{first}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+        c
+    });
+    assert_eq!(
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")),
+        "running",
+        "the run ended before its row was held: {}",
+        f.logs()
+    );
+    let waiting = |f: &Fleet, what: &str| {
+        f.pg.one(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}'
+             AND wait_event_type = 'Lock' AND query LIKE '{what}%'",
+            f.pg.name
+        )) == "1"
+    };
+    until("the first run's end waits", 20, || {
+        waiting(&f, "UPDATE runs SET status")
+    });
+    let second = f
+        .sup(2)
+        .args(["trigger", "g", "--goals", "."])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    until("the claim waits", 20, || waiting(&f, "WITH asked AS"));
+    rt.block_on(holder.batch_execute("COMMIT")).unwrap();
+    let out = second.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("started as run"), "{text}");
+    until("the first run has ended", 20, || {
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{first}'")) != "running"
+    });
+    let logs = f.logs();
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT status || ' · ' || coalesce(error, '-') || ' · ' || cancel_requested
+             FROM runs WHERE id = '{first}'"
+        )),
+        "achieved · - · false",
+        "{logs}"
+    );
+    stop(d);
 }
 
 #[test]
