@@ -178,7 +178,11 @@ impl QueueApprover {
         let deadline = parse_stamp(&row.deadline).unwrap_or_else(Utc::now);
         loop {
             // An answer in the shared store, recorded here; or one given here.
+            // Only an answer to this very request: an old request of another run that drew
+            // the same id (the shared store keeps every request) answers nothing here.
             if let Ok(Some(a)) = store.approval(request).await
+                && a.run_id == row.run_id
+                && a.created_at == row.created_at
                 && (a.status == ApprovalStatus::Approved || a.status == ApprovalStatus::Denied)
             {
                 let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
