@@ -15,7 +15,7 @@ use super::{
     ToolSpec, Usage, Wire, WireCache,
 };
 
-pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 8192;
 /// `pause_turn` continuations at most in one step.
 const MAX_CONTINUATIONS: usize = 8;
 
@@ -90,7 +90,7 @@ const MARK: &[u8] = b",\"cache_control\":{\"type\":\"ephemeral\"}}";
 /// this, or without it when a paused turn follows. The mark moves on with every turn, so it
 /// is never kept.
 #[derive(Default)]
-pub struct Turns {
+pub(crate) struct Turns {
     /// The role of the last wire message, once there is one.
     role: Option<Role>,
     /// Whether that message has a block yet (then its last one is open).
@@ -292,7 +292,7 @@ fn tail(
 
 /// The request body of `messages`, kept in `cache` and extended by what is new.
 /// `continuation` holds the content of a paused assistant turn.
-pub fn cached_body(
+pub(crate) fn cached_body(
     cache: &WireCache<Turns>,
     (model, max_tokens): (&str, u32),
     messages: &Conversation,
@@ -389,7 +389,7 @@ impl MessagesDecoder {
     }
 
     /// The answer of this exchange.
-    pub fn response(&self) -> Result<ModelResponse, ModelError> {
+    pub(crate) fn response(&self) -> Result<ModelResponse, ModelError> {
         let mut text = String::new();
         let mut tool_calls = Vec::new();
         for (_, b) in &self.blocks {
@@ -430,7 +430,7 @@ impl MessagesDecoder {
     }
 
     /// One streamed event, by its JSON `type`.
-    pub fn handle(
+    pub(crate) fn handle(
         &mut self,
         v: &Value,
         on_text: &(dyn Fn(&str) + Send + Sync),
@@ -551,15 +551,15 @@ impl Decoder for MessagesDecoder {
 }
 
 /// A Messages model.
-pub struct MessagesModel {
-    pub name: String,
-    pub model: String,
-    pub max_tokens: u32,
-    pub endpoint: Endpoint,
-    pub http: HttpOptions,
-    pub client: reqwest::Client,
+pub(crate) struct MessagesModel {
+    pub(crate) name: String,
+    pub(crate) model: String,
+    pub(crate) max_tokens: u32,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) http: HttpOptions,
+    pub(crate) client: reqwest::Client,
     /// The request body so far, extended by what each step adds.
-    pub wire: WireCache<Turns>,
+    pub(crate) wire: WireCache<Turns>,
 }
 
 #[async_trait]

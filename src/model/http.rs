@@ -19,13 +19,13 @@ use super::sse::{SseEvent, SseParser};
 #[derive(Clone)]
 pub struct Endpoint {
     /// `openai`, `anthropic`, `deepseek`, `ollama`: how errors name it.
-    pub provider: String,
-    pub url: String,
-    pub headers: HeaderMap,
+    pub(crate) provider: String,
+    pub(crate) url: String,
+    pub(crate) headers: HeaderMap,
     /// The variable that holds the key, for advice on 401.
-    pub key_var: Option<&'static str>,
+    pub(crate) key_var: Option<&'static str>,
     /// The variable that sets the base URL, for advice on 404.
-    pub base_var: &'static str,
+    pub(crate) base_var: &'static str,
 }
 
 impl Endpoint {
@@ -45,7 +45,7 @@ impl Endpoint {
     }
 
     /// Add a header; `secret` values are marked sensitive and never shown.
-    pub fn header(
+    pub(crate) fn header(
         &mut self,
         name: &'static str,
         value: &str,
@@ -66,7 +66,7 @@ impl Endpoint {
 /// The HTTP client for model calls. Redirects are followed only within the same origin
 /// (scheme, host and port): the key headers must never reach another server, whichever
 /// protocol's header carries them.
-pub fn client() -> Result<reqwest::Client, ModelError> {
+pub(crate) fn client() -> Result<reqwest::Client, ModelError> {
     let policy = reqwest::redirect::Policy::custom(|attempt| {
         let same_origin = attempt.previous().first().is_some_and(|first| {
             let to = attempt.url();
@@ -113,7 +113,7 @@ pub struct HttpOptions {
 }
 
 /// The default limit of one model turn: 8 MB of text.
-pub const MAX_TURN_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const MAX_TURN_BYTES: usize = 8 * 1024 * 1024;
 
 impl Default for HttpOptions {
     fn default() -> Self {
@@ -131,12 +131,12 @@ impl Default for HttpOptions {
 /// A decoding failure: whether another attempt could help (only before any output).
 #[derive(Debug)]
 pub struct DecodeError {
-    pub message: String,
-    pub retryable: bool,
+    pub(crate) message: String,
+    pub(crate) retryable: bool,
 }
 
 impl DecodeError {
-    pub fn fatal(message: impl Into<String>) -> Self {
+    pub(crate) fn fatal(message: impl Into<String>) -> Self {
         DecodeError {
             message: message.into(),
             retryable: false,
@@ -220,7 +220,7 @@ fn retryable_status(s: StatusCode) -> bool {
 }
 
 /// The server's own words from an error body: `error.message` (both protocols), or the text.
-pub fn server_message(body: &str) -> String {
+pub(crate) fn server_message(body: &str) -> String {
     let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
         v.pointer("/error/message")
             .or_else(|| v.get("message"))
@@ -282,7 +282,7 @@ fn shown_wait(wait: Duration) -> String {
 }
 
 /// POST `body` (JSON) and decode the answer, retrying as the module doc says.
-pub async fn exchange(
+pub(crate) async fn exchange(
     client: &reqwest::Client,
     ep: &Endpoint,
     opts: &HttpOptions,

@@ -48,9 +48,9 @@ pub enum Message {
 /// which may be empty or invalid: the work loop judges it, not the provider.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: String,
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) arguments: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,18 +85,18 @@ pub enum FinishReason {
 /// Tokens spent. Cache counts are part of `input_tokens`' story but reported apart.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
     #[serde(default)]
-    pub cache_read_tokens: u64,
+    pub(crate) cache_read_tokens: u64,
     #[serde(default)]
-    pub cache_write_tokens: u64,
+    pub(crate) cache_write_tokens: u64,
 }
 
 impl Usage {
     /// Input plus output: what the token budget counts.
     /// Saturates at `u64::MAX`, so a budget still stops a run whatever a provider reports.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.input_tokens
             .saturating_add(self.output_tokens)
             .saturating_add(self.cache_read_tokens)
@@ -193,30 +193,30 @@ impl Conversation {
         Self::from(Vec::new())
     }
 
-    pub fn push(&mut self, message: Message) {
+    pub(crate) fn push(&mut self, message: Message) {
         self.bytes += prices::message_bytes(&message);
         self.messages.push(message);
     }
 
     /// Start over: a new generation.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.rewrite(Vec::clear);
     }
 
     /// Change messages already in the conversation (edit, remove, trim): a new generation,
     /// so what was built from the old messages is built again.
-    pub fn rewrite(&mut self, change: impl FnOnce(&mut Vec<Message>)) {
+    pub(crate) fn rewrite(&mut self, change: impl FnOnce(&mut Vec<Message>)) {
         change(&mut self.messages);
         self.generation = next_generation();
         self.bytes = self.messages.iter().map(prices::message_bytes).sum();
     }
 
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 
     /// Bytes of message text (`prices::message_bytes`), kept as messages come.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 }
@@ -270,18 +270,18 @@ impl<S> Default for WireCache<S> {
 }
 
 /// The body of one conversation up to the end of its `len` first messages.
-pub struct Wire<S> {
+pub(crate) struct Wire<S> {
     generation: u64,
     len: usize,
     /// Where the messages end, once the tail is written.
     end: usize,
-    pub buf: BytesMut,
-    pub state: S,
+    pub(crate) buf: BytesMut,
+    pub(crate) state: S,
 }
 
 impl<S: Default> Wire<S> {
     /// The body of `conversation`, written from nothing.
-    pub fn new(
+    pub(crate) fn new(
         conversation: &Conversation,
         open: impl FnOnce(&mut BytesMut) -> Result<(), ModelError>,
         append: impl FnMut(&mut BytesMut, &mut S, &Message) -> Result<(), ModelError>,
@@ -312,7 +312,7 @@ impl<S: Default> Wire<S> {
 
     /// The whole body: the messages, then what `tail` writes. The buffer goes with it, to
     /// come back through `WireCache::put`.
-    pub fn body(
+    pub(crate) fn body(
         &mut self,
         tail: impl FnOnce(&mut BytesMut, &S) -> Result<(), ModelError>,
     ) -> Result<Bytes, ModelError> {
@@ -329,7 +329,7 @@ impl<S: Default> WireCache<S> {
     /// The kept body of `conversation`, brought up to date by `append`, or written anew
     /// (`open`, then `append` for every message) when what is kept is of another generation.
     /// Give it back with `put` once sent; until then, another step writes its own.
-    pub fn take(
+    pub(crate) fn take(
         &self,
         conversation: &Conversation,
         open: impl FnOnce(&mut BytesMut) -> Result<(), ModelError>,
@@ -354,7 +354,7 @@ impl<S: Default> WireCache<S> {
     /// Keep `wire` for the next step, with `body` (from `wire.body`) back as its buffer, the
     /// tail cut off. The buffer is the body's own unless the transport still holds the body;
     /// then the messages are copied once.
-    pub fn put(&self, mut wire: Wire<S>, body: Bytes) {
+    pub(crate) fn put(&self, mut wire: Wire<S>, body: Bytes) {
         wire.buf = match body.try_into_mut() {
             Ok(mut buf) => {
                 buf.truncate(wire.end);
@@ -368,7 +368,7 @@ impl<S: Default> WireCache<S> {
 
 impl ModelError {
     /// Whether the error is the user's configuration rather than the model failing.
-    pub fn is_config(&self) -> bool {
+    pub(crate) fn is_config(&self) -> bool {
         matches!(self, ModelError::Config(_))
     }
 }
@@ -416,7 +416,7 @@ fn script_path(rest: &str, base_dir: &Path) -> std::path::PathBuf {
 
 /// The name the model of `spec` gives itself once built: a `script:` model names its file
 /// from `base_dir`, any other model its spec. Reads and makes nothing.
-pub fn resolved_name(spec: &str, base_dir: &Path) -> String {
+pub(crate) fn resolved_name(spec: &str, base_dir: &Path) -> String {
     match spec.split_once(':') {
         Some(("script", rest)) if !rest.trim().is_empty() => {
             format!("script:{}", script_path(rest, base_dir).display())
@@ -573,7 +573,7 @@ pub(crate) mod sample {
     /// A conversation of `turns` steps with every kind of message and field: system text
     /// (twice), user text, assistant text, tool calls with empty, invalid and valid
     /// arguments, reasoning, error results, an empty result list, quotes and non-ASCII.
-    pub fn conversation(turns: usize) -> Vec<Message> {
+    pub(crate) fn conversation(turns: usize) -> Vec<Message> {
         let mut m = vec![
             Message::System {
                 content: "You are \"sup\" — be brief.".into(),

@@ -21,10 +21,10 @@ use super::{
 #[derive(Clone, Debug, Default)]
 pub struct Dialect {
     /// Send `reasoning_content` back on assistant turns (DeepSeek).
-    pub send_reasoning: bool,
+    pub(crate) send_reasoning: bool,
     /// The name of the output limit field: `max_completion_tokens` (OpenAI) or `max_tokens`.
-    pub max_tokens_field: &'static str,
-    pub max_tokens: Option<u32>,
+    pub(crate) max_tokens_field: &'static str,
+    pub(crate) max_tokens: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -203,7 +203,7 @@ fn tail(
 }
 
 /// The request body of `messages`, kept in `cache` and extended by what is new.
-pub fn cached_body(
+pub(crate) fn cached_body(
     cache: &WireCache<Written>,
     model: &str,
     messages: &Conversation,
@@ -303,7 +303,7 @@ impl ChatDecoder {
     }
 
     /// One streamed chunk (a `data:` JSON object).
-    pub fn chunk(
+    pub(crate) fn chunk(
         &mut self,
         v: &Value,
         on_text: &(dyn Fn(&str) + Send + Sync),
@@ -347,7 +347,7 @@ impl ChatDecoder {
     }
 
     /// The answer.
-    pub fn response(&self) -> Result<ModelResponse, ModelError> {
+    pub(crate) fn response(&self) -> Result<ModelResponse, ModelError> {
         let tool_calls: Vec<ToolCall> = self
             .calls
             .iter()

@@ -13,18 +13,18 @@ use super::{Message, ToolSpec, Usage};
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
-    pub input: f64,
-    pub output: f64,
+    pub(crate) input: f64,
+    pub(crate) output: f64,
     /// Cached input read back (default: the input price).
     #[serde(default)]
-    pub cache_read: Option<f64>,
+    pub(crate) cache_read: Option<f64>,
     /// Input written to the cache (default: the input price).
     #[serde(default)]
-    pub cache_write: Option<f64>,
+    pub(crate) cache_write: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PriceError {
+pub(crate) enum PriceError {
     #[error("price of `{model}`: `{key}` is {value}; a price is a number of US dollars, 0 or more")]
     Negative {
         model: String,
@@ -77,7 +77,7 @@ impl Price {
     }
 
     /// What `usage` cost, in US dollars.
-    pub fn cost(&self, usage: &Usage) -> f64 {
+    pub(crate) fn cost(&self, usage: &Usage) -> f64 {
         (usage.input_tokens as f64 * self.input
             + usage.output_tokens as f64 * self.output
             + usage.cache_read_tokens as f64 * self.cache_read()
@@ -86,7 +86,7 @@ impl Price {
     }
 
     /// What `tokens` of input cost at the input price.
-    pub fn input_cost(&self, tokens: u64) -> f64 {
+    pub(crate) fn input_cost(&self, tokens: u64) -> f64 {
         tokens as f64 * self.input / 1e6
     }
 
@@ -112,13 +112,13 @@ impl Price {
 
 /// The built-in table with the user's prices over it.
 #[derive(Clone, Debug, Default)]
-pub struct Prices {
+pub(crate) struct Prices {
     user: BTreeMap<String, Price>,
 }
 
 impl Prices {
     /// The table with `user` (from `[prices."provider:model"]`) over the built-in one.
-    pub fn new(user: BTreeMap<String, Price>) -> Result<Prices, PriceError> {
+    pub(crate) fn new(user: BTreeMap<String, Price>) -> Result<Prices, PriceError> {
         for (model, price) in &user {
             price.validate(model)?;
         }
@@ -127,7 +127,7 @@ impl Prices {
 
     /// The price of `provider:model`: the user's entry, else the built-in one; an exact name
     /// first, else the longest entry the name starts with (`…-20250929`, `…-latest`).
-    pub fn get(&self, model: &str) -> Option<Price> {
+    pub(crate) fn get(&self, model: &str) -> Option<Price> {
         if let Some(p) = self.user.get(model) {
             return Some(*p);
         }
@@ -151,7 +151,7 @@ impl Prices {
 
 /// Bytes of the tool specs a provider is sent, roughly: names, descriptions, schemas. With
 /// `Conversation::bytes`, the size of a request.
-pub fn tool_bytes(tools: &[ToolSpec]) -> usize {
+pub(crate) fn tool_bytes(tools: &[ToolSpec]) -> usize {
     tools
         .iter()
         .map(|t| t.name.len() + t.description.len() + t.input_schema.to_string().len())
@@ -185,13 +185,13 @@ pub(crate) fn message_bytes(m: &Message) -> usize {
 /// the last request, plus a token per 4 bytes added since; before any report, a token per
 /// 4 bytes of the whole request.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct InputEstimate {
+pub(crate) struct InputEstimate {
     /// (input tokens reported for the last request, its size in bytes)
     last: Option<(u64, usize)>,
 }
 
 impl InputEstimate {
-    pub fn tokens(&self, bytes_now: usize) -> u64 {
+    pub(crate) fn tokens(&self, bytes_now: usize) -> u64 {
         match self.last {
             Some((tokens, bytes)) => tokens + (bytes_now.saturating_sub(bytes) as u64).div_ceil(4),
             None => (bytes_now as u64).div_ceil(4),
@@ -199,7 +199,7 @@ impl InputEstimate {
     }
 
     /// The provider's report for a request of `bytes` bytes.
-    pub fn reported(&mut self, usage: &Usage, bytes: usize) {
+    pub(crate) fn reported(&mut self, usage: &Usage, bytes: usize) {
         let input = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens;
         if input > 0 {
             self.last = Some((input, bytes));

@@ -10,14 +10,14 @@ use async_trait::async_trait;
 use super::script::{Turn, turn_of};
 use super::{Model, ModelError, ModelRequest, ModelResponse};
 
-pub struct Recorder {
+pub(crate) struct Recorder {
     inner: Box<dyn Model>,
     path: PathBuf,
     turns: Mutex<Vec<Turn>>,
 }
 
 impl Recorder {
-    pub fn new(inner: Box<dyn Model>, path: PathBuf) -> Result<Self, ModelError> {
+    pub(crate) fn new(inner: Box<dyn Model>, path: PathBuf) -> Result<Self, ModelError> {
         let recorder = Recorder {
             inner,
             path,

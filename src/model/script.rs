@@ -23,33 +23,33 @@ use super::{
 #[serde(deny_unknown_fields)]
 pub struct Turn {
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub text: String,
+    pub(crate) text: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ScriptedCall>,
+    pub(crate) tool_calls: Vec<ScriptedCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
+    pub(crate) usage: Option<Usage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finish: Option<FinishReason>,
+    pub(crate) finish: Option<FinishReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reasoning: Option<String>,
+    pub(crate) reasoning: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delay_ms: Option<u64>,
+    pub(crate) delay_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScriptedCall {
+pub(crate) struct ScriptedCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    pub name: String,
+    pub(crate) id: Option<String>,
+    pub(crate) name: String,
     /// The input as JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input: Option<Value>,
+    pub(crate) input: Option<Value>,
     /// The input as the raw text a model wrote (may be empty or invalid JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arguments: Option<String>,
+    pub(crate) arguments: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -217,7 +217,7 @@ impl Model for ScriptModel {
 }
 
 /// The turn a response would be scripted as: what `--record` writes.
-pub fn turn_of(response: &ModelResponse) -> Turn {
+pub(crate) fn turn_of(response: &ModelResponse) -> Turn {
     Turn {
         text: response.text.clone(),
         tool_calls: response

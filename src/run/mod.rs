@@ -35,7 +35,7 @@ use crate::work::Limits;
 use std::collections::BTreeMap;
 
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("{0}")]
@@ -60,46 +60,46 @@ pub enum RunError {
 #[derive(Clone, Debug, Default)]
 pub struct Invocation {
     /// The flags' layer.
-    pub flags: Settings,
+    pub(crate) flags: Settings,
     /// Checks from `--check` / `--check-cmd`; when any, they replace the goal file's.
-    pub checks: Vec<CheckDef>,
+    pub(crate) checks: Vec<CheckDef>,
     /// The environment's layer (`Settings::from_env`).
-    pub env: Settings,
+    pub(crate) env: Settings,
 }
 
 /// Everything a run is made of, before it starts.
 #[derive(Clone, Debug)]
-pub struct RunSpec {
-    pub goal: Goal,
-    pub model: String,
+pub(crate) struct RunSpec {
+    pub(crate) goal: Goal,
+    pub(crate) model: String,
     /// Where a relative `script:` path starts.
-    pub model_base: PathBuf,
-    pub tools: Vec<ToolDef>,
-    pub providers: ProviderOptions,
-    pub record: Option<PathBuf>,
-    pub keep_runs: u32,
+    pub(crate) model_base: PathBuf,
+    pub(crate) tools: Vec<ToolDef>,
+    pub(crate) providers: ProviderOptions,
+    pub(crate) record: Option<PathBuf>,
+    pub(crate) keep_runs: u32,
     /// The approval mode asked for; `None` picks by where the run happens.
-    pub approval: Option<Mode>,
-    pub rules: Rules,
-    pub approval_timeout: Duration,
-    pub mcp: Vec<ServerSpec>,
+    pub(crate) approval: Option<Mode>,
+    pub(crate) rules: Rules,
+    pub(crate) approval_timeout: Duration,
+    pub(crate) mcp: Vec<ServerSpec>,
     /// The effective settings and where each came from.
-    pub effective: Effective,
+    pub(crate) effective: Effective,
     /// The prompt and system prompt as written; `goal.prompt` and `goal.system` are
     /// rendered from them at the start of each run.
-    pub prompt_src: Template,
-    pub system_src: Template,
-    pub params: BTreeMap<String, String>,
+    pub(crate) prompt_src: Template,
+    pub(crate) system_src: Template,
+    pub(crate) params: BTreeMap<String, String>,
     /// The goal's time zone (`timezone`, else the machine's).
-    pub timezone: chrono_tz::Tz,
+    pub(crate) timezone: chrono_tz::Tz,
     /// The goal file's and the user config's `[[notify]]` tables.
-    pub notify: Vec<Notify>,
+    pub(crate) notify: Vec<Notify>,
     /// The model's price, when known.
-    pub price: Option<Price>,
-    pub max_cost: Option<f64>,
-    pub max_cost_per_day: Option<f64>,
+    pub(crate) price: Option<Price>,
+    pub(crate) max_cost: Option<f64>,
+    pub(crate) max_cost_per_day: Option<f64>,
     /// The sandbox of the run's processes, with the goal file and user config protected.
-    pub sandbox: Sandbox,
+    pub(crate) sandbox: Sandbox,
 }
 
 fn setup(msg: impl Into<String>) -> RunError {
@@ -108,7 +108,7 @@ fn setup(msg: impl Into<String>) -> RunError {
 
 impl RunSpec {
     /// Read the user config, merge every layer, and resolve the result.
-    pub fn build(inv: &Invocation, file: Option<&GoalFile>) -> Result<RunSpec, RunError> {
+    pub(crate) fn build(inv: &Invocation, file: Option<&GoalFile>) -> Result<RunSpec, RunError> {
         Self::build_with(inv, &config::UserConfig::load()?, file)
     }
 
@@ -128,13 +128,13 @@ impl RunSpec {
     }
 
     /// The model's name as the run's model will give it (`script:` with its full path).
-    pub fn model_name(&self) -> String {
+    pub(crate) fn model_name(&self) -> String {
         model::resolved_name(&self.model, &self.model_base)
     }
 
     /// Settle what depends on the machine: the workspace (a goal file's is made on first
     /// use), check timeouts, defaults that depend on other settings.
-    pub fn resolve(
+    pub(crate) fn resolve(
         effective: Effective,
         flag_checks: &[CheckDef],
         file: Option<&GoalFile>,
@@ -377,7 +377,7 @@ impl Unattended {
 }
 
 /// A check from `--check FILE`; `human` is a person.
-pub fn script_check(path: &Path) -> Result<CheckDef, RunError> {
+pub(crate) fn script_check(path: &Path) -> Result<CheckDef, RunError> {
     let check = if path == Path::new("human") && !path.exists() {
         Check::human(
             "Is the work done? Accept it, or reject it and say what is wrong.".into(),
@@ -395,7 +395,7 @@ pub fn script_check(path: &Path) -> Result<CheckDef, RunError> {
 }
 
 /// A check from `--check-cmd LINE`.
-pub fn command_check(line: &str) -> CheckDef {
+pub(crate) fn command_check(line: &str) -> CheckDef {
     CheckDef {
         check: Check::command(line.to_string(), Duration::ZERO),
         timeout: None,
@@ -423,15 +423,15 @@ fn registry(defs: &[ToolDef]) -> Result<Registry, RunError> {
 
 /// What started a run.
 #[derive(Clone, Copy, Debug)]
-pub struct Trigger {
-    pub kind: TriggerKind,
-    pub scheduled_for: Option<DateTime<Utc>>,
+pub(crate) struct Trigger {
+    pub(crate) kind: TriggerKind,
+    pub(crate) scheduled_for: Option<DateTime<Utc>>,
 }
 
 /// A run that happened.
-pub struct Launched {
-    pub run_id: String,
-    pub outcome: Outcome,
+pub(crate) struct Launched {
+    pub(crate) run_id: String,
+    pub(crate) outcome: Outcome,
 }
 
 /// The approval gate of a run. Scheduled runs never prompt (their default is `queue`); a run
@@ -570,10 +570,10 @@ fn previous_of(p: &crate::store::db::RunRow, checks: &[(u32, CheckReport)]) -> t
 /// A run of a fleet: its row in the shared store, where `previous.*` and the day's spending
 /// are read (whichever daemon ran the earlier runs) and its approval requests are answered.
 #[derive(Clone)]
-pub struct Shared {
-    pub store: PgStore,
+pub(crate) struct Shared {
+    pub(crate) store: PgStore,
     /// The run's id in the store.
-    pub run_id: String,
+    pub(crate) run_id: String,
 }
 
 /// How long a fleet's run waits for the store to answer before it does not start.
@@ -634,7 +634,7 @@ async fn prepare_shared(
 }
 
 /// Set up and run `spec` to its end, recording it in the store under `home`.
-pub async fn launch(
+pub(crate) async fn launch(
     spec: &RunSpec,
     home: &Path,
     trigger: Trigger,
@@ -646,7 +646,7 @@ pub async fn launch(
 
 /// `launch` for a fleet's run: `previous.*`, `max_cost_per_day` and approval answers come
 /// from the shared store.
-pub async fn launch_shared(
+pub(crate) async fn launch_shared(
     spec: &RunSpec,
     home: &Path,
     trigger: Trigger,
@@ -659,14 +659,14 @@ pub async fn launch_shared(
 
 /// A run the caller recorded already (the daemon, in the transaction that claimed its
 /// occurrence): its folder, and the model its row names.
-pub struct Recorded {
-    pub run: RunDir,
-    pub model: String,
+pub(crate) struct Recorded {
+    pub(crate) run: RunDir,
+    pub(crate) model: String,
 }
 
 /// `launch` for a run whose row the caller wrote already, with the spec `build` makes (here,
 /// off the caller's path). A run that cannot start is recorded as an error.
-pub async fn launch_recorded(
+pub(crate) async fn launch_recorded(
     build: impl FnOnce() -> Result<RunSpec, RunError>,
     home: &Path,
     trigger: Trigger,

@@ -19,12 +19,12 @@ use croner::parser::{CronParser, Seconds, Year};
 
 /// A checked cron expression in a zone; cheap to clone, shared by every goal that has it.
 #[derive(Clone, Debug)]
-pub struct Schedule(Arc<Parsed>);
+pub(crate) struct Schedule(Arc<Parsed>);
 
 #[derive(Debug)]
-pub struct Parsed {
-    pub expr: String,
-    pub tz: Tz,
+pub(crate) struct Parsed {
+    pub(crate) expr: String,
+    pub(crate) tz: Tz,
     cron: Arc<Cron>,
 }
 
@@ -76,7 +76,7 @@ fn cron_of(shared: &mut Shared, expr: &str) -> Result<Arc<Cron>, String> {
 }
 
 /// The machine's zone: `TZ` if it names one, else the system's, else UTC.
-pub fn local_zone() -> Tz {
+pub(crate) fn local_zone() -> Tz {
     std::env::var("TZ")
         .ok()
         .and_then(|z| Tz::from_str(z.trim_start_matches(':')).ok())
@@ -88,7 +88,7 @@ pub fn local_zone() -> Tz {
         .unwrap_or(Tz::UTC)
 }
 
-pub fn parse_zone(name: &str) -> Result<Tz, String> {
+pub(crate) fn parse_zone(name: &str) -> Result<Tz, String> {
     Tz::from_str(name).map_err(|_| {
         format!("`{name}` is not an IANA time zone; write e.g. `Europe/Berlin`, `Asia/Shanghai` or `UTC`")
     })
@@ -96,7 +96,7 @@ pub fn parse_zone(name: &str) -> Result<Tz, String> {
 
 impl Schedule {
     /// Parse `expr` (5 or 6 fields) for zone `tz`, or share the schedule parsed before.
-    pub fn parse(expr: &str, tz: Tz) -> Result<Schedule, String> {
+    pub(crate) fn parse(expr: &str, tz: Tz) -> Result<Schedule, String> {
         let mut shared = shared();
         let key = (expr.to_string(), tz);
         if let Some(parsed) = shared.schedules.get(&key).and_then(Weak::upgrade) {
@@ -133,17 +133,17 @@ impl Schedule {
     }
 
     /// The same for every goal that shares this schedule (while any holds it).
-    pub fn id(&self) -> usize {
+    pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.0) as usize
     }
 
     /// Whether two schedules are the same expression in the same zone.
-    pub fn same(&self, other: &Schedule) -> bool {
+    pub(crate) fn same(&self, other: &Schedule) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || (self.expr == other.expr && self.tz == other.tz)
     }
 
     /// The first occurrence strictly after `t`.
-    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    pub(crate) fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.cron
             .find_next_occurrence(&t.with_timezone(&self.tz), false)
             .ok()
@@ -151,7 +151,7 @@ impl Schedule {
     }
 
     /// The next `n` occurrences after `t`.
-    pub fn upcoming(&self, t: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+    pub(crate) fn upcoming(&self, t: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
         let mut out = Vec::with_capacity(n);
         let mut at = t;
         while out.len() < n {
@@ -168,7 +168,7 @@ impl Schedule {
 
     /// Occurrences in `(from, to]`, at most `cap` of them (the latest ones), and how many
     /// there were in all.
-    pub fn between(
+    pub(crate) fn between(
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,

@@ -45,7 +45,7 @@ fn give_up() -> Duration {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum FleetError {
+pub(crate) enum FleetError {
     #[error("cannot read the goals folder {path}: {source}")]
     Goals {
         path: String,
@@ -57,7 +57,7 @@ pub enum FleetError {
     Launch(#[from] RunError),
 }
 
-pub struct Config {
+pub(crate) struct Config {
     pub goals_dir: PathBuf,
     pub home: PathBuf,
     pub max_concurrent: usize,
@@ -768,7 +768,7 @@ fn spool_dir(home: &Path) -> PathBuf {
 }
 
 /// Write outcomes that waited on disk; each file goes once written.
-pub async fn flush_spool(store: &PgStore, home: &Path) {
+pub(crate) async fn flush_spool(store: &PgStore, home: &Path) {
     let Ok(entries) = std::fs::read_dir(spool_dir(home)) else {
         return;
     };
@@ -804,7 +804,7 @@ pub async fn flush_spool(store: &PgStore, home: &Path) {
 /// Run a claimed run (its row exists in the store) to its end: the local run folder and
 /// SQLite record as always, its events and outcome in the store. An outcome the store
 /// cannot take waits under `SUP_HOME/fleet-spool/` until it can.
-pub async fn execute(
+pub(crate) async fn execute(
     store: &PgStore,
     run_id: &str,
     spec: &RunSpec,
@@ -933,7 +933,7 @@ async fn listen(
 }
 
 /// Run the fleet daemon until `shutdown`; `reload` asks for goal files to be read again.
-pub async fn run(
+pub(crate) async fn run(
     cfg: Config,
     shutdown: CancellationToken,
     mut reload: mpsc::UnboundedReceiver<()>,

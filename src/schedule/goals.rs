@@ -7,27 +7,27 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::cron::{Schedule, local_zone, parse_zone};
-pub use crate::config::Overlap;
+pub(crate) use crate::config::Overlap;
 use crate::config::{GoalFile, GoalFileError, Settings};
 
 /// A goal file with its schedule checked.
 #[derive(Clone, Debug)]
-pub struct ScheduledGoal {
-    pub file: GoalFile,
+pub(crate) struct ScheduledGoal {
+    pub(crate) file: GoalFile,
     /// `None` for a goal without `schedule`: the daemon leaves it alone.
-    pub schedule: Option<Schedule>,
-    pub overlap: Overlap,
-    pub catch_up: Duration,
-    pub jitter: Duration,
+    pub(crate) schedule: Option<Schedule>,
+    pub(crate) overlap: Overlap,
+    pub(crate) catch_up: Duration,
+    pub(crate) jitter: Duration,
 }
 
 /// Load a goal file and check its schedule and time zone.
-pub fn load(path: &Path) -> Result<ScheduledGoal, GoalFileError> {
+pub(crate) fn load(path: &Path) -> Result<ScheduledGoal, GoalFileError> {
     let file = GoalFile::load(path)?;
     check(file)
 }
 
-pub fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
+pub(crate) fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
     let err = |line: usize, message: String| GoalFileError {
         file: file.path.display().to_string(),
         line,
@@ -58,7 +58,7 @@ pub fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
 }
 
 /// The goal files of a folder: `*.toml`, sorted.
-pub fn paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     // All in one folder: sorted by name, which is cheaper than comparing paths part by part.
     // A file's type comes with its entry; only a link is followed to see what it is.
     let mut names: Vec<std::ffi::OsString> = std::fs::read_dir(dir)?
@@ -79,7 +79,7 @@ pub fn paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 /// The goal files of a folder, each loaded or with its error.
-pub fn load_dir(
+pub(crate) fn load_dir(
     dir: &Path,
 ) -> std::io::Result<Vec<(PathBuf, Result<ScheduledGoal, GoalFileError>)>> {
     Ok(paths(dir)?
@@ -92,7 +92,7 @@ pub fn load_dir(
 }
 
 /// A loaded goal as a daemon keeps it: it knows its file.
-pub trait FromFile {
+pub(crate) trait FromFile {
     fn path(&self) -> &Path;
 }
 
@@ -101,7 +101,7 @@ pub trait FromFile {
 /// drops it, with `None`). A file that fails keeps its last good slot; a name another file
 /// holds is an error; a file whose goal changed name gives up the old slot; slots whose
 /// files are gone go.
-pub fn reload<T: FromFile, P>(
+pub(crate) fn reload<T: FromFile, P>(
     dir: &Path,
     slots: &mut std::collections::BTreeMap<String, T>,
     mut prepare: impl FnMut(ScheduledGoal) -> Result<P, String>,
@@ -154,13 +154,13 @@ pub fn reload<T: FromFile, P>(
 
 /// Watches a goals folder. A change to a goal file is one reload request, however many file
 /// events it made. Without a watcher (the kernel refused one) SIGHUP still reloads.
-pub struct Watch {
+pub(crate) struct Watch {
     _watcher: Option<notify::RecommendedWatcher>,
     rx: tokio::sync::mpsc::UnboundedReceiver<()>,
 }
 
 impl Watch {
-    pub fn new(dir: &Path) -> Watch {
+    pub(crate) fn new(dir: &Path) -> Watch {
         use notify::Watcher;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -192,12 +192,12 @@ impl Watch {
     }
 
     /// The next change (cancel-safe: for `select!`); `None` without a watcher.
-    pub async fn changed(&mut self) -> Option<()> {
+    pub(crate) async fn changed(&mut self) -> Option<()> {
         self.rx.recv().await
     }
 
     /// Let a burst of file events settle into one reload.
-    pub async fn settle(&mut self) {
+    pub(crate) async fn settle(&mut self) {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         while self.rx.try_recv().is_ok() {}
     }

@@ -11,7 +11,7 @@ use super::goals::{self, ScheduledGoal};
 use crate::store::db::{Db, DbError, GoalStats};
 
 #[derive(Debug, thiserror::Error)]
-pub enum OverviewError {
+pub(crate) enum OverviewError {
     #[error("cannot read the goals folder {path}: {source}")]
     Folder {
         path: String,
@@ -27,9 +27,9 @@ pub enum OverviewError {
 }
 
 /// A goal file of the folder, loaded or with its error.
-pub type Loaded = (PathBuf, Result<ScheduledGoal, String>);
+pub(crate) type Loaded = (PathBuf, Result<ScheduledGoal, String>);
 
-pub fn goal_files(dir: &Path) -> Result<Vec<Loaded>, OverviewError> {
+pub(crate) fn goal_files(dir: &Path) -> Result<Vec<Loaded>, OverviewError> {
     let loaded = goals::load_dir(dir).map_err(|source| OverviewError::Folder {
         path: dir.display().to_string(),
         source,
@@ -41,7 +41,7 @@ pub fn goal_files(dir: &Path) -> Result<Vec<Loaded>, OverviewError> {
 }
 
 /// The goal named `name` in `dir`.
-pub fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewError> {
+pub(crate) fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewError> {
     let mut broken = None;
     for (path, g) in goal_files(dir)? {
         match g {
@@ -60,12 +60,16 @@ pub fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewError> {
 
 /// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken
 /// file, else name, file, schedule, timezone, next (3), paused, skipped, missed, last.
-pub fn overview(dir: &Path, db: &Db, now: DateTime<Utc>) -> Result<Vec<Value>, OverviewError> {
+pub(crate) fn overview(
+    dir: &Path,
+    db: &Db,
+    now: DateTime<Utc>,
+) -> Result<Vec<Value>, OverviewError> {
     overview_with(dir, now, |name| Ok(db.goal_stats(name)?))
 }
 
 /// `overview` with each goal's figures from `stats` (the fleet's store, for one).
-pub fn overview_with(
+pub(crate) fn overview_with(
     dir: &Path,
     now: DateTime<Utc>,
     mut stats: impl FnMut(&str) -> Result<GoalStats, OverviewError>,

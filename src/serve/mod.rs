@@ -42,15 +42,15 @@ pub(crate) enum ServeError {
 /// What the console serves and how.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
-    pub(crate) listen: SocketAddr,
-    pub(crate) goals_dir: PathBuf,
-    pub(crate) home: PathBuf,
+    pub listen: SocketAddr,
+    pub goals_dir: PathBuf,
+    pub home: PathBuf,
     /// `SUP_SERVE_TOKEN`: required to sign in when set; must be set off loopback.
-    pub(crate) token: Option<String>,
+    pub token: Option<String>,
     /// This binary, for "run now" (`sup trigger NAME`).
-    pub(crate) exe: PathBuf,
+    pub exe: PathBuf,
     /// A fleet's store, and its URL for the processes the console starts.
-    pub(crate) fleet: Option<(crate::store::pg::PgStore, String)>,
+    pub fleet: Option<(crate::store::pg::PgStore, String)>,
 }
 
 /// A signed-in person.

@@ -116,12 +116,12 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// A time as the store keeps it: RFC 3339, UTC, whole seconds unless sub-second.
-pub fn stamp(t: DateTime<Utc>) -> String {
+pub(crate) fn stamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
 
 /// `from` plus `wait`, saturating at the end of year 9999 (the last time a stamp holds).
-pub fn deadline_after(from: DateTime<Utc>, wait: Duration) -> DateTime<Utc> {
+pub(crate) fn deadline_after(from: DateTime<Utc>, wait: Duration) -> DateTime<Utc> {
     let last = DateTime::parse_from_rfc3339("9999-12-31T23:59:59Z")
         .map(|t| t.with_timezone(&Utc))
         .unwrap_or(DateTime::<Utc>::MAX_UTC);
@@ -164,69 +164,69 @@ pub struct RunRow {
 }
 
 /// What a new run is.
-pub struct NewRun<'a> {
-    pub id: &'a str,
-    pub goal: &'a str,
-    pub trigger: TriggerKind,
-    pub scheduled_for: Option<DateTime<Utc>>,
-    pub model: &'a str,
-    pub workspace: &'a str,
-    pub dir: &'a str,
+pub(crate) struct NewRun<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) goal: &'a str,
+    pub(crate) trigger: TriggerKind,
+    pub(crate) scheduled_for: Option<DateTime<Utc>>,
+    pub(crate) model: &'a str,
+    pub(crate) workspace: &'a str,
+    pub(crate) dir: &'a str,
 }
 
 /// How a run ended.
-pub struct Ended<'a> {
-    pub status: Status,
-    pub stop_reason: StopReason,
-    pub tries: u32,
-    pub steps: u32,
-    pub usage: Usage,
-    pub cost: Option<f64>,
-    pub answer: Option<&'a str>,
-    pub error: Option<&'a str>,
-    pub checks: &'a [Vec<CheckReport>],
+pub(crate) struct Ended<'a> {
+    pub(crate) status: Status,
+    pub(crate) stop_reason: StopReason,
+    pub(crate) tries: u32,
+    pub(crate) steps: u32,
+    pub(crate) usage: Usage,
+    pub(crate) cost: Option<f64>,
+    pub(crate) answer: Option<&'a str>,
+    pub(crate) error: Option<&'a str>,
+    pub(crate) checks: &'a [Vec<CheckReport>],
 }
 
 /// One attempt to deliver a notification.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct NoticeRow {
-    pub run_id: Option<String>,
-    pub goal: String,
-    pub event: String,
+pub(crate) struct NoticeRow {
+    pub(crate) run_id: Option<String>,
+    pub(crate) goal: String,
+    pub(crate) event: String,
     /// The webhook's URL without its query, or the command's program.
-    pub channel: String,
-    pub attempt: u32,
-    pub at: String,
-    pub ok: bool,
+    pub(crate) channel: String,
+    pub(crate) attempt: u32,
+    pub(crate) at: String,
+    pub(crate) ok: bool,
     /// `HTTP 200`, `HTTP 500`, `timed out after 5s`, `exit 0`, …
-    pub detail: String,
+    pub(crate) detail: String,
 }
 
 /// An outcome that could not be recorded, kept as `outcome.json` beside the run's
 /// transcript; the next start records it (instead of calling the run interrupted).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct KeptOutcome {
-    pub status: Status,
-    pub stop_reason: StopReason,
-    pub tries: u32,
-    pub steps: u32,
-    pub usage: Usage,
+pub(crate) struct KeptOutcome {
+    pub(crate) status: Status,
+    pub(crate) stop_reason: StopReason,
+    pub(crate) tries: u32,
+    pub(crate) steps: u32,
+    pub(crate) usage: Usage,
     #[serde(default)]
-    pub cost: Option<f64>,
+    pub(crate) cost: Option<f64>,
     #[serde(default)]
-    pub answer: Option<String>,
-    pub error: Option<String>,
-    pub checks: Vec<Vec<CheckReport>>,
+    pub(crate) answer: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) checks: Vec<Vec<CheckReport>>,
 }
 
 /// The file name of a kept outcome inside a run folder.
-pub const OUTCOME_FILE: &str = "outcome.json";
+pub(crate) const OUTCOME_FILE: &str = "outcome.json";
 
 /// How long a busy or locked store is retried before an outcome is kept in a file.
-pub const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 impl KeptOutcome {
-    pub fn of(end: &Ended) -> Self {
+    pub(crate) fn of(end: &Ended) -> Self {
         KeptOutcome {
             status: end.status,
             stop_reason: end.stop_reason,
@@ -240,7 +240,7 @@ impl KeptOutcome {
         }
     }
 
-    pub fn ended(&self) -> Ended<'_> {
+    pub(crate) fn ended(&self) -> Ended<'_> {
         Ended {
             status: self.status,
             stop_reason: self.stop_reason,
@@ -255,7 +255,7 @@ impl KeptOutcome {
     }
 
     /// Write it into `dir` (written to a temporary name, then renamed: whole or absent).
-    pub fn keep(&self, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    pub(crate) fn keep(&self, dir: &Path) -> std::io::Result<std::path::PathBuf> {
         let path = dir.join(OUTCOME_FILE);
         let tmp = dir.join(format!("{OUTCOME_FILE}.tmp"));
         let text = serde_json::to_string(self).map_err(std::io::Error::other)?;
@@ -265,14 +265,14 @@ impl KeptOutcome {
     }
 
     /// The outcome kept in `dir`, if any.
-    pub fn read(dir: &Path) -> Option<KeptOutcome> {
+    pub(crate) fn read(dir: &Path) -> Option<KeptOutcome> {
         let text = std::fs::read_to_string(dir.join(OUTCOME_FILE)).ok()?;
         serde_json::from_str(&text).ok()
     }
 }
 
 /// Whether an error is the store being busy or locked by another process: worth waiting.
-pub fn is_busy(e: &DbError) -> bool {
+pub(crate) fn is_busy(e: &DbError) -> bool {
     matches!(
         e,
         DbError::Sqlite {
@@ -321,11 +321,11 @@ fn approval_of(r: &rusqlite::Row) -> rusqlite::Result<ApprovalRow> {
 
 /// Per-goal counts for `sup goals`.
 #[derive(Clone, Debug, Default)]
-pub struct GoalStats {
-    pub paused: bool,
-    pub skipped: u64,
-    pub missed: u64,
-    pub last: Option<RunRow>,
+pub(crate) struct GoalStats {
+    pub(crate) paused: bool,
+    pub(crate) skipped: u64,
+    pub(crate) missed: u64,
+    pub(crate) last: Option<RunRow>,
 }
 
 pub struct Db {
@@ -407,7 +407,7 @@ impl Db {
         }
     }
 
-    pub fn start_run(&self, run: &NewRun) -> Result<(), DbError> {
+    pub(crate) fn start_run(&self, run: &NewRun) -> Result<(), DbError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, pid, model, workspace, dir)
@@ -430,7 +430,7 @@ impl Db {
     }
 
     /// The model of a run recorded before its model was built, once its name is known.
-    pub fn set_run_model(&self, id: &str, model: &str) -> Result<(), DbError> {
+    pub(crate) fn set_run_model(&self, id: &str, model: &str) -> Result<(), DbError> {
         self.conn
             .execute(
                 "UPDATE runs SET model = ?2 WHERE id = ?1",
@@ -441,7 +441,7 @@ impl Db {
     }
 
     /// A run recorded as started that could not start: an error, with why.
-    pub fn fail_run(&self, id: &str, error: &str) -> Result<(), DbError> {
+    pub(crate) fn fail_run(&self, id: &str, error: &str) -> Result<(), DbError> {
         self.conn
             .execute(
                 "UPDATE runs SET status = 'error', stop_reason = 'error', ended_at = ?2, error = ?3
@@ -458,7 +458,7 @@ impl Db {
 
     /// Record how a run ended, retrying a busy or locked store with backoff for up to
     /// `patience`; the waits are async, so a daemon's other runs go on meanwhile.
-    pub async fn finish_run_patiently(
+    pub(crate) async fn finish_run_patiently(
         &mut self,
         id: &str,
         end: &Ended<'_>,
@@ -478,7 +478,7 @@ impl Db {
         }
     }
 
-    pub fn finish_run(&mut self, id: &str, end: &Ended) -> Result<(), DbError> {
+    pub(crate) fn finish_run(&mut self, id: &str, end: &Ended) -> Result<(), DbError> {
         let path = self.path.clone();
         let err = |source| DbError::Sqlite {
             path: path.clone(),
@@ -526,7 +526,7 @@ impl Db {
     /// Runs left `running` by a process that is gone become `interrupted`, unless their
     /// outcome was kept in a file (the store could not take it then): that outcome is
     /// recorded. Returns how many runs were settled.
-    pub fn mark_orphans(&self) -> Result<usize, DbError> {
+    pub(crate) fn mark_orphans(&self) -> Result<usize, DbError> {
         let mut stmt = self
             .conn
             .prepare("SELECT id, pid, dir FROM runs WHERE status = 'running'")
@@ -645,7 +645,7 @@ impl Db {
     }
 
     /// Each try's check results of a run.
-    pub fn checks(&self, id: &str) -> Result<Vec<(u32, CheckReport)>, DbError> {
+    pub(crate) fn checks(&self, id: &str) -> Result<Vec<(u32, CheckReport)>, DbError> {
         let mut stmt = self
             .conn
             .prepare(
@@ -672,7 +672,7 @@ impl Db {
     }
 
     /// Delete all but the newest `keep` finished runs of `goal`; returns their folders.
-    pub fn prune(&self, goal: &str, keep: u32) -> Result<Vec<String>, DbError> {
+    pub(crate) fn prune(&self, goal: &str, keep: u32) -> Result<Vec<String>, DbError> {
         let mut stmt = self
             .conn
             .prepare(
@@ -726,7 +726,7 @@ impl Db {
     }
 
     /// Set what became of a claimed occurrence.
-    pub fn occurrence(
+    pub(crate) fn occurrence(
         &self,
         goal: &str,
         at: DateTime<Utc>,
@@ -744,7 +744,7 @@ impl Db {
     }
 
     /// The latest occurrence of `goal` that any daemon claimed.
-    pub fn last_occurrence(&self, goal: &str) -> Result<Option<DateTime<Utc>>, DbError> {
+    pub(crate) fn last_occurrence(&self, goal: &str) -> Result<Option<DateTime<Utc>>, DbError> {
         let s: Option<Option<String>> = self
             .conn
             .query_row(
@@ -758,7 +758,7 @@ impl Db {
     }
 
     /// The latest occurrence of every goal that any daemon claimed, in one query.
-    pub fn last_occurrences(
+    pub(crate) fn last_occurrences(
         &self,
     ) -> Result<std::collections::HashMap<String, DateTime<Utc>>, DbError> {
         let mut stmt = self
@@ -788,7 +788,7 @@ impl Db {
         Ok(())
     }
 
-    pub fn paused(&self, goal: &str) -> Result<bool, DbError> {
+    pub(crate) fn paused(&self, goal: &str) -> Result<bool, DbError> {
         Ok(self
             .conn
             .prepare_cached("SELECT paused FROM goal_state WHERE goal = ?1")
@@ -798,7 +798,7 @@ impl Db {
     }
 
     /// The goals paused now.
-    pub fn paused_goals(&self) -> Result<std::collections::HashSet<String>, DbError> {
+    pub(crate) fn paused_goals(&self) -> Result<std::collections::HashSet<String>, DbError> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT goal FROM goal_state WHERE paused")
@@ -808,7 +808,7 @@ impl Db {
             .map_err(|e| self.err(e))
     }
 
-    pub fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
+    pub(crate) fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
         let count = |status: OccurrenceStatus| -> Result<u64, DbError> {
             self.conn
                 .query_row(
@@ -847,7 +847,7 @@ impl Db {
     }
 
     /// Store a pending approval request.
-    pub fn request_approval(&self, req: &ApprovalRow) -> Result<(), DbError> {
+    pub(crate) fn request_approval(&self, req: &ApprovalRow) -> Result<(), DbError> {
         self.conn
             .execute(
                 "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline, status)
@@ -868,7 +868,7 @@ impl Db {
         Ok(())
     }
 
-    pub fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, DbError> {
+    pub(crate) fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, DbError> {
         self.conn
             .query_row("SELECT * FROM approvals WHERE id = ?1", [id], approval_of)
             .optional()
@@ -887,7 +887,7 @@ impl Db {
     }
 
     /// Answer a pending request; `false` when it is not pending (answered, expired, gone).
-    pub fn decide_approval(
+    pub(crate) fn decide_approval(
         &self,
         id: &str,
         status: ApprovalStatus,
@@ -915,7 +915,7 @@ impl Db {
     }
 
     /// The latest finished run of `goal` other than `except`.
-    pub fn previous_run(&self, goal: &str, except: &str) -> Result<Option<RunRow>, DbError> {
+    pub(crate) fn previous_run(&self, goal: &str, except: &str) -> Result<Option<RunRow>, DbError> {
         self.conn
             .query_row(
                 "SELECT * FROM runs WHERE goal = ?1 AND id != ?2 AND status != 'running'
@@ -928,7 +928,7 @@ impl Db {
     }
 
     /// US dollars spent by the runs of `goal` started at or after `since`.
-    pub fn cost_since(&self, goal: &str, since: DateTime<Utc>) -> Result<f64, DbError> {
+    pub(crate) fn cost_since(&self, goal: &str, since: DateTime<Utc>) -> Result<f64, DbError> {
         self.conn
             .query_row(
                 "SELECT coalesce(sum(cost), 0) FROM runs WHERE goal = ?1 AND started_at >= ?2",
@@ -939,7 +939,7 @@ impl Db {
     }
 
     /// Record one notification attempt.
-    pub fn record_notice(&self, n: &NoticeRow) -> Result<(), DbError> {
+    pub(crate) fn record_notice(&self, n: &NoticeRow) -> Result<(), DbError> {
         self.conn
             .execute(
                 "INSERT INTO notifications (run_id, goal, event, channel, attempt, at, ok, detail)
@@ -953,7 +953,7 @@ impl Db {
     }
 
     /// The notification attempts of a run, in order.
-    pub fn notices(&self, run_id: &str) -> Result<Vec<NoticeRow>, DbError> {
+    pub(crate) fn notices(&self, run_id: &str) -> Result<Vec<NoticeRow>, DbError> {
         let mut stmt = self
             .conn
             .prepare(

@@ -27,7 +27,7 @@ pub enum StoreError {
 }
 
 /// `SUP_HOME`, or `~/.local/state/sup`.
-pub fn home() -> PathBuf {
+pub(crate) fn home() -> PathBuf {
     if let Some(h) = std::env::var_os("SUP_HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(h);
     }
@@ -36,7 +36,7 @@ pub fn home() -> PathBuf {
 }
 
 /// A new run id: sortable by time, unique across processes.
-pub fn new_run_id() -> String {
+pub(crate) fn new_run_id() -> String {
     let now = chrono::Utc::now().format("%Y%m%d-%H%M%S");
     let rand = uuid::Uuid::new_v4().simple().to_string();
     format!("{now}-{}", &rand[..8])
@@ -45,8 +45,8 @@ pub fn new_run_id() -> String {
 /// The folder of one run.
 #[derive(Clone, Debug)]
 pub struct RunDir {
-    pub id: String,
-    pub dir: PathBuf,
+    pub(crate) id: String,
+    pub(crate) dir: PathBuf,
 }
 
 impl RunDir {
@@ -57,14 +57,14 @@ impl RunDir {
     }
 
     /// A new run's id and folder, not made yet.
-    pub fn planned(home: &Path) -> Self {
+    pub(crate) fn planned(home: &Path) -> Self {
         let id = new_run_id();
         let dir = home.join("runs").join(&id);
         RunDir { id, dir }
     }
 
     /// Make the folder.
-    pub fn make(&self) -> Result<(), StoreError> {
+    pub(crate) fn make(&self) -> Result<(), StoreError> {
         // `outputs/` is made by whoever first needs it: most runs never cut an output.
         std::fs::create_dir_all(&self.dir).map_err(|source| StoreError::Create {
             path: self.dir.display().to_string(),
@@ -72,11 +72,11 @@ impl RunDir {
         })
     }
 
-    pub fn transcript(&self) -> PathBuf {
+    pub(crate) fn transcript(&self) -> PathBuf {
         self.dir.join("transcript.jsonl")
     }
 
-    pub fn outputs(&self) -> PathBuf {
+    pub(crate) fn outputs(&self) -> PathBuf {
         self.dir.join("outputs")
     }
 }

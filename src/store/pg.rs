@@ -19,10 +19,10 @@ use crate::model::Usage;
 use crate::trace::{CheckReport, Status, StopReason};
 
 /// The schema this `sup` knows; a store with a higher version is refused.
-pub const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
 #[derive(Debug, thiserror::Error)]
-pub enum PgError {
+pub(crate) enum PgError {
     #[error(
         "the store URL `{url}` is not a PostgreSQL URL ({why}); write postgres://USER@HOST:PORT/DATABASE"
     )]
@@ -50,7 +50,7 @@ pub enum PgError {
 
 impl PgError {
     /// A fault that may pass: the server restarting, a connection cut.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         matches!(
             self,
             PgError::Server {
@@ -62,7 +62,7 @@ impl PgError {
 }
 
 /// A URL that names PostgreSQL.
-pub fn is_pg_url(s: &str) -> bool {
+pub(crate) fn is_pg_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
@@ -93,7 +93,7 @@ fn password_spans(url: &str) -> Vec<std::ops::Range<usize>> {
 }
 
 /// A store URL as given, for an error that cannot parse it: a password is `***`.
-pub fn without_password(url: &str) -> String {
+pub(crate) fn without_password(url: &str) -> String {
     let mut out = url.to_string();
     for span in password_spans(url).into_iter().rev() {
         out.replace_range(span, "***");
@@ -103,7 +103,7 @@ pub fn without_password(url: &str) -> String {
 
 /// A store URL of the same length with each byte of a password an `x`; `None` when it holds
 /// none.
-pub fn password_blotted(url: &str) -> Option<Vec<u8>> {
+pub(crate) fn password_blotted(url: &str) -> Option<Vec<u8>> {
     let spans = password_spans(url);
     if spans.iter().all(|s| s.is_empty()) {
         return None;
@@ -352,44 +352,44 @@ const CLAIM_OWNED: &str = "SELECT o.goal, o.scheduled_for, o.status, o.run_id FR
 const MIGRATION_LOCK: i64 = 0x0053_7570_5f6d_6967;
 
 /// A daemon's version of a goal: (daemon id, content hash, file modified time).
-pub type GoalVersion = (String, String, DateTime<Utc>);
+pub(crate) type GoalVersion = (String, String, DateTime<Utc>);
 
 /// One member of the fleet.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct DaemonRow {
-    pub id: String,
-    pub host: String,
-    pub pid: i32,
-    pub version: String,
-    pub tags: Vec<String>,
-    pub max_concurrent: i32,
-    pub started_at: DateTime<Utc>,
-    pub renewed_at: DateTime<Utc>,
+pub(crate) struct DaemonRow {
+    pub(crate) id: String,
+    pub(crate) host: String,
+    pub(crate) pid: i32,
+    pub(crate) version: String,
+    pub(crate) tags: Vec<String>,
+    pub(crate) max_concurrent: i32,
+    pub(crate) started_at: DateTime<Utc>,
+    pub(crate) renewed_at: DateTime<Utc>,
     /// `alive`, `stopped` (shut down), `dead` (its lease expired).
-    pub state: String,
-    pub running: Vec<String>,
+    pub(crate) state: String,
+    pub(crate) running: Vec<String>,
 }
 
 /// Who claims: the daemon's id, host and pid.
 #[derive(Clone, Debug)]
-pub struct Claimer {
-    pub id: String,
-    pub host: String,
+pub(crate) struct Claimer {
+    pub(crate) id: String,
+    pub(crate) host: String,
 }
 
 /// One occurrence to claim.
 #[derive(Clone, Debug)]
-pub struct Due {
-    pub goal: String,
-    pub at: DateTime<Utc>,
+pub(crate) struct Due {
+    pub(crate) goal: String,
+    pub(crate) at: DateTime<Utc>,
     /// `skip`, `queue`, `replace` or `allow`.
-    pub overlap: &'static str,
-    pub retry_interrupted: bool,
+    pub(crate) overlap: &'static str,
+    pub(crate) retry_interrupted: bool,
 }
 
 /// What became of a claimed occurrence. Only occurrences this daemon now owns are reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Claimed {
+pub(crate) enum Claimed {
     /// Start it: the run row exists.
     Run {
         goal: String,
@@ -406,28 +406,28 @@ pub enum Claimed {
 
 /// What a lease renewal learned.
 #[derive(Clone, Debug)]
-pub struct Renewed {
+pub(crate) struct Renewed {
     /// `false`: the fleet had declared the daemon dead (its runs were closed); it is alive
     /// again from now on.
-    pub was_alive: bool,
+    pub(crate) was_alive: bool,
     /// Its runs that a newer occurrence replaces.
-    pub cancel: Vec<String>,
+    pub(crate) cancel: Vec<String>,
     /// The daemons with a live lease (this one too), by id.
-    pub fleet: Vec<String>,
+    pub(crate) fleet: Vec<String>,
 }
 
 /// A dead daemon's run that another daemon closed.
 #[derive(Clone, Debug)]
-pub struct Reaped {
-    pub daemon: String,
-    pub run_id: String,
-    pub goal: String,
-    pub retried: bool,
+pub(crate) struct Reaped {
+    pub(crate) daemon: String,
+    pub(crate) run_id: String,
+    pub(crate) goal: String,
+    pub(crate) retried: bool,
 }
 
 /// The shared store.
 #[derive(Clone)]
-pub struct PgStore {
+pub(crate) struct PgStore {
     pool: Pool,
     cfg: tokio_postgres::Config,
     at: String,
@@ -447,7 +447,7 @@ fn host_name() -> String {
 }
 
 /// This machine's name, as the fleet knows it.
-pub fn this_host() -> String {
+pub(crate) fn this_host() -> String {
     std::env::var("SUP_HOST")
         .ok()
         .filter(|h| !h.is_empty())
@@ -456,7 +456,7 @@ pub fn this_host() -> String {
 
 impl PgStore {
     /// Connect, create or migrate the schema, and refuse a newer one.
-    pub async fn open(url: &str) -> Result<PgStore, PgError> {
+    pub(crate) async fn open(url: &str) -> Result<PgStore, PgError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| PgError::Url {
             url: without_password(url),
             why: format!("{e}"),
@@ -489,7 +489,7 @@ impl PgStore {
     }
 
     /// Where the store is, without the password.
-    pub fn at(&self) -> &str {
+    pub(crate) fn at(&self) -> &str {
         &self.at
     }
 
@@ -510,7 +510,7 @@ impl PgStore {
     }
 
     /// A connection of its own, for `LISTEN`.
-    pub async fn listener(
+    pub(crate) async fn listener(
         &self,
     ) -> Result<
         (
@@ -573,7 +573,7 @@ impl PgStore {
     // ----- the fleet -----
 
     /// Register a daemon; returns its id.
-    pub async fn register(
+    pub(crate) async fn register(
         &self,
         host: &str,
         tags: &[String],
@@ -607,7 +607,7 @@ impl PgStore {
 
     /// Renew a daemon's lease, and learn which of its runs the fleet asked to cancel (overlap
     /// `replace`; `NOTIFY sup_cancel` says it sooner, this when a notification was lost).
-    pub async fn renew(&self, id: &str) -> Result<Renewed, PgError> {
+    pub(crate) async fn renew(&self, id: &str) -> Result<Renewed, PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -630,7 +630,7 @@ impl PgStore {
         })
     }
 
-    pub async fn stop_daemon(&self, id: &str) -> Result<(), PgError> {
+    pub(crate) async fn stop_daemon(&self, id: &str) -> Result<(), PgError> {
         let c = self.client().await?;
         c.execute(
             "UPDATE daemons SET state = 'stopped', stopped_at = now() WHERE id = $1",
@@ -644,7 +644,7 @@ impl PgStore {
     /// Daemons whose lease ran out become `dead`; their runs `interrupted`, their occurrences
     /// closed, and runs that ask for it get a retry trigger, unless a newer run replaced
     /// them (the retry would replace that one).
-    pub async fn reap(&self, by: &str) -> Result<Vec<Reaped>, PgError> {
+    pub(crate) async fn reap(&self, by: &str) -> Result<Vec<Reaped>, PgError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(&e))?;
         let dead: Vec<String> = tx
@@ -715,7 +715,7 @@ impl PgStore {
     }
 
     /// The fleet, newest first; dead and stopped members of the last day too.
-    pub async fn daemons(&self) -> Result<Vec<DaemonRow>, PgError> {
+    pub(crate) async fn daemons(&self) -> Result<Vec<DaemonRow>, PgError> {
         let c = self.client().await?;
         let rows = c
             .query(
@@ -752,7 +752,7 @@ impl PgStore {
     }
 
     /// Whether a daemon with a live lease serves `goal` (it published a version of it).
-    pub async fn live_daemon_for(&self, goal: &str) -> Result<bool, PgError> {
+    pub(crate) async fn live_daemon_for(&self, goal: &str) -> Result<bool, PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -773,7 +773,7 @@ impl PgStore {
     /// for each that starts. Safe to call again after a failed commit: what this daemon
     /// already owns is reported again. Four round trips whatever the batch's size: the
     /// statements are prepared once per connection and sent in two pipelines.
-    pub async fn claim(
+    pub(crate) async fn claim(
         &self,
         me: &Claimer,
         kind: &str,
@@ -919,7 +919,7 @@ impl PgStore {
     }
 
     /// Record occurrences that no one will run (missed while no daemon ran).
-    pub async fn missed(
+    pub(crate) async fn missed(
         &self,
         me: &Claimer,
         goal: &str,
@@ -949,7 +949,7 @@ impl PgStore {
     }
 
     /// The latest claimed occurrence of each goal.
-    pub async fn last_occurrences(&self) -> Result<HashMap<String, DateTime<Utc>>, PgError> {
+    pub(crate) async fn last_occurrences(&self) -> Result<HashMap<String, DateTime<Utc>>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "SELECT goal, last_occurrence FROM goal_state WHERE last_occurrence IS NOT NULL",
@@ -964,7 +964,7 @@ impl PgStore {
 
     /// After a run of `goal` ended: the oldest queued occurrence starts when nothing else of
     /// the goal runs.
-    pub async fn take_queued(
+    pub(crate) async fn take_queued(
         &self,
         me: &Claimer,
         goal: &str,
@@ -1030,7 +1030,7 @@ impl PgStore {
     }
 
     /// Ask for a manual run of `goal`; a daemon that serves it picks it up.
-    pub async fn request_trigger(&self, goal: &str, by: &str) -> Result<i64, PgError> {
+    pub(crate) async fn request_trigger(&self, goal: &str, by: &str) -> Result<i64, PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -1047,7 +1047,7 @@ impl PgStore {
     }
 
     /// Take up to `limit` pending triggers of the goals this daemon serves.
-    pub async fn take_triggers(
+    pub(crate) async fn take_triggers(
         &self,
         me: &Claimer,
         goals: &[String],
@@ -1069,7 +1069,7 @@ impl PgStore {
     }
 
     /// What became of a trigger: its occurrence's status and run.
-    pub async fn settle_trigger(
+    pub(crate) async fn settle_trigger(
         &self,
         id: i64,
         status: &str,
@@ -1086,7 +1086,7 @@ impl PgStore {
     }
 
     /// A trigger's state: (status, run id).
-    pub async fn trigger_state(&self, id: i64) -> Result<(String, Option<String>), PgError> {
+    pub(crate) async fn trigger_state(&self, id: i64) -> Result<(String, Option<String>), PgError> {
         let c = self.client().await?;
         let r = c
             .query_one("SELECT status, run_id FROM triggers WHERE id = $1", &[&id])
@@ -1098,7 +1098,7 @@ impl PgStore {
     // ----- runs -----
 
     /// What the run's own process says once it started: its local id, model, folders.
-    pub async fn run_started(
+    pub(crate) async fn run_started(
         &self,
         id: &str,
         local_id: &str,
@@ -1117,7 +1117,7 @@ impl PgStore {
     }
 
     /// Append transcript events (seq, event).
-    pub async fn events(
+    pub(crate) async fn events(
         &self,
         id: &str,
         events: &[(i64, serde_json::Value)],
@@ -1141,7 +1141,7 @@ impl PgStore {
 
     /// Record how a run ended, and close its occurrence. A run the fleet had declared
     /// interrupted keeps that status; its outcome is still recorded in the error text.
-    pub async fn finish_run(&self, id: &str, end: &Finish) -> Result<(), PgError> {
+    pub(crate) async fn finish_run(&self, id: &str, end: &Finish) -> Result<(), PgError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(&e))?;
         tx.execute(
@@ -1201,7 +1201,7 @@ impl PgStore {
     }
 
     /// Runs, newest first.
-    pub async fn runs(
+    pub(crate) async fn runs(
         &self,
         goal: Option<&str>,
         status: Option<&str>,
@@ -1223,7 +1223,7 @@ impl PgStore {
     }
 
     /// One run by its fleet id or its local id.
-    pub async fn run(&self, id: &str) -> Result<FleetRun, PgError> {
+    pub(crate) async fn run(&self, id: &str) -> Result<FleetRun, PgError> {
         let c = self.client().await?;
         let row = c
             .query_opt(
@@ -1236,7 +1236,7 @@ impl PgStore {
         Ok(run_of(&row))
     }
 
-    pub async fn checks(&self, id: &str) -> Result<Vec<(u32, CheckReport)>, PgError> {
+    pub(crate) async fn checks(&self, id: &str) -> Result<Vec<(u32, CheckReport)>, PgError> {
         let c = self.client().await?;
         let rows = c
             .query(
@@ -1266,7 +1266,7 @@ impl PgStore {
     }
 
     /// A run's transcript events, in order.
-    pub async fn transcript(&self, id: &str) -> Result<Vec<serde_json::Value>, PgError> {
+    pub(crate) async fn transcript(&self, id: &str) -> Result<Vec<serde_json::Value>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "SELECT event FROM events WHERE run_id = $1 ORDER BY seq",
@@ -1281,7 +1281,7 @@ impl PgStore {
 
     /// The last run of `goal` that ended, other than `except`: what `previous.*` in a
     /// template sees, whichever daemon ran it.
-    pub async fn previous_run(
+    pub(crate) async fn previous_run(
         &self,
         goal: &str,
         except: &str,
@@ -1302,7 +1302,10 @@ impl PgStore {
     }
 
     /// Whether `goal` is paused, and its last occurrence.
-    pub async fn goal_state(&self, goal: &str) -> Result<(bool, Option<DateTime<Utc>>), PgError> {
+    pub(crate) async fn goal_state(
+        &self,
+        goal: &str,
+    ) -> Result<(bool, Option<DateTime<Utc>>), PgError> {
         let c = self.client().await?;
         Ok(c.query_opt(
             "SELECT paused, last_occurrence FROM goal_state WHERE goal = $1",
@@ -1314,7 +1317,7 @@ impl PgStore {
     }
 
     /// The status of the occurrence of `goal` at `at`, if the fleet recorded one.
-    pub async fn occurrence_status(
+    pub(crate) async fn occurrence_status(
         &self,
         goal: &str,
         at: DateTime<Utc>,
@@ -1330,7 +1333,11 @@ impl PgStore {
     }
 
     /// US dollars spent by the runs of `goal` started at or after `since`, on any daemon.
-    pub async fn cost_since(&self, goal: &str, since: DateTime<Utc>) -> Result<f64, PgError> {
+    pub(crate) async fn cost_since(
+        &self,
+        goal: &str,
+        since: DateTime<Utc>,
+    ) -> Result<f64, PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -1345,7 +1352,7 @@ impl PgStore {
 
     /// One page of runs (`offset`, `limit`), newest first, and how many match in all: the web
     /// console's list.
-    pub async fn runs_page(
+    pub(crate) async fn runs_page(
         &self,
         goal: Option<&str>,
         status: Option<&str>,
@@ -1377,7 +1384,7 @@ impl PgStore {
     }
 
     /// The names of goals that have runs, sorted.
-    pub async fn goal_names(&self) -> Result<Vec<String>, PgError> {
+    pub(crate) async fn goal_names(&self) -> Result<Vec<String>, PgError> {
         let c = self.client().await?;
         Ok(c.query("SELECT DISTINCT goal FROM runs ORDER BY goal", &[])
             .await
@@ -1388,7 +1395,7 @@ impl PgStore {
     }
 
     /// A run's transcript events from sequence number `from` on, each with its number.
-    pub async fn events_from(
+    pub(crate) async fn events_from(
         &self,
         id: &str,
         from: i64,
@@ -1407,7 +1414,7 @@ impl PgStore {
 
     /// What the goals page shows of a goal: paused, skipped and missed occurrences, the last
     /// run, and occurrences skipped while paused.
-    pub async fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), PgError> {
+    pub(crate) async fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -1435,7 +1442,7 @@ impl PgStore {
 
     // ----- goals -----
 
-    pub async fn set_paused(&self, goal: &str, paused: bool) -> Result<(), PgError> {
+    pub(crate) async fn set_paused(&self, goal: &str, paused: bool) -> Result<(), PgError> {
         let c = self.client().await?;
         c.execute(
             "INSERT INTO goal_state (goal, paused) VALUES ($1, $2)
@@ -1448,7 +1455,7 @@ impl PgStore {
     }
 
     /// Publish this daemon's goal versions: (name, content hash, file modified time).
-    pub async fn publish_goals(
+    pub(crate) async fn publish_goals(
         &self,
         daemon: &str,
         goals: &[(String, String, DateTime<Utc>)],
@@ -1473,7 +1480,7 @@ impl PgStore {
 
     /// Goals whose live daemons hold different versions: (goal, [(daemon, hash, modified)]),
     /// the newest first.
-    pub async fn goal_versions(&self) -> Result<Vec<(String, Vec<GoalVersion>)>, PgError> {
+    pub(crate) async fn goal_versions(&self) -> Result<Vec<(String, Vec<GoalVersion>)>, PgError> {
         let c = self.client().await?;
         let rows = c
             .query(
@@ -1503,13 +1510,17 @@ impl PgStore {
     // ----- approvals -----
 
     /// Mirror a local approval request into the store (once).
-    pub async fn put_approval(&self, a: &ApprovalRow, daemon: &str) -> Result<(), PgError> {
+    pub(crate) async fn put_approval(&self, a: &ApprovalRow, daemon: &str) -> Result<(), PgError> {
         self.insert_approval(a, Some(daemon)).await
     }
 
     /// Put a run's request in the store as it is made (once), under the daemon that runs
     /// the fleet's run `fleet_run`.
-    pub async fn request_approval(&self, a: &ApprovalRow, fleet_run: &str) -> Result<(), PgError> {
+    pub(crate) async fn request_approval(
+        &self,
+        a: &ApprovalRow,
+        fleet_run: &str,
+    ) -> Result<(), PgError> {
         let c = self.client().await?;
         let daemon: Option<String> = c
             .query_opt("SELECT daemon_id FROM runs WHERE id = $1", &[&fleet_run])
@@ -1542,7 +1553,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
+    pub(crate) async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
         let c = self.client().await?;
         Ok(c.query_opt(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
@@ -1556,7 +1567,7 @@ impl PgStore {
     }
 
     /// Requests of one status (`pending`: waiting), oldest first.
-    pub async fn approvals(&self, status: &str) -> Result<Vec<ApprovalRow>, PgError> {
+    pub(crate) async fn approvals(&self, status: &str) -> Result<Vec<ApprovalRow>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
@@ -1571,7 +1582,7 @@ impl PgStore {
     }
 
     /// Answered (or expired) requests, newest answer first, with when they were answered.
-    pub async fn answered_approvals(
+    pub(crate) async fn answered_approvals(
         &self,
         limit: u32,
     ) -> Result<Vec<(ApprovalRow, Option<String>)>, PgError> {
@@ -1594,7 +1605,7 @@ impl PgStore {
 
     /// Answer a pending request and wake the daemon whose run waits; `false` when it is not
     /// pending.
-    pub async fn decide_approval(
+    pub(crate) async fn decide_approval(
         &self,
         id: &str,
         status: &str,
@@ -1620,7 +1631,7 @@ impl PgStore {
     }
 
     /// A request that ended where its run waits (timed out, cancelled) ends here too.
-    pub async fn close_approval(&self, id: &str, status: &str) -> Result<(), PgError> {
+    pub(crate) async fn close_approval(&self, id: &str, status: &str) -> Result<(), PgError> {
         let c = self.client().await?;
         c.execute(
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",
@@ -1630,33 +1641,27 @@ impl PgStore {
         .map_err(|e| self.err(&e))?;
         Ok(())
     }
-
-    /// For tests and the benchmark: run SQL directly.
-    pub async fn execute(&self, sql: &str) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.batch_execute(sql).await.map_err(|e| self.err(&e))
-    }
 }
 
 /// How a run ended, owned so that it can wait on disk while the store is away.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Finish {
-    pub status: Status,
-    pub stop_reason: StopReason,
-    pub tries: u32,
-    pub steps: u32,
-    pub usage: Usage,
-    pub error: Option<String>,
-    pub checks: Vec<Vec<CheckReport>>,
+pub(crate) struct Finish {
+    pub(crate) status: Status,
+    pub(crate) stop_reason: StopReason,
+    pub(crate) tries: u32,
+    pub(crate) steps: u32,
+    pub(crate) usage: Usage,
+    pub(crate) error: Option<String>,
+    pub(crate) checks: Vec<Vec<CheckReport>>,
     /// US dollars, when the price is known; absent in outcomes kept by an older `sup`.
     #[serde(default)]
-    pub cost: Option<f64>,
+    pub(crate) cost: Option<f64>,
     #[serde(default)]
-    pub answer: Option<String>,
+    pub(crate) answer: Option<String>,
 }
 
 /// Retry `op` while it fails with a transient fault, with growing waits up to `give_up`.
-pub async fn retry<T, F, Fut>(what: &str, give_up: Duration, mut op: F) -> Result<T, PgError>
+pub(crate) async fn retry<T, F, Fut>(what: &str, give_up: Duration, mut op: F) -> Result<T, PgError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, PgError>>,
@@ -1681,12 +1686,12 @@ const RUN_COLUMNS: &str = "id, goal, trigger, scheduled_for, status, stop_reason
 
 /// A run as the fleet keeps it: the SQLite row plus where it ran.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct FleetRun {
+pub(crate) struct FleetRun {
     #[serde(flatten)]
-    pub run: RunRow,
-    pub host: String,
-    pub daemon_id: Option<String>,
-    pub local_id: Option<String>,
+    pub(crate) run: RunRow,
+    pub(crate) host: String,
+    pub(crate) daemon_id: Option<String>,
+    pub(crate) local_id: Option<String>,
 }
 
 fn run_of(r: &tokio_postgres::Row) -> FleetRun {

@@ -8,9 +8,9 @@ use super::db::{ApprovalRow, Db, DbError, RunRow};
 
 /// Which runs, newest first.
 #[derive(Clone, Debug, Default)]
-pub struct RunFilter<'a> {
-    pub goal: Option<&'a str>,
-    pub status: Option<&'a str>,
+pub(crate) struct RunFilter<'a> {
+    pub(crate) goal: Option<&'a str>,
+    pub(crate) status: Option<&'a str>,
 }
 
 fn sqlite(_db: &Db, source: rusqlite::Error) -> DbError {
@@ -22,7 +22,7 @@ fn sqlite(_db: &Db, source: rusqlite::Error) -> DbError {
 
 /// One page of runs (`offset`, `limit`) and how many match in all. Only the conditions
 /// given are in the SQL, so SQLite can use the goal, status and time indexes.
-pub fn runs_page(
+pub(crate) fn runs_page(
     db: &Db,
     filter: &RunFilter,
     offset: u32,
@@ -68,7 +68,7 @@ pub fn runs_page(
 }
 
 /// The names of goals that have runs, sorted.
-pub fn goal_names(db: &Db) -> Result<Vec<String>, DbError> {
+pub(crate) fn goal_names(db: &Db) -> Result<Vec<String>, DbError> {
     let mut stmt = db
         .conn()
         .prepare_cached("SELECT DISTINCT goal FROM runs ORDER BY goal")
@@ -79,7 +79,7 @@ pub fn goal_names(db: &Db) -> Result<Vec<String>, DbError> {
 }
 
 /// Answered (or expired) requests, newest answer first, with when they were answered.
-pub fn answered_approvals(
+pub(crate) fn answered_approvals(
     db: &Db,
     limit: u32,
 ) -> Result<Vec<(ApprovalRow, Option<String>)>, DbError> {
@@ -104,7 +104,7 @@ pub fn answered_approvals(
 }
 
 /// How many occurrences of `goal` ended with `status` (`paused`, `skipped`, `missed`, …).
-pub fn occurrence_count(db: &Db, goal: &str, status: &str) -> Result<u64, DbError> {
+pub(crate) fn occurrence_count(db: &Db, goal: &str, status: &str) -> Result<u64, DbError> {
     db.conn()
         .query_row(
             "SELECT count(*) FROM occurrences WHERE goal = ?1 AND status = ?2",

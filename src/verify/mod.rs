@@ -64,12 +64,12 @@ pub struct Outcome {
     pub status: Status,
     pub stop_reason: StopReason,
     pub tries: u32,
-    pub(crate) steps: u32,
-    pub(crate) usage: Usage,
+    pub steps: u32,
+    pub usage: Usage,
     /// US dollars, when the model's price is known.
-    pub(crate) cost: Option<f64>,
-    pub(crate) answer: Option<String>,
-    pub(crate) error: Option<String>,
+    pub cost: Option<f64>,
+    pub answer: Option<String>,
+    pub error: Option<String>,
     /// Each try's check results.
     pub checks: Vec<Vec<CheckReport>>,
 }

@@ -17,7 +17,7 @@ use crate::model::{
 };
 use crate::tools::process::safe_name;
 use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
-pub use crate::trace::StopReason;
+pub(crate) use crate::trace::StopReason;
 use crate::trace::{Event, Events};
 
 /// The limits of one work loop.
@@ -88,7 +88,7 @@ pub struct Outcome {
 
 /// Add a message to the conversation and to the transcript.
 /// Known secrets are redacted first: what the model is sent never holds one.
-pub fn push(messages: &mut Conversation, message: Message, events: &Events) {
+pub(crate) fn push(messages: &mut Conversation, message: Message, events: &Events) {
     let message = crate::redact::serde(&message).unwrap_or(message);
     events.emit(Event::Message {
         message: message.clone(),
@@ -500,6 +500,6 @@ impl Repeats {
 }
 
 /// Whether the file system holding `dir` has no space left for an ordinary user.
-pub fn disk_full(dir: &std::path::Path) -> bool {
+pub(crate) fn disk_full(dir: &std::path::Path) -> bool {
     nix::sys::statvfs::statvfs(dir).is_ok_and(|s| s.blocks_available() == 0)
 }
