@@ -689,6 +689,26 @@ fn validate(s: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The machine's zone: `TZ` if it names one, else the system's, else UTC.
+pub(crate) fn local_zone() -> chrono_tz::Tz {
+    std::env::var("TZ")
+        .ok()
+        .and_then(|z| z.trim_start_matches(':').parse::<chrono_tz::Tz>().ok())
+        .or_else(|| {
+            iana_time_zone::get_timezone()
+                .ok()
+                .and_then(|z| z.parse::<chrono_tz::Tz>().ok())
+        })
+        .unwrap_or(chrono_tz::Tz::UTC)
+}
+
+/// A `timezone` setting: an IANA zone name.
+pub(crate) fn parse_zone(name: &str) -> Result<chrono_tz::Tz, String> {
+    name.parse::<chrono_tz::Tz>().map_err(|_| {
+        format!("`{name}` is not an IANA time zone; write e.g. `Europe/Berlin`, `Asia/Shanghai` or `UTC`")
+    })
+}
+
 /// `30s`, `5m`, `1h 30m`, `0`: every duration of flags and files.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {

@@ -327,7 +327,7 @@ impl Unattended {
             .check(&params)
             .map_err(|e| setup(e.to_string()))?;
         let timezone = match &s.timezone {
-            Some(z) => crate::schedule::cron::parse_zone(z.get_ref()).map_err(|m| {
+            Some(z) => crate::config::parse_zone(z.get_ref()).map_err(|m| {
                 let at = file
                     .map(|f| {
                         format!(
@@ -339,7 +339,7 @@ impl Unattended {
                     .unwrap_or_default();
                 setup(format!("{at}key `timezone`: {m}"))
             })?,
-            None => crate::schedule::cron::local_zone(),
+            None => crate::config::local_zone(),
         };
         let notify = s
             .notify

@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use chrono::{DateTime, Utc};
@@ -73,25 +72,6 @@ fn cron_of(shared: &mut Shared, expr: &str) -> Result<Arc<Cron>, String> {
     forget(&mut shared.crons);
     shared.crons.insert(expr.to_string(), Arc::downgrade(&cron));
     Ok(cron)
-}
-
-/// The machine's zone: `TZ` if it names one, else the system's, else UTC.
-pub(crate) fn local_zone() -> Tz {
-    std::env::var("TZ")
-        .ok()
-        .and_then(|z| Tz::from_str(z.trim_start_matches(':')).ok())
-        .or_else(|| {
-            iana_time_zone::get_timezone()
-                .ok()
-                .and_then(|z| Tz::from_str(&z).ok())
-        })
-        .unwrap_or(Tz::UTC)
-}
-
-pub(crate) fn parse_zone(name: &str) -> Result<Tz, String> {
-    Tz::from_str(name).map_err(|_| {
-        format!("`{name}` is not an IANA time zone; write e.g. `Europe/Berlin`, `Asia/Shanghai` or `UTC`")
-    })
 }
 
 impl Schedule {
@@ -201,11 +181,14 @@ mod tests {
     }
 
     fn next(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {
-        Schedule::parse(expr, parse_zone(tz).unwrap())
+        Schedule::parse(expr, crate::config::parse_zone(tz).unwrap())
             .unwrap()
             .upcoming(utc(after), n)
             .into_iter()
-            .map(|t| t.with_timezone(&parse_zone(tz).unwrap()).to_rfc3339())
+            .map(|t| {
+                t.with_timezone(&crate::config::parse_zone(tz).unwrap())
+                    .to_rfc3339()
+            })
             .collect()
     }
 
@@ -290,7 +273,11 @@ mod tests {
     #[test]
     fn schedules_of_one_expression_share_its_parse() {
         let a = Schedule::parse("0 9 * * MON-FRI", Tz::UTC).unwrap();
-        let b = Schedule::parse("0 9 * * MON-FRI", parse_zone("Asia/Shanghai").unwrap()).unwrap();
+        let b = Schedule::parse(
+            "0 9 * * MON-FRI",
+            crate::config::parse_zone("Asia/Shanghai").unwrap(),
+        )
+        .unwrap();
         let c = Schedule::parse("0 10 * * MON-FRI", Tz::UTC).unwrap();
         assert!(Arc::ptr_eq(&a.cron, &b.cron));
         assert!(!Arc::ptr_eq(&a.cron, &c.cron));
@@ -316,6 +303,10 @@ mod tests {
         assert!(e.contains("4 fields"), "{e}");
         let e = Schedule::parse("0 25 * * *", Tz::UTC).unwrap_err();
         assert!(e.contains("not a valid cron"), "{e}");
-        assert!(parse_zone("Mars/Olympus").unwrap_err().contains("IANA"));
+        assert!(
+            crate::config::parse_zone("Mars/Olympus")
+                .unwrap_err()
+                .contains("IANA")
+        );
     }
 }

@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::cron::{Schedule, local_zone, parse_zone};
+use super::cron::Schedule;
 pub(crate) use crate::config::Overlap;
 use crate::config::{GoalFile, GoalFileError, Settings};
+use crate::config::{local_zone, parse_zone};
 
 /// A goal file with its schedule checked.
 #[derive(Clone, Debug)]
