@@ -35,9 +35,9 @@ fn serving(f: &Fleet, m: usize) {
     });
 }
 
-#[test]
-fn a_waiting_run_hears_its_answer_through_notify() {
-    let mut f = Fleet::new();
+/// Goal `w`, whose one `write_file` call waits in the queue for a yes, and machine 0's
+/// daemon serving it.
+fn queued_write(f: &mut Fleet) -> Child {
     f.goal_turns(
         "w",
         None,
@@ -45,7 +45,14 @@ fn a_waiting_run_hears_its_answer_through_notify() {
         "approval = \"queue\"\napproval_timeout = \"1h\"",
     );
     let d = f.daemon(0, &[]);
-    serving(&f, 0);
+    serving(f, 0);
+    d
+}
+
+#[test]
+fn a_waiting_run_hears_its_answer_through_notify() {
+    let mut f = Fleet::new();
+    let d = queued_write(&mut f);
     let (code, text) = f.out(1, &["trigger", "w", "--goals", "."]);
     assert_eq!(code, 0, "{text}");
     let mut id = String::new();
@@ -194,14 +201,7 @@ fn sup_status_with_a_store_judges_by_the_fleets_runs() {
 fn the_web_console_on_a_store_lists_shows_and_answers_for_the_fleet() {
     use crate::web::{console, csrf_of, get, http, sign_in};
     let mut f = Fleet::new();
-    f.goal_turns(
-        "w",
-        None,
-        r#"[{"tool_calls": [{"name": "write_file", "input": {"path": "made.txt", "content": "x"}}]}, {"text": "written"}]"#,
-        "approval = \"queue\"\napproval_timeout = \"1h\"",
-    );
-    let d = f.daemon(0, &[]);
-    serving(&f, 0);
+    let d = queued_write(&mut f);
     // The console runs on machine 1, which runs nothing itself.
     let mut cmd = f.sup(1);
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--goals", "."]);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Env;
-use common::fake_server::{FakeServer, Indexing, Reply, Turn, anthropic_stream, openai_stream};
+use common::fake_server::{FakeServer, Indexing, Turn, anthropic_stream, openai_stream};
 use serde_json::Value;
 use sup::schedule::daemon::{self, ManualClock};
 use sup::store::db::{Db, parse_stamp};
@@ -20,6 +20,19 @@ use tokio_util::sync::CancellationToken;
 enum Protocol {
     OpenAi,
     Anthropic,
+}
+
+/// A fake server that streams `turns` in the wire format of `protocol`.
+fn streaming(protocol: Protocol, turns: &[Turn]) -> FakeServer {
+    FakeServer::start(
+        turns
+            .iter()
+            .map(|t| match protocol {
+                Protocol::OpenAi => openai_stream(t, Indexing::Standard),
+                Protocol::Anthropic => anthropic_stream(t),
+            })
+            .collect(),
+    )
 }
 
 /// The model of `protocol` at the fake `server`.
@@ -56,14 +69,7 @@ fn four_steps(protocol: Protocol) -> Vec<Value> {
         })
         .chain([Turn::text("Done.")])
         .collect();
-    let replies: Vec<Reply> = turns
-        .iter()
-        .map(|t| match protocol {
-            Protocol::OpenAi => openai_stream(t, Indexing::Standard),
-            Protocol::Anthropic => anthropic_stream(t),
-        })
-        .collect();
-    let server = FakeServer::start(replies);
+    let server = streaming(protocol, &turns);
     let mut cmd = env.sup();
     cmd.args(["run", "read a.txt", "--json"]);
     point_at(&mut cmd, protocol, &server);
@@ -186,14 +192,7 @@ fn a_fresh_try_sends_a_new_conversation_not_the_kept_one() {
             Turn::text("First try, a long answer that only the first try has."),
             Turn::text("Second."),
         ];
-        let replies: Vec<Reply> = turns
-            .iter()
-            .map(|t| match protocol {
-                Protocol::OpenAi => openai_stream(t, Indexing::Standard),
-                Protocol::Anthropic => anthropic_stream(t),
-            })
-            .collect();
-        let server = FakeServer::start(replies);
+        let server = streaming(protocol, &turns);
         let mut cmd = env.sup();
         cmd.args([
             "goal",
