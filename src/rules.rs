@@ -17,8 +17,6 @@
 //! Below both `approval` (which decides with the rules) and `tools` (whose built-ins refuse
 //! what a deny rule names).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
 use brush_parser::ast;
 use brush_parser::word::WordPiece;
 use globset::{GlobBuilder, GlobMatcher};
@@ -108,8 +106,8 @@ impl Rules {
     }
 
     /// What the rules say of a call: deny beats ask beats allow; `None` when no rule decides.
-    /// A line that runs what deny or ask rules cannot see answers `Ask` with the first such
-    /// rule of the tool.
+    /// A command line that runs what the rules cannot see counts as matching every deny and
+    /// ask rule on `run_command`.
     pub(crate) fn judge(&self, tool: &str, arg: &str) -> Option<(Verdict, &Rule)> {
         if tool != "run_command" {
             let any = |r: &Rule| r.matches(tool, arg);
@@ -133,19 +131,12 @@ impl Rules {
                     Some(p) => line.seen.iter().any(|s| p.is_match(s)),
                 }
         };
-        if let Some(r) = self.deny.iter().find(|r| tripwire(r)) {
+        // A line that runs what the rules cannot see matches every rule on the tool.
+        let hidden = |r: &Rule| line.hidden.is_some() && r.tool.is_match(tool);
+        if let Some(r) = self.deny.iter().find(|r| tripwire(r) || hidden(r)) {
             return Some((Verdict::Deny, r));
         }
-        if let Some(r) = self.ask.iter().find(|r| tripwire(r)) {
-            return Some((Verdict::Ask, r));
-        }
-        if line.hidden.is_some()
-            && let Some(r) = self
-                .deny
-                .iter()
-                .chain(&self.ask)
-                .find(|r| r.tool.is_match(tool))
-        {
+        if let Some(r) = self.ask.iter().find(|r| tripwire(r) || hidden(r)) {
             return Some((Verdict::Ask, r));
         }
         if line.never.is_some() {
@@ -185,6 +176,14 @@ impl Rules {
         }
     }
 
+    /// What a command line runs that the rules cannot see, if anything: why a deny rule
+    /// counts as matching it.
+    pub(crate) fn unseen(&self, tool: &str, arg: &str) -> Option<String> {
+        (tool == "run_command")
+            .then(|| Line::of(arg).hidden)
+            .flatten()
+    }
+
     /// Whether an allow rule names this call explicitly (and no deny rule matches): what
     /// writes under `.git/` and to files with other hard links need.
     pub(crate) fn allows(&self, tool: &str, arg: &str) -> bool {
@@ -199,10 +198,20 @@ pub(crate) enum Verdict {
     Deny,
 }
 
-/// Lines longer than this, or nested deeper, are not judged: no rule allows them.
+/// Lines longer than this, or nested deeper, are not judged: no rule allows them, and every
+/// deny rule on `run_command` counts as matching.
 const MAX_LEN: usize = 32 * 1024;
+/// Code inside code (`bash -c`, `eval`, substitutions), levels deep.
 const MAX_DEPTH: usize = 6;
 const MAX_NESTING: usize = 64;
+/// Compound commands (`if`, `while`, `(`, `case`, …) in one line, nested or not: the parser
+/// recurses on them, and backtracks exponentially on some unclosed ones (`( ( ( …`).
+const MAX_COMPOUND: usize = 12;
+/// How many commands behind wrappers one line may make the rules read.
+const MAX_RUNS: usize = 256;
+/// The stack of the thread that parses: what the parser's recursion (built without
+/// optimization) needs for the deepest line the bounds let through, with room to spare.
+const PARSE_STACK: usize = 64 * 1024 * 1024;
 
 /// What the rules see of a command line.
 #[derive(Debug, Default)]
@@ -217,6 +226,10 @@ struct Line {
     seen: Vec<String>,
     /// What runs that deny rules cannot see, if anything.
     hidden: Option<String>,
+    /// Commands read so far, against `MAX_RUNS`.
+    runs: usize,
+    /// Whether the command being read gets its standard input from a pipe or a redirection.
+    fed: bool,
 }
 
 /// One word of a command: its literal value when it has one, and a best reading for deny
@@ -240,6 +253,27 @@ fn options() -> brush_parser::ParserOptions {
     brush_parser::ParserOptions::default()
 }
 
+/// How many compound commands a line opens, from its tokens (quotes, heredocs and
+/// substitutions are inside tokens): a bound on the parser's recursion and backtracking.
+/// `None` when the line does not tokenize.
+fn compounds(text: &str) -> Option<usize> {
+    let tokens =
+        brush_parser::uncached_tokenize_str(text, &brush_parser::TokenizerOptions::default())
+            .ok()?;
+    Some(
+        tokens
+            .iter()
+            .filter(|t| match t {
+                brush_parser::Token::Operator(o, _) => o == "(" || o == "((",
+                brush_parser::Token::Word(w, _) => [
+                    "if", "while", "until", "for", "select", "case", "function", "{", "[[",
+                ]
+                .contains(&w.as_str()),
+            })
+            .count(),
+    )
+}
+
 /// How deeply brackets nest, a bound on the parser's recursion.
 fn nesting(text: &str) -> usize {
     let (mut depth, mut max) = (0usize, 0usize);
@@ -254,6 +288,17 @@ fn nesting(text: &str) -> usize {
         }
     }
     max
+}
+
+/// Whether a redirection gives a command its standard input.
+fn feeds_stdin(r: &ast::IoRedirect) -> bool {
+    use ast::IoFileRedirectKind as K;
+    let stdin = |fd: &Option<ast::IoFd>| fd.is_none_or(|f| f == 0);
+    match r {
+        ast::IoRedirect::File(fd, K::Read | K::ReadAndWrite | K::DuplicateInput, _) => stdin(fd),
+        ast::IoRedirect::HereDocument(fd, _) | ast::IoRedirect::HereString(fd, _) => stdin(fd),
+        _ => false,
+    }
 }
 
 /// Shell-quote a word when it holds anything but plain characters.
@@ -338,8 +383,34 @@ fn ansi_c(raw: &str) -> String {
 /// and how many operands come before the command.
 fn wrapper(name: &str) -> Option<(&'static [&'static str], usize)> {
     let found: (&'static [&'static str], usize) = match name {
-        "command" | "builtin" | "nohup" | "setsid" | "unbuffer" | "pkexec" | "strace"
-        | "ltrace" | "unshare" | "nsenter" => (&["-o", "-e", "-p", "-s", "-u", "-t"], 0),
+        "command" | "builtin" | "nohup" | "setsid" | "unbuffer" | "busybox" | "toybox" => (&[], 0),
+        "pkexec" => (&["--user"], 0),
+        "strace" | "ltrace" => (
+            &[
+                "-o", "-e", "-p", "-s", "-u", "-a", "-b", "-E", "-I", "-P", "-X", "-O", "-S", "-U",
+                "-n", "-A", "-D", "-F", "-l", "-w", "-x",
+            ],
+            0,
+        ),
+        "unshare" => (
+            &[
+                "-S",
+                "-G",
+                "-R",
+                "-w",
+                "--setuid",
+                "--setgid",
+                "--root",
+                "--wd",
+                "--propagation",
+                "--map-user",
+                "--map-group",
+                "--map-users",
+                "--map-groups",
+            ],
+            0,
+        ),
+        "nsenter" => (&["-t", "-S", "-G", "--target", "--setuid", "--setgid"], 0),
         "exec" => (&["-a"], 0),
         "nice" => (&["-n", "--adjustment"], 0),
         "ionice" => (&["-c", "-n", "-p", "-t"], 0),
@@ -380,9 +451,36 @@ fn wrapper(name: &str) -> Option<(&'static [&'static str], usize)> {
     Some(found)
 }
 
-const SHELLS: &[&str] = &[
-    "sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash", "busybox",
-];
+/// Where the command behind a wrapper may start: as the table of options that take a value
+/// says, as if no option took one, and as if every option took one. A table can be wrong or
+/// out of date; deny rules read every reading.
+fn starts(argv: &[Arg], with_value: &[&str]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for reading in 0..3 {
+        let mut i = 1;
+        while let Some(a) = argv.get(i).map(|a| a.loose.as_str()) {
+            if a == "--" {
+                i += 1;
+                break;
+            }
+            if !a.starts_with('-') || a == "-" {
+                break;
+            }
+            let takes = match reading {
+                0 => with_value.contains(&a),
+                1 => false,
+                _ => !a.contains('='),
+            };
+            i += if takes { 2 } else { 1 };
+        }
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "ash"];
 const INTERPRETERS: &[&str] = &[
     "python",
     "perl",
@@ -414,9 +512,25 @@ fn basename(word: &str) -> &str {
 }
 
 impl Line {
+    /// Judge a line on a thread of its own, with a stack that the parser's recursion cannot
+    /// overflow within the bounds; a panic there leaves the line unjudged, not `sup` down.
     fn of(text: &str) -> Line {
-        let mut line = Line::default();
-        line.parse(text, 0);
+        let owned = text.to_string();
+        let judged = std::thread::Builder::new()
+            .name("sup-rules".into())
+            .stack_size(PARSE_STACK)
+            .spawn(move || {
+                let mut line = Line::default();
+                line.parse(&owned, 0);
+                line
+            })
+            .ok()
+            .and_then(|t| t.join().ok());
+        let mut line = judged.unwrap_or_else(|| {
+            let mut line = Line::default();
+            line.hide("a line the rules could not read");
+            line
+        });
         if line.plain.is_empty() {
             line.never("an empty command line");
         }
@@ -438,15 +552,16 @@ impl Line {
     }
 
     fn parse(&mut self, text: &str, depth: usize) {
-        if depth > MAX_DEPTH || text.len() > MAX_LEN || nesting(text) > MAX_NESTING {
+        if depth > MAX_DEPTH
+            || text.len() > MAX_LEN
+            || nesting(text) > MAX_NESTING
+            || compounds(text).is_some_and(|n| n > MAX_COMPOUND)
+        {
             self.hide("a line too long or too deeply nested to judge");
             return;
         }
-        let parsed = catch_unwind(AssertUnwindSafe(|| {
-            brush_parser::Parser::new(text.as_bytes(), &options()).parse_program()
-        }));
-        match parsed {
-            Ok(Ok(program)) => {
+        match brush_parser::Parser::new(text.as_bytes(), &options()).parse_program() {
+            Ok(program) => {
                 for list in &program.complete_commands {
                     self.list(list, depth);
                 }
@@ -464,9 +579,12 @@ impl Line {
                 if pipeline.timed.is_some() {
                     self.never("`time`, which runs a command");
                 }
-                for command in &pipeline.seq {
+                let outer = self.fed;
+                for (k, command) in pipeline.seq.iter().enumerate() {
+                    self.fed = outer || k > 0;
                     self.command(command, depth);
                 }
+                self.fed = outer;
             }
         }
     }
@@ -476,10 +594,13 @@ impl Line {
             ast::Command::Simple(s) => self.simple(s, depth),
             ast::Command::Compound(c, redirects) => {
                 self.never("a subshell, group or compound command");
+                let fed = self.fed;
                 for r in redirects.iter().flat_map(|r| &r.0) {
                     self.redirect(r, depth);
                 }
+                self.fed = fed || redirects.iter().flat_map(|r| &r.0).any(feeds_stdin);
                 self.compound(c, depth);
+                self.fed = fed;
             }
             ast::Command::Function(_) => self.hide("a function definition"),
             ast::Command::ExtendedTest(test, redirects) => {
@@ -651,6 +772,10 @@ impl Line {
             .flat_map(|p| &p.0)
             .map(|i| (false, i.clone()));
         let items: Vec<(bool, I)> = prefix.chain(name).chain(suffix).collect();
+        let fed = self.fed
+            || items
+                .iter()
+                .any(|(_, i)| matches!(i, I::IoRedirect(r) if feeds_stdin(r)));
         for (in_prefix, item) in &items {
             match item {
                 I::IoRedirect(r) => self.redirect(r, depth),
@@ -682,6 +807,7 @@ impl Line {
         } else {
             self.never("an expansion (`$…`, `~`, a glob or braces)");
         }
+        self.fed = fed;
         self.run(&argv, depth);
     }
 
@@ -690,6 +816,11 @@ impl Line {
         let Some(first) = argv.first() else {
             return;
         };
+        self.runs += 1;
+        if self.runs > MAX_RUNS {
+            self.hide("more commands behind wrappers than the rules read");
+            return;
+        }
         let Some(written) = first.literal.as_deref() else {
             self.hide(format!("a computed command name (`{}`)", first.loose));
             return;
@@ -748,53 +879,74 @@ impl Line {
             }
             return;
         }
+        if name == "script" {
+            // util-linux `script [-c CMD] [FILE]`: without a command it runs a shell that
+            // reads its standard input.
+            self.never("`script`, which runs a command");
+            let code = argv.iter().enumerate().skip(1).find_map(|(k, a)| {
+                let a = a.loose.as_str();
+                if a == "-c" || a == "--command" {
+                    argv.get(k + 1).map(|c| c.loose.clone())
+                } else {
+                    a.strip_prefix("--command=").map(str::to_string)
+                }
+            });
+            match code {
+                Some(code) => self.parse(&code, depth + 1),
+                None => self.hide("`script`, which runs a shell that reads its input"),
+            }
+            return;
+        }
         if let Some((with_value, operands)) = wrapper(name) {
             self.never(format!("`{name}`, which runs a command"));
             if name == "watch" {
                 return self.parse(&args.join(" "), depth + 1);
             }
-            let mut i = 1;
-            while i < argv.len() {
-                let a = argv[i].loose.as_str();
-                if a == "-c" && ["su", "runuser", "flock", "sg"].contains(&name) {
-                    if let Some(code) = argv.get(i + 1) {
-                        self.parse(&code.loose, depth + 1);
+            if ["su", "runuser", "flock", "sg"].contains(&name)
+                && let Some(k) = argv.iter().position(|a| a.loose == "-c")
+            {
+                match argv.get(k + 1) {
+                    Some(code) => self.parse(&code.loose, depth + 1),
+                    None => self.hide(format!("`{name} -c` with no code")),
+                }
+                return;
+            }
+            for start in starts(argv, with_value) {
+                let inner = argv.get(start + operands..).unwrap_or_default();
+                if name == "xargs" {
+                    // The arguments come from stdin: deny rules see that there are some.
+                    let mut inner = inner.to_vec();
+                    if inner.is_empty() {
+                        inner.push(Arg::plain("echo"));
                     }
-                    return;
+                    inner.push(Arg::plain("…"));
+                    self.run(&inner, depth);
+                } else {
+                    self.run(inner, depth);
                 }
-                if a == "--" {
-                    i += 1;
-                    break;
-                }
-                if !a.starts_with('-') || a == "-" {
-                    break;
-                }
-                i += if with_value.contains(&a) { 2 } else { 1 };
             }
-            let inner = argv.get(i + operands..).unwrap_or_default();
-            if name == "xargs" {
-                // The arguments come from stdin: deny rules see that there are some.
-                let mut inner = inner.to_vec();
-                if inner.is_empty() {
-                    inner.push(Arg::plain("echo"));
-                }
-                inner.push(Arg::plain("…"));
-                return self.run(&inner, depth);
-            }
-            return self.run(inner, depth);
+            return;
         }
         if SHELLS.contains(&name) {
-            let mut i = 1;
-            let mut code = false;
-            while i < argv.len() {
-                let a = argv[i].loose.as_str();
-                if a.starts_with('-') && !a.starts_with("--") && a.contains('c') {
-                    code = true;
+            let (mut i, mut code, mut stdin) = (1, false, false);
+            while let Some(a) = argv.get(i).map(|a| a.loose.as_str()) {
+                if a == "--" || a == "-" {
+                    i += 1;
+                    break;
                 }
                 if !a.starts_with(['-', '+']) {
                     break;
                 }
-                i += 1;
+                if a.starts_with("--") {
+                    let valued = ["--rcfile", "--init-file"].contains(&a);
+                    i += if valued { 2 } else { 1 };
+                    continue;
+                }
+                let letters = &a[1..];
+                code |= a.starts_with('-') && letters.contains('c');
+                stdin |= letters.contains('s');
+                // `-o OPTION` and `-O SHOPT` take the next word, also in a cluster (`-eo`).
+                i += 1 + letters.chars().filter(|c| *c == 'o' || *c == 'O').count();
             }
             if code {
                 self.never(format!("`{name} -c`, a shell given code"));
@@ -805,6 +957,8 @@ impl Line {
                     },
                     None => self.hide("a shell with code it reads elsewhere"),
                 }
+            } else if stdin || argv.get(i).is_none() {
+                self.hide(format!("`{name}` reading code from its standard input"));
             }
             return;
         }
@@ -824,6 +978,8 @@ impl Line {
                 });
             if gives_code {
                 self.hide(format!("`{name}` given code to run"));
+            } else if args.contains(&"-") || (self.fed && args.iter().all(|a| a.starts_with('-'))) {
+                self.hide(format!("`{name}` reading code from its standard input"));
             }
             return;
         }
@@ -848,25 +1004,68 @@ impl Line {
                     i += 1;
                 }
             }
-            "git" => {
-                for (k, a) in args.iter().enumerate() {
-                    let global = args[..k].iter().all(|b| b.starts_with('-'));
-                    let dangerous = [
-                        "--exec-path",
-                        "--upload-pack",
-                        "--receive-pack",
-                        "--config-env",
-                    ]
-                    .iter()
-                    .any(|d| a.starts_with(d));
-                    if dangerous
-                        || (global && (*a == "-c" || *a == "config" || a.starts_with("-c")))
-                    {
-                        self.never(format!("`git {a}`, which can run any command"));
-                    }
-                }
-            }
+            "git" => self.git(&args),
             _ => {}
+        }
+    }
+
+    /// `git`: its global options (some take a value: `-C DIR -c NAME=VALUE` hides nothing),
+    /// then the subcommand. Configuration, a git folder elsewhere, an exec path and the
+    /// subcommands that run a command they are given run what the rules cannot see.
+    fn git(&mut self, args: &[&str]) {
+        const VALUED: &[&str] = &[
+            "-C",
+            "-c",
+            "--git-dir",
+            "--work-tree",
+            "--namespace",
+            "--config-env",
+            "--super-prefix",
+            "--attr-source",
+        ];
+        let mut i = 0;
+        while let Some(a) = args.get(i) {
+            if !a.starts_with('-') {
+                break;
+            }
+            let flag = a.split_once('=').map_or(*a, |(f, _)| f);
+            if flag.starts_with("-c")
+                || ["--config-env", "--exec-path", "--git-dir"].contains(&flag)
+            {
+                self.hide(format!("`git {a}`, which can run any command"));
+            }
+            i += if VALUED.contains(a) { 2 } else { 1 };
+        }
+        let sub = args.get(i).copied().unwrap_or_default();
+        let rest = args.get(i + 1..).unwrap_or_default();
+        let has = |opts: &[&str]| {
+            rest.iter().any(|a| {
+                opts.iter()
+                    .any(|o| a == o || a.starts_with(&format!("{o}=")))
+            })
+        };
+        let runs = match sub {
+            "config" | "filter-branch" => true,
+            "submodule" => rest.contains(&"foreach"),
+            "bisect" => rest.contains(&"run"),
+            "rebase" => has(&["-x", "--exec"]),
+            "grep" => {
+                has(&["-O", "--open-files-in-pager"]) || rest.iter().any(|a| a.starts_with("-O"))
+            }
+            "difftool" | "mergetool" => has(&["-x", "--extcmd", "-t", "--tool"]),
+            "clone" => has(&["-u", "-c", "--config", "--template"]),
+            _ => false,
+        } || has(&[
+            "--upload-pack",
+            "--receive-pack",
+            "--exec",
+            "--exec-path",
+            "--config-env",
+        ]);
+        if runs {
+            self.hide(format!(
+                "`git {sub}` as called here, which can run any command"
+            ));
         }
     }
 }
@@ -897,6 +1096,8 @@ mod tests {
         let find = rules(&["run_command(find *)"], &[], &[]);
         let git = rules(&["run_command(git status*)"], &[], &[]);
         let rm = rules(&[], &[], &["run_command(rm *)"]);
+        let ask = rules(&[], &["run_command(rm *)"], &[]);
+        let git_any = rules(&["run_command(git *)"], &[], &[]);
         let table: &[(&Rules, &str, &str)] = &[
             (&cat, "cat payload", "allow"),
             (&cat, "cat 'a b' \"c\"", "allow"),
@@ -947,7 +1148,7 @@ mod tests {
             (&rm, "sh -ec 'echo; rm x'", "deny"),
             (&rm, "echo x | xargs rm", "deny"),
             (&rm, "xargs -n 1 rm < list", "deny"),
-            (&rm, "find . -delete", "ask"),
+            (&rm, "find . -delete", "deny"),
             (&rm, "find . -exec rm {} ;", "deny"),
             (&rm, "timeout 5 rm x", "deny"),
             (&rm, "sudo -u me rm x", "deny"),
@@ -955,9 +1156,47 @@ mod tests {
             (&rm, "(rm x)", "deny"),
             (&rm, "if true; then rm x; fi", "deny"),
             (&rm, "echo $(rm x)", "deny"),
-            (&rm, "$CMD x", "ask"),
-            (&rm, "python3 -c 'import os; os.remove(\"x\")'", "ask"),
-            (&rm, "bash -c 'unterminated", "ask"),
+            (&rm, "$CMD x", "deny"),
+            (&rm, "python3 -c 'import os; os.remove(\"x\")'", "deny"),
+            (&rm, "bash -c 'unterminated", "deny"),
+            // Option values that hid what follows them.
+            (&git_any, "git status", "allow"),
+            (&git_any, "git -C . status", "allow"),
+            (&git_any, "git -C . -c core.fsmonitor=id status", "mode"),
+            (&git_any, "git --git-dir .git -c core.pager=id log", "mode"),
+            (
+                &git_any,
+                "git --work-tree . --namespace n -c x=y status",
+                "mode",
+            ),
+            (&git_any, "git -C . config core.fsmonitor id", "mode"),
+            (&git_any, "git --git-dir=elsewhere status", "mode"),
+            (&git_any, "git submodule foreach id", "mode"),
+            (&git_any, "git rebase -x id main", "mode"),
+            (&rm, "git -C . -c alias.x='!rm x' x", "deny"),
+            (&rm, "command -p rm x", "deny"),
+            (&rm, "unshare -p rm x", "deny"),
+            (&rm, "sudo -E -u root rm x", "deny"),
+            (&rm, "strace -f -o log rm x", "deny"),
+            (&rm, "bash -o posix -c 'rm x'", "deny"),
+            (&rm, "bash -O extglob -c 'rm x'", "deny"),
+            (&rm, "bash -eo pipefail -c 'rm x'", "deny"),
+            (&rm, "bash --rcfile r -c 'rm x'", "deny"),
+            // What runs a command the rules cannot see matches every deny rule.
+            (&rm, "busybox rm x", "deny"),
+            (&rm, "echo 'rm x' | bash", "deny"),
+            (&rm, "bash < script", "deny"),
+            (&rm, "echo 'rm x' | sh -s", "deny"),
+            (&rm, "echo 'import os' | python3", "deny"),
+            (&rm, "script -c 'rm x'", "deny"),
+            (&rm, "script -q log", "deny"),
+            (&rm, "bash build.sh", "mode"),
+            (&rm, "python3 build.py", "mode"),
+            (&ask, "$CMD x", "ask"),
+            (&cat, "busybox cat x", "mode"),
+            (&cat, "echo 'cat x' | bash", "mode"),
+            (&cat, "script -c 'cat x'", "mode"),
+            (&cat, "command -p cat x", "mode"),
             (&rm, "ls", "mode"),
             (&rm, "cat rm", "mode"),
         ];
@@ -1022,6 +1261,31 @@ mod tests {
             let r = rules(&["run_command(cat *)"], &["run_command(git *)"], &["run_command(rm *)"]);
             let _ = r.judge("run_command", &line);
             let _ = r.unallowed("run_command", &line);
+        }
+
+        #[test]
+        fn no_deep_or_long_line_crashes_or_stalls_the_matcher(
+            unit in proptest::sample::select(vec![
+                "if true; then ", "while :; do ", "( ", "{ ", "$(", "\"$(", "case x in x) ",
+                "case x in (x) ", "until :; do ", "for a in b; do ", "f() { ", "[[ $(", "${a:-",
+                "$(( (", "`", "echo ')' ( ", "x=( ", "! ", "a && ", "a | ", "<(",
+            ]),
+            close in proptest::sample::select(vec!["", "fi; ", "done; ", ")", "}", " ;; esac; "]),
+            times in 1usize..12_000,
+            closed in proptest::bool::ANY,
+        ) {
+            let mut line = unit.repeat(times);
+            if closed {
+                line.push_str(&close.repeat(times));
+            }
+            line.truncate(MAX_LEN + 8);
+            let r = rules(&["run_command(cat *)"], &[], &["run_command(rm *)"]);
+            // A stack overflow aborts the test binary; exponential backtracking stalls it.
+            let verdict = r.judge("run_command", &line).map(|(v, _)| v);
+            let opens = ["if", "while", "until", "for", "case", "(", "{", "f()", "echo", "$(", "\"$(", "<("];
+            if times > MAX_NESTING + 1 && opens.iter().any(|o| unit.starts_with(o)) {
+                proptest::prop_assert_eq!(verdict, Some(Verdict::Deny));
+            }
         }
 
         #[test]

@@ -76,10 +76,15 @@ pub(crate) fn decide(rules: &Rules, mode: Mode, remembered: bool, call: &Call) -
     let asked = match rules.judge(call.tool, call.subject) {
         Some((Verdict::Deny, rule)) => {
             let by = format!("rule deny `{}`", rule.text);
-            return Decision::Deny {
-                why: format!("the approval {by} matches `{}`", call.subject),
-                by,
+            let why = match rules.unseen(call.tool, call.subject) {
+                Some(unseen) => format!(
+                    "`{}` runs {unseen}, which rules cannot see into, so the approval {by} \
+                     counts as matching it",
+                    call.subject
+                ),
+                None => format!("the approval {by} matches `{}`", call.subject),
             };
+            return Decision::Deny { why, by };
         }
         Some((Verdict::Allow, rule)) => {
             return Decision::Allow {

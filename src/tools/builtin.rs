@@ -111,7 +111,7 @@ fn special_write(
 ) -> Result<(), ToolError> {
     if in_git(rel) && !ctx.rules.allows(tool, rel) {
         return Err(ToolError::Invalid(format!(
-            "{typed} is inside .git, which file tools do not write (git does); an approval \
+            "{typed} is inside a .git folder, which file tools do not write (git does); an approval \
              rule `{tool}({rel})` would allow it"
         )));
     }

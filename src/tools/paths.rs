@@ -60,12 +60,12 @@ fn normalize(path: &str) -> String {
     }
 }
 
-/// Whether a workspace-relative path is inside `.git`, which only git writes.
+/// Whether a workspace-relative path is inside a `.git` folder (the workspace's, a nested
+/// repository's or a submodule's), which only git writes.
 pub(crate) fn in_git(rel: &str) -> bool {
     Path::new(rel)
         .components()
-        .next()
-        .is_some_and(|c| c.as_os_str() == ".git")
+        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"))
 }
 
 /// Resolve `rel` inside `workspace` (which must be canonical). The result is the real path
@@ -156,6 +156,7 @@ mod tests {
         assert_eq!(rule_path(&ws, "./in/../in/f"), "a/f");
         assert_eq!(rule_path(&ws, "."), ".");
         assert_eq!(rule_path(&ws, "../x"), "../x");
-        assert!(in_git(".git/hooks/pre-commit") && !in_git("src/.git"));
+        assert!(in_git(".git/hooks/pre-commit") && in_git("sub/.git/config"));
+        assert!(!in_git("src/.gitignore") && !in_git("a.git/x"));
     }
 }

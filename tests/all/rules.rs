@@ -720,3 +720,333 @@ fn a_malformed_rule_in_a_goal_file_names_the_file_and_line() {
     );
     assert!(stderr.contains("approval_rules.allow"), "{stderr}");
 }
+
+/// What the approval event of call `id` says: `allow` (by an allow rule), `deny` (by a deny
+/// rule), `ask` (a person was asked: here nobody answers in time), or `mode` (no rule
+/// decided: here mode `auto` allows).
+fn verdict_of(run: &Run, id: &str) -> String {
+    let event = run
+        .of_type("approval")
+        .into_iter()
+        .find(|e| e["id"] == id)
+        .unwrap_or_else(|| panic!("no approval event for {id}: {}", run.stdout));
+    let by = event["by"].as_str().unwrap();
+    match (event["decision"].as_str().unwrap(), by) {
+        ("allowed", b) if b.starts_with("rule allow") => "allow",
+        ("denied", b) if b.starts_with("rule deny") => "deny",
+        ("allowed", "approval mode auto") => "mode",
+        ("timed_out", _) => "ask",
+        (d, b) => panic!("{id}: unexpected decision {d} by {b}"),
+    }
+    .to_string()
+}
+
+/// Issue 11's command lines and the bypasses found since, each with what the approval event
+/// in the `--json` trace must say. All run under mode `auto` (so `mode` means the rules left
+/// the line to the mode, and an ask rule waits 300 ms for nobody), HOME inside the test.
+#[test]
+fn the_attack_table_through_the_binary() {
+    let groups: &[(&[&str], &[(&str, &str)])] = &[
+        (
+            &["--allow", "run_command(cat *)"],
+            &[
+                ("cat payload", "allow"),
+                ("cat 'a b' \"c\"", "allow"),
+                ("cat payload > /dev/null 2>&1", "allow"),
+                ("cat payload > ~/.profile", "mode"),
+                ("cat /etc/hostname > /dev/tcp/127.0.0.1/9", "mode"),
+                ("cat 1<>f", "mode"),
+                ("cat x 2>f", "mode"),
+                ("cat x && cat y", "allow"),
+                ("cat x; touch y", "mode"),
+                ("cat $(touch y)", "mode"),
+                ("cat 'unterminated", "mode"),
+                ("busybox cat payload", "mode"),
+                ("echo 'cat x' | bash", "mode"),
+                ("script -c 'cat x' /dev/null", "mode"),
+                ("command -p cat x", "mode"),
+            ],
+        ),
+        (
+            &["--allow", "run_command(find *)"],
+            &[
+                ("find . -name x", "allow"),
+                ("find . -exec sh -c 'id > F' \\;", "mode"),
+                ("find . -name nothing -delete", "mode"),
+            ],
+        ),
+        (
+            &["--allow", "run_command(git status*)"],
+            &[("git status", "allow"), ("git status > F", "mode")],
+        ),
+        (
+            &["--allow", "run_command(git *)"],
+            &[
+                ("git --version", "allow"),
+                ("git -C . log -1", "allow"),
+                ("git -c core.fsmonitor=id status", "mode"),
+                ("git -C . -c core.fsmonitor='touch g1' status", "mode"),
+                ("git --git-dir .git -c core.pager=id log", "mode"),
+                ("git -C . config core.fsmonitor 'touch g2'", "mode"),
+                ("git --git-dir=elsewhere status", "mode"),
+                ("git submodule foreach id", "mode"),
+            ],
+        ),
+        (
+            &["--deny", "run_command(rm *)"],
+            &[
+                ("rm x0", "deny"),
+                ("/bin/rm x1", "deny"),
+                ("\\rm x2", "deny"),
+                ("r''m x3", "deny"),
+                ("\"rm\" x4", "deny"),
+                ("$'\\x72m' x5", "deny"),
+                ("command rm x6", "deny"),
+                ("env rm x7", "deny"),
+                ("eval rm x8", "deny"),
+                ("FOO=1 rm x9", "deny"),
+                ("rm\tx10", "deny"),
+                ("bash -c 'rm x11'", "deny"),
+                ("echo x12 | xargs rm", "deny"),
+                ("find . -name x13 -delete", "deny"),
+                ("command -p rm x14", "deny"),
+                ("unshare -p rm x15", "deny"),
+                ("bash -o posix -c 'rm x16'", "deny"),
+                ("bash -O extglob -c 'rm x17'", "deny"),
+                ("busybox rm x18", "deny"),
+                ("echo 'rm x19' | bash", "deny"),
+                ("script -c 'rm x20' /dev/null", "deny"),
+                ("python3 -c 'import os; os.remove(\"x21\")'", "deny"),
+                ("$CMD x22", "deny"),
+                ("git -C . -c alias.x='!rm x23' x", "deny"),
+                ("ls", "mode"),
+                ("cat rm", "mode"),
+            ],
+        ),
+        (
+            &["--ask", "run_command(rm *)"],
+            &[("rm y0", "ask"), ("$CMD y1", "ask"), ("ls -a", "mode")],
+        ),
+    ];
+    let mut wrong = Vec::new();
+    let mut rows = 0;
+    for (rules, lines) in groups {
+        let env = Env::new();
+        env.write("payload", "PAYLOAD\n");
+        for i in 0..24 {
+            env.write(&format!("x{i}"), "keep me");
+        }
+        let calls: Vec<Value> = lines
+            .iter()
+            .enumerate()
+            .map(|(i, (line, _))| json!({"id": format!("c{i}"), "name": "run_command", "input": {"command": line}}))
+            .collect();
+        let script = env.script(json!([{"tool_calls": calls}, {"text": "done"}]));
+        let out = env
+            .sup()
+            .env("HOME", env.home.path())
+            .args(["run", "work", "--json", "--approval", "auto"])
+            .args(["--approval-timeout", "300ms"])
+            .args(*rules)
+            .arg("--model")
+            .arg(format!("script:{}", script.display()))
+            .output()
+            .unwrap();
+        let run = Run::new(out);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        for (i, (line, want)) in lines.iter().enumerate() {
+            rows += 1;
+            let got = verdict_of(&run, &format!("c{i}"));
+            if got != *want {
+                wrong.push(format!("{rules:?} {line:?}: want {want}, got {got}"));
+            }
+        }
+        for i in 0..24 {
+            assert!(
+                exists(&env, &format!("x{i}")),
+                "x{i} was deleted: {rules:?}"
+            );
+        }
+        assert!(!exists(&env, "g1") && !exists(&env, "g2"));
+    }
+    assert!(rows >= 45, "{rows} rows");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_line_too_deep_to_parse_neither_crashes_nor_stalls_sup() {
+    let env = Env::new();
+    let deep_if = format!("{}rm x", "if true; then ".repeat(2000));
+    assert!(deep_if.len() < 32 * 1024);
+    // Unclosed, this makes the parser backtrack exponentially.
+    let open_parens = format!("{}rm x", "( ".repeat(40));
+    let lines = [
+        command("deep-if", &deep_if),
+        command("open-parens", &open_parens),
+        command("after", "touch after.txt"),
+    ];
+    let run = run_commands(
+        &env,
+        &lines,
+        &["--approval", "never", "--allow", "run_command"],
+    );
+    for id in ["deep-if", "open-parens"] {
+        let r = run.tool_result(id);
+        assert!(
+            r["content"].as_str().unwrap().starts_with("Denied:"),
+            "{id}: {r}"
+        );
+        let event = run
+            .of_type("approval")
+            .into_iter()
+            .find(|e| e["id"] == id)
+            .unwrap();
+        assert_eq!(
+            event["by"], "approval mode never",
+            "{id}: not allowed by a rule"
+        );
+    }
+    assert_eq!(run.tool_result("after")["is_error"], false);
+    assert!(exists(&env, "after.txt"));
+}
+
+#[test]
+fn an_unparseable_line_is_never_allowed_by_a_rule() {
+    let env = Env::new();
+    let run = run_commands(
+        &env,
+        &[command("bad", "cat 'unterminated")],
+        &["--approval", "never", "--allow", "run_command(cat *)"],
+    );
+    assert!(
+        run.tool_result("bad")["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Denied:")
+    );
+    assert_eq!(verdict_by(&run, "bad"), "approval mode never");
+}
+
+fn verdict_by(run: &Run, id: &str) -> String {
+    run.of_type("approval")
+        .into_iter()
+        .find(|e| e["id"] == id)
+        .map(|e| e["by"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn file_tools_write_under_a_nested_git_folder_only_when_a_rule_allows_it() {
+    let env = Env::new();
+    env.write("sub/.git/config", "[core]\n");
+    env.write("vendor/lib/.git/HEAD", "ref: refs/heads/main\n");
+    let run = env.run_json(
+        calls(&[
+            ("w", "write_file", json!({"path": "sub/.git/config", "content": "[core]\nfsmonitor = touch pwned\n"})),
+            ("e", "edit_file", json!({"path": "sub/.git/config", "old_string": "[core]", "new_string": "[core]\nfsmonitor = x"})),
+            ("hook", "write_file", json!({"path": "vendor/lib/.git/hooks/pre-commit", "content": "id"})),
+            ("ok", "write_file", json!({"path": "sub/.gitignore", "content": "target\n"})),
+        ]),
+        &["--approval", "auto"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["w", "e", "hook"] {
+        let c = run.tool_result(id)["content"].as_str().unwrap().to_string();
+        assert!(c.contains(".git folder"), "{id}: {c}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join("sub/.git/config")).unwrap(),
+        "[core]\n"
+    );
+    assert!(!exists(&env, "vendor/lib/.git/hooks/pre-commit"));
+    assert_eq!(run.tool_result("ok")["is_error"], false);
+    let run = env.run_json(
+        calls(&[(
+            "w",
+            "write_file",
+            json!({"path": "sub/.git/config", "content": "[user]\n"}),
+        )]),
+        &[
+            "--approval",
+            "auto",
+            "--allow",
+            "write_file(sub/.git/config)",
+        ],
+    );
+    assert_eq!(run.tool_result("w")["is_error"], false, "{}", run.stdout);
+}
+
+#[test]
+fn a_rule_on_a_folder_does_not_follow_a_symlink_to_an_ordinary_folder_outside_it() {
+    let env = Env::new();
+    env.write("other/keep.txt", "keep\n");
+    std::fs::create_dir_all(env.ws.path().join("src")).unwrap();
+    symlink("../other", &env.ws.path().join("src/elsewhere"));
+    let run = env.run_json(
+        calls(&[
+            (
+                "through",
+                "write_file",
+                json!({"path": "src/elsewhere/new.txt", "content": "x\n"}),
+            ),
+            (
+                "edit",
+                "edit_file",
+                json!({"path": "src/elsewhere/keep.txt", "old_string": "keep", "new_string": "changed"}),
+            ),
+            (
+                "inside",
+                "write_file",
+                json!({"path": "src/main.rs", "content": "fn main() {}\n"}),
+            ),
+        ]),
+        &["--approval", "never", "--allow", "write_file(src/**)", "--allow", "edit_file(src/**)"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["through", "edit"] {
+        let c = run.tool_result(id)["content"].as_str().unwrap().to_string();
+        assert!(
+            c.starts_with("Denied:") && c.contains("other/"),
+            "{id}: {c}"
+        );
+    }
+    assert!(!exists(&env, "other/new.txt"));
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join("other/keep.txt")).unwrap(),
+        "keep\n"
+    );
+    assert_eq!(run.tool_result("inside")["is_error"], false);
+}
+
+#[test]
+fn the_prompt_flags_invisible_unicode_without_control_characters() {
+    let env = Env::new();
+    // A right-to-left override and a zero-width space: no control character at all.
+    let line = "touch safe\u{202e}txt.exe\u{200b}";
+    let script = env.script(json!([
+        {"tool_calls": [{"name": "run_command", "input": {"command": line}}]},
+        {"text": "done"}
+    ]));
+    let args: Vec<String> = vec![
+        "run".into(),
+        "work".into(),
+        "--model".into(),
+        format!("script:{}", script.display()),
+    ];
+    let (child, mut term, seen) = on_a_terminal(&env, &args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text_of(&seen).contains("Allow?") {
+        assert!(Instant::now() < deadline, "no prompt: {}", text_of(&seen));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let shown = text_of(&seen);
+    assert!(shown.contains("invisible Unicode"), "{shown}");
+    assert!(shown.contains(r"\u{202e}"), "{shown}");
+    assert!(
+        !shown.contains('\u{202e}') && !shown.contains('\u{200b}'),
+        "{shown}"
+    );
+    term.write_all(b"n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+}

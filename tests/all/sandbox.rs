@@ -755,3 +755,247 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
     assert!(statuses.contains("interrupted"), "{statuses}");
     assert!(!statuses.contains("running"), "{statuses}");
 }
+
+// ------------------------------------------------------------- no key anywhere, per protocol
+
+const OPENAI_KEY: &str = "sk-openai-key-in-use-7d1e";
+const ANTHROPIC_KEY: &str = "sk-ant-key-in-use-93c2";
+
+fn all_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            all_files(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// Every file under `dir` that holds `secret`.
+fn files_holding(dir: &Path, secret: &str) -> Vec<String> {
+    let mut files = Vec::new();
+    all_files(dir, &mut files);
+    files
+        .into_iter()
+        .filter(|f| String::from_utf8_lossy(&std::fs::read(f).unwrap()).contains(secret))
+        .map(|f| f.display().to_string())
+        .collect()
+}
+
+fn everything_server() -> String {
+    let everything = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/.bin/mcp-server-everything");
+    assert!(
+        everything.exists(),
+        "run `npm ci` in tests/mcp first (see PREAMBLE)"
+    );
+    everything.display().to_string()
+}
+
+/// A goal whose command, command tool, check and MCP server print their environment, with
+/// both provider keys set; the provider serves the calls, then answers the second try with a
+/// 401 that echoes the key it was sent. Neither key may be in stdout, the debug log on
+/// stderr, `sup show`, `sup runs --json` or any file under SUP_HOME.
+fn no_key_anywhere(anthropic: bool) {
+    use common::fake_server::{FakeServer, Indexing, Reply, Turn, anthropic_stream, openai_stream};
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        &format!(
+            "prompt = \"work\"\n\
+             [[tool]]\nname = \"printenv\"\ncommand = [\"bash\", \"-c\", \"env\"]\n\
+             [[check]]\nrun = \"env; exit 1\"\n\
+             [[mcp]]\nname = \"everything\"\ncommand = [\"{}\"]\n",
+            everything_server()
+        ),
+    );
+    let calls = Turn::default()
+        .call("env", "run_command", r#"{"command":"env"}"#)
+        .call("tool", "printenv", "{}")
+        .call("mcp", "everything__get-env", "{}");
+    let done = Turn::text("done");
+    let (model, base_var, key, stream): (&str, &str, &str, fn(&Turn) -> Reply) = if anthropic {
+        (
+            "anthropic:claude-test",
+            "ANTHROPIC_BASE_URL",
+            ANTHROPIC_KEY,
+            anthropic_stream,
+        )
+    } else {
+        ("openai:gpt-test", "OPENAI_BASE_URL", OPENAI_KEY, |t| {
+            openai_stream(t, Indexing::Standard)
+        })
+    };
+    let unauthorized = if anthropic {
+        json!({"type": "error", "error": {"type": "authentication_error",
+            "message": format!("invalid x-api-key: {key}")}})
+    } else {
+        json!({"error": {"message": format!("Incorrect API key provided: {key}."),
+            "type": "invalid_request_error", "code": "invalid_api_key"}})
+    };
+    let server = FakeServer::start(vec![
+        stream(&calls),
+        stream(&done),
+        Reply::json(401, unauthorized),
+    ]);
+    let base = if anthropic {
+        server.url.clone()
+    } else {
+        format!("{}/v1", server.url)
+    };
+    let out = env
+        .sup()
+        .env(base_var, base)
+        .env("OPENAI_API_KEY", OPENAI_KEY)
+        .env("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+        .env("RUST_LOG", "debug")
+        .args(["goal", "--file", goal.to_str().unwrap(), "--workspace", "."])
+        .args(["--tries", "2", "--json", "--model", model])
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 4, "{model}: {}", run.stderr);
+    assert_eq!(server.requests().len(), 3, "{model}: {}", run.stderr);
+    // The tools ran and printed an environment, and the check did.
+    for id in ["env", "tool", "mcp"] {
+        assert!(
+            text(run.tool_result(id)).contains("PATH"),
+            "{model} {id}: {}",
+            run.stdout
+        );
+    }
+    assert!(!run.of_type("check").is_empty(), "{model}: {}", run.stdout);
+    assert!(
+        run.stdout.contains("[redacted]"),
+        "{model}: the 401 left no trace"
+    );
+    let runs = env.sup().args(["runs", "--json"]).output().unwrap();
+    let listed: Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let show = env.sup().args(["show", &id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&show.stdout).into_owned();
+    assert!(shown.contains("PATH"), "{model}: {shown}");
+    for secret in [OPENAI_KEY, ANTHROPIC_KEY] {
+        for (what, text) in [
+            ("stdout", &run.stdout),
+            ("stderr", &run.stderr),
+            ("sup show", &shown),
+            (
+                "sup runs --json",
+                &String::from_utf8_lossy(&runs.stdout).into_owned(),
+            ),
+        ] {
+            assert!(
+                !text.contains(secret),
+                "{model}: {secret} in {what}: {text}"
+            );
+        }
+        let files = files_holding(env.home.path(), secret);
+        assert!(files.is_empty(), "{model}: {secret} in {files:?}");
+    }
+}
+
+#[test]
+fn no_key_anywhere_with_openai() {
+    no_key_anywhere(false);
+}
+
+#[test]
+fn no_key_anywhere_with_anthropic() {
+    no_key_anywhere(true);
+}
+
+const PASSED: &str = "passed-value-5f0c1a";
+
+#[test]
+fn env_pass_on_the_command_line_passes_the_variable_redacted_and_never_to_disk() {
+    let env = Env::new();
+    let turns = json!([cmd("echo", "echo \"got=$PASSED_TOKEN\""), say("done")]);
+    let mut c = env.sup();
+    c.env("PASSED_TOKEN", PASSED);
+    let script = env.script(turns.clone());
+    let out = c
+        .args([
+            "run",
+            "work",
+            "--json",
+            "--env-pass",
+            "PASSED_TOKEN",
+            "--model",
+        ])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        text(run.tool_result("echo")).contains("got=[redacted]"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains(PASSED) && !run.stderr.contains(PASSED));
+    // Without the flag, the variable is withheld.
+    let mut c = env.sup();
+    c.env("PASSED_TOKEN", PASSED);
+    let script = env.script(turns);
+    let out = c
+        .args(["run", "work", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(text(run.tool_result("echo")).trim(), "got=");
+    let files = files_holding(env.home.path(), PASSED);
+    assert!(files.is_empty(), "{files:?}");
+}
+
+#[test]
+fn mcp_env_pass_passes_the_variable_to_the_server_and_never_to_disk() {
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        &format!(
+            "prompt = \"work\"\n[[mcp]]\nname = \"everything\"\ncommand = [\"{}\"]\n\
+             env_pass = [\"MCP_TOKEN\"]\n",
+            everything_server()
+        ),
+    );
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "mcp", "name": "everything__get-env", "input": {}}]},
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .env("MCP_TOKEN", PASSED)
+        .env("OTHER_TOKEN", "not-passed-value-77a1")
+        .args(["goal", "--file", goal.to_str().unwrap(), "--workspace", "."])
+        .args(["--tries", "1", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let r = text(run.tool_result("mcp"));
+    assert!(r.contains("\"MCP_TOKEN\": \"[redacted]\""), "{r}");
+    assert!(!r.contains("OTHER_TOKEN") && !r.contains(PASSED), "{r}");
+    assert!(!run.stdout.contains(PASSED));
+    let files = files_holding(env.home.path(), PASSED);
+    assert!(files.is_empty(), "{files:?}");
+    // A name that is not a variable name: exit 2 at its line.
+    let goal = env.write(
+        "g/bad.toml",
+        "prompt = \"work\"\n[[mcp]]\nname = \"x\"\ncommand = [\"true\"]\nenv_pass = [\"NOT A NAME\"]\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &[],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("{}:5", goal.display())) && run.stderr.contains("env_pass"),
+        "{}",
+        run.stderr
+    );
+}
