@@ -736,17 +736,20 @@ fn verdict_of(run: &Run, id: &str) -> String {
         ("denied", b) if b.starts_with("rule deny") => "deny",
         ("allowed", "approval mode auto") => "mode",
         ("timed_out", _) => "ask",
-        (d, b) => panic!("{id}: unexpected decision {d} by {b}"),
+        (d, b) => return format!("{d} by {b}"),
     }
     .to_string()
 }
+
+/// A command line and the verdict it must get.
+type Row = (&'static str, &'static str);
 
 /// Issue 11's command lines and the bypasses found since, each with what the approval event
 /// in the `--json` trace must say. All run under mode `auto` (so `mode` means the rules left
 /// the line to the mode, and an ask rule waits 300 ms for nobody), HOME inside the test.
 #[test]
 fn the_attack_table_through_the_binary() {
-    let groups: &[(&[&str], &[(&str, &str)])] = &[
+    let groups: &[(&[&str], &[Row])] = &[
         (
             &["--allow", "run_command(cat *)"],
             &[
@@ -861,13 +864,16 @@ fn the_attack_table_through_the_binary() {
                 wrong.push(format!("{rules:?} {line:?}: want {want}, got {got}"));
             }
         }
-        for i in 0..24 {
-            assert!(
-                exists(&env, &format!("x{i}")),
-                "x{i} was deleted: {rules:?}"
-            );
+        for f in (0..24).map(|i| format!("x{i}")) {
+            if !exists(&env, &f) {
+                wrong.push(format!("{rules:?}: {f} was deleted"));
+            }
         }
-        assert!(!exists(&env, "g1") && !exists(&env, "g2"));
+        for f in ["g1", "g2"] {
+            if exists(&env, f) {
+                wrong.push(format!("{rules:?}: git ran a command and wrote {f}"));
+            }
+        }
     }
     assert!(rows >= 45, "{rows} rows");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
