@@ -428,6 +428,12 @@ mod tests {
                 by: "rule deny `run_command(rm -rf*)`".into(),
                 why: "the approval rule deny `run_command(rm -rf*)` matches `cargo test && rm -rf ~`".into(),
             }),
+            // A line that runs what the rules cannot see counts as matching the deny rule.
+            (&r, Auto, false, call("run_command", "$X -rf /", exec), Decision::Deny {
+                by: "rule deny `run_command(rm -rf*)`".into(),
+                why: "`$X -rf /` runs a computed command name (`$X`), which rules cannot see \
+                      into, so the approval rule deny `run_command(rm -rf*)` counts as matching it".into(),
+            }),
             // An ask rule asks even in mode auto; mode never denies it.
             (&r, Auto, false, call("run_command", "git push origin", exec), Decision::Ask),
             (&r, Queue, false, call("run_command", "git push origin", exec), Decision::Ask),
