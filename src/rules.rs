@@ -1269,6 +1269,7 @@ mod tests {
                 "if true; then ", "while :; do ", "( ", "{ ", "$(", "\"$(", "case x in x) ",
                 "case x in (x) ", "until :; do ", "for a in b; do ", "f() { ", "[[ $(", "${a:-",
                 "$(( (", "`", "echo ')' ( ", "x=( ", "! ", "a && ", "a | ", "<(",
+                "$( echo ')' ", "\"$( echo ')' ", "${a:-'}' ", "case x in x) ( ",
             ]),
             close in proptest::sample::select(vec!["", "fi; ", "done; ", ")", "}", " ;; esac; "]),
             times in 1usize..12_000,
