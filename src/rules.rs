@@ -783,6 +783,7 @@ impl Line {
                 I::AssignmentWord(_, w) => {
                     if *in_prefix {
                         self.never("an assignment prefix (`NAME=…`)");
+                        self.assignment(&w.value);
                         let value = w.value.split_once('=').map_or("", |(_, v)| v);
                         self.word(&ast::Word::new(value), depth);
                     } else {
@@ -856,6 +857,7 @@ impl Line {
                 } else if ["-u", "-C", "--unset", "--chdir"].contains(&a) {
                     i += 2;
                 } else if a.starts_with('-') || a.contains('=') {
+                    self.assignment(a);
                     i += 1;
                 } else {
                     break;
@@ -984,6 +986,11 @@ impl Line {
             return;
         }
         match name {
+            "export" | "declare" | "typeset" | "readonly" | "local" => {
+                for a in &args {
+                    self.assignment(a);
+                }
+            }
             "find" => {
                 let mut i = 1;
                 while i < argv.len() {
@@ -1006,6 +1013,60 @@ impl Line {
             }
             "git" => self.git(&args),
             _ => {}
+        }
+    }
+
+    /// `NAME=value` for a variable that makes programs run other code (a library, a start-up
+    /// file, a pager, a search path): what then runs, the rules cannot see.
+    fn assignment(&mut self, word: &str) {
+        let Some((name, _)) = word.split_once('=') else {
+            return;
+        };
+        let name = name.trim_end_matches('+');
+        let code = [
+            "PATH",
+            "LD_PRELOAD",
+            "LD_AUDIT",
+            "LD_LIBRARY_PATH",
+            "BASH_ENV",
+            "ENV",
+            "PROMPT_COMMAND",
+            "SHELLOPTS",
+            "BASHOPTS",
+            "PS4",
+            "IFS",
+            "PAGER",
+            "MANPAGER",
+            "EDITOR",
+            "VISUAL",
+            "LESSOPEN",
+            "LESSCLOSE",
+            "SSH_ASKPASS",
+            "SUDO_ASKPASS",
+            "PYTHONSTARTUP",
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "PERL5OPT",
+            "PERL5LIB",
+            "PERLLIB",
+            "RUBYOPT",
+            "RUBYLIB",
+            "NODE_OPTIONS",
+            "NODE_PATH",
+            "RUSTC",
+            "RUSTC_WRAPPER",
+            "MAKEFLAGS",
+        ]
+        .contains(&name)
+            || name.starts_with("GIT_")
+            || (name.starts_with("CARGO_")
+                && (name.ends_with("RUNNER")
+                    || name.ends_with("WRAPPER")
+                    || name.ends_with("RUSTC")));
+        if code {
+            self.hide(format!(
+                "`{name}=…`, which can make a command run other code"
+            ));
         }
     }
 
@@ -1191,6 +1252,12 @@ mod tests {
             (&rm, "script -c 'rm x'", "deny"),
             (&rm, "script -q log", "deny"),
             (&rm, "bash build.sh", "mode"),
+            (&rm, "PATH=. ls", "deny"),
+            (&rm, "GIT_DIR=elsewhere git status", "deny"),
+            (&rm, "env LD_PRELOAD=./x.so ls", "deny"),
+            (&rm, "export BASH_ENV=x; bash build.sh", "deny"),
+            (&rm, "RUST_LOG=debug cargo test", "mode"),
+            (&rm, "export FOO=1", "mode"),
             (&rm, "python3 build.py", "mode"),
             (&ask, "$CMD x", "ask"),
             (&cat, "busybox cat x", "mode"),

@@ -822,6 +822,8 @@ fn the_attack_table_through_the_binary() {
                 ("python3 -c 'import os; os.remove(\"x21\")'", "deny"),
                 ("$CMD x22", "deny"),
                 ("git -C . -c alias.x='!rm x23' x", "deny"),
+                ("PATH=. ls", "deny"),
+                ("GIT_DIR=elsewhere git status", "deny"),
                 ("ls", "mode"),
                 ("cat rm", "mode"),
             ],
