@@ -20,6 +20,14 @@ const TOKEN: &str = "a-long-enough-secret-token";
 pub(crate) struct Console {
     child: Child,
     pub(crate) addr: String,
+    /// Its log (stderr) so far.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Console {
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
 }
 
 impl Drop for Console {
@@ -48,8 +56,14 @@ pub(crate) fn console(mut cmd: Command) -> Console {
         seen.push(line);
     };
     // Keep reading its log, so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Console { child, addr }
+    let log = std::sync::Arc::new(std::sync::Mutex::new(seen));
+    let keep = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            keep.lock().unwrap().push(line);
+        }
+    });
+    Console { child, addr, log }
 }
 
 fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
@@ -582,6 +596,80 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
         "{}",
         run_page.body
     );
+}
+
+/// The agent's own commands reach the console on loopback (the network is on by default): a
+/// background loop, started without `SUP_RUN_ID` and orphaned to `sup`, signs in with a name
+/// of its choosing and, with a person's stolen session, tries to approve the run's queued
+/// write. Every sign-in and answer is refused (403) and logged; the write never happens.
+#[test]
+fn a_runs_own_commands_cannot_sign_in_or_answer_its_approvals_on_the_console() {
+    let env = Env::new();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    // A person's session, as if the agent had read it from the person's browser.
+    let cookie = sign_in(&c.addr, "alice", None);
+    let csrf = csrf_of(&get(&c.addr, "/approvals", Some(&cookie)).body);
+    std::fs::write(env.ws().join("stolen"), format!("{cookie} {csrf}\n")).unwrap();
+    let a = &c.addr;
+    env.write(
+        "loop.sh",
+        &format!(
+            r#"read cookie csrf < stolen
+for i in $(seq 200); do
+  c=$(curl -s -c jar http://{a}/signin | grep -o 'name="csrf" value="[^"]*' | cut -d'"' -f4)
+  echo "signin $(curl -s -b jar -c jar -o signin.out -w '%{{http_code}}' \
+    -d "name=agent&csrf=$c&next=/approvals" http://{a}/signin)" >> codes
+  for id in $(curl -s -b "$cookie" http://{a}/approvals | grep -o '/approvals/[^/"]*/approve' | cut -d/ -f3); do
+    echo "approve $(curl -s -b "$cookie" -o approve.out -w '%{{http_code}}' \
+      -d "csrf=$csrf" http://{a}/approvals/$id/approve)" >> codes
+  done
+  sleep 0.05
+done
+"#
+        ),
+    );
+    let run = env.run_json(
+        json!([
+            {"tool_calls": [{"id": "loop", "name": "run_command", "input": {"command":
+              "nohup env -i PATH=\"$PATH\" bash loop.sh >/dev/null 2>&1 &"}}]},
+            {"tool_calls": [{"id": "w", "name": "write_file",
+              "input": {"path": "forbidden.txt", "content": "x"}}]},
+            {"text": "done"}
+        ]),
+        &[
+            "--approval",
+            "auto",
+            "--ask",
+            "write_file",
+            "--approval-timeout",
+            "3s",
+        ],
+    );
+    let codes = std::fs::read_to_string(env.ws().join("codes")).unwrap_or_default();
+    assert!(!env.ws().join("forbidden.txt").exists(), "{codes}");
+    assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+    assert!(codes.contains("signin 403"), "{codes}");
+    assert!(codes.contains("approve 403"), "{codes}");
+    assert!(
+        codes.lines().all(|l| l.ends_with(" 403")),
+        "only refusals: {codes}"
+    );
+    let said = std::fs::read_to_string(env.ws().join("approve.out")).unwrap();
+    assert!(said.contains("which sup started"), "{said}");
+    assert!(
+        c.log().contains("console: refused POST /approvals/"),
+        "{}",
+        c.log()
+    );
+    // A person (this test, outside sup's tree) still signs in and acts.
+    let r = http(
+        &c.addr,
+        "POST",
+        "/signout",
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
 }
 
 #[test]
