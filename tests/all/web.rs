@@ -672,6 +672,178 @@ done
     assert_eq!(r.status, 303, "{}", r.body);
 }
 
+/// The cells of the runs table's row for `id`, tags stripped.
+fn row_cells(page: &str, id: &str) -> Vec<String> {
+    let at = page
+        .find(&format!("href=\"/runs/{id}\""))
+        .unwrap_or_else(|| panic!("no row for {id}: {page}"));
+    let start = page[..at].rfind("<tr").unwrap();
+    let row = &page[start..start + page[start..].find("</tr>").unwrap()];
+    row.split("<td")
+        .skip(1)
+        .map(|cell| {
+            let mut text = String::new();
+            let mut tag = true;
+            for ch in cell.chars() {
+                match ch {
+                    '<' => tag = true,
+                    '>' => tag = false,
+                    _ if !tag => text.push(ch),
+                    _ => {}
+                }
+            }
+            text.trim().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_runs_page_shows_each_runs_figures_and_a_run_page_a_failing_checks_output() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"text": "not yet", "usage": {"input_tokens": 1000, "output_tokens": 500}},
+        {"tool_calls": [{"id": "w", "name": "write_file", "input": {"path": "done.txt", "content": "x"}}],
+         "usage": {"input_tokens": 2000, "output_tokens": 100}},
+        {"text": "done now", "usage": {"input_tokens": 3000, "output_tokens": 400}}
+    ]));
+    let model = format!("script:{}", script.display());
+    // $2 and $4 a million tokens in and out: 6,000 in and 1,000 out cost $0.0160.
+    let config = env.home.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[prices.\"{model}\"]\ninput = 2.0\noutput = 4.0\n"),
+    )
+    .unwrap();
+    let out = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args([
+            "goal",
+            "finish it",
+            "--name",
+            "figures",
+            "--tries",
+            "2",
+            "--json",
+        ])
+        .args([
+            "--check-cmd",
+            "echo check-said-$((6*7)); test -f done.txt",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let run = common::Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.result()["run_id"].as_str().unwrap().to_string();
+    let listed = env.sup().args(["runs", "--json"]).output().unwrap();
+    let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let row = listed.iter().find(|r| r["id"] == id.as_str()).unwrap();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let page = get(&c.addr, "/runs", None);
+    let cells = row_cells(&page.body, &id);
+    // Run, goal, status, stop reason, tries, steps, tokens, cost, duration, trigger, start.
+    assert_eq!(cells.len(), 11, "{cells:?}");
+    assert_eq!(cells[1], "figures");
+    assert_eq!(cells[2], "achieved");
+    assert_eq!(cells[3], row["stop_reason"].as_str().unwrap(), "{cells:?}");
+    assert!(!cells[3].is_empty(), "{cells:?}");
+    assert_eq!(cells[4], "2", "tries: {cells:?}");
+    assert_eq!(cells[5], "3", "steps: {cells:?}");
+    assert_eq!(cells[6], "6000 / 1000", "tokens: {cells:?}");
+    assert_eq!(cells[7], "$0.0160", "cost: {cells:?}");
+    let secs = cells[8].strip_suffix('s').unwrap().parse::<f64>();
+    assert!(secs.is_ok_and(|s| s >= 0.0), "duration: {cells:?}");
+    assert_eq!(cells[9], "cli", "trigger: {cells:?}");
+    assert_eq!(cells[9], row["trigger"].as_str().unwrap());
+    let started = row["started_at"].as_str().unwrap();
+    assert_eq!(
+        cells[10],
+        started[..19].replace('T', " "),
+        "start: {cells:?}"
+    );
+
+    let page = get(&c.addr, &format!("/runs/{id}"), None);
+    assert!(
+        page.body
+            .contains("✗ echo check-said-$((6*7)); test -f done.txt"),
+        "the failing check: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("check-said-42"),
+        "its output: {}",
+        page.body
+    );
+}
+
+#[test]
+fn approve_always_on_the_page_lets_the_same_command_through_and_shows_the_exact_command() {
+    let env = Env::new();
+    let command = "echo always-$((40+2)) >> log.txt";
+    let call = |id: &str| json!({"tool_calls": [{"id": id, "name": "run_command", "input": {"command": command}}]});
+    let turns = json!([call("c1"), call("c2"), {"text": "twice"}]);
+    let (mut child, run_id, _out) = spawn_json(scripted(
+        &env,
+        turns,
+        &["--approval", "queue", "--approval-timeout", "5s"],
+    ));
+    let rows = pending(&env, 1);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let req = rows[0]["id"].as_str().unwrap().to_string();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let cookie = sign_in(&c.addr, "carol", None);
+    let page = get(&c.addr, "/approvals", Some(&cookie));
+    assert!(
+        page.body.contains("echo always-$((40+2)) &gt;&gt; log.txt"),
+        "the exact command: {}",
+        page.body
+    );
+    assert!(page.body.contains(&run_id), "its run: {}", page.body);
+    let r = http(
+        &c.addr,
+        "POST",
+        &format!("/approvals/{req}/approve"),
+        &[("Cookie", &cookie)],
+        &format!("csrf={}&always=1", csrf_of(&page.body)),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(child.wait().unwrap().success());
+    // The same call again ran without waiting for anyone.
+    let log = std::fs::read_to_string(env.ws().join("log.txt")).unwrap();
+    assert_eq!(log, "always-42\nalways-42\n");
+    let page = get(&c.addr, "/approvals", Some(&cookie));
+    assert_eq!(page.body.matches("web:carol").count(), 1, "{}", page.body);
+    assert!(page.body.contains("(always)"), "{}", page.body);
+}
+
+#[test]
+fn a_daemon_serving_off_loopback_without_a_token_is_exit_2() {
+    let env = Env::new();
+    let mut child = env
+        .sup()
+        .args(["daemon", "--serve", "0.0.0.0:0", "--goals"])
+        .arg(goals_dir(&env))
+        .env_remove("SUP_SERVE_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = common::eventually(Duration::from_secs(20), "the daemon exits", || {
+        child.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(code.code(), Some(2), "{err}");
+    assert!(err.contains("SUP_SERVE_TOKEN"), "{err}");
+}
+
 #[test]
 fn goals_show_schedules_and_file_errors_and_are_paused_resumed_and_run_now() {
     let env = Env::new();
