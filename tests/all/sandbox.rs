@@ -616,42 +616,9 @@ fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
     assert!(sandbox_line(&run).starts_with("sandbox: read-only, network off"));
 }
 
-/// Make `path` and everything under it belong to `uid`.
-fn chown_all(path: &Path, uid: u32) {
-    let status = std::process::Command::new("chown")
-        .args(["-R", &format!("{uid}:{uid}")])
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-/// The unprivileged user the environment tests run `sup` as: root reads any process's memory.
-const NOBODY: u32 = 65534;
-
-/// `sup ARGS` as `NOBODY` (when the tests run as root; as we are otherwise), with the keys.
+/// `sup ARGS` as an unprivileged user (root reads any process's memory), with the keys.
 fn sup_as_nobody(env: &Env, args: &[&str]) -> std::process::Command {
-    let mut c = if nix::unistd::getuid().is_root() {
-        chown_all(env.home.path(), NOBODY);
-        chown_all(env.ws.path(), NOBODY);
-        let mut c = std::process::Command::new("setpriv");
-        c.args([
-            &format!("--reuid={NOBODY}"),
-            &format!("--regid={NOBODY}"),
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_sup"),
-        ]);
-        c.env("SUP_HOME", env.home.path())
-            .env("SUP_APPROVAL", "auto")
-            .env("SUP_CONFIG", env.home.path().join("no-config.toml"))
-            .env("HOME", env.home.path())
-            .env_remove("SUP_MODEL")
-            .env_remove("RUST_LOG")
-            .current_dir(env.ws.path());
-        c
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as_nobody();
     c.args(args);
     with_keys(c)
 }
