@@ -81,14 +81,13 @@ fn parse_addr(s: &str) -> Option<SocketAddr> {
 }
 
 /// The inode of the socket in `table` (a `/proc/net/tcp{,6}` text) whose local address is
-/// `peer` and remote `ours`.
+/// `peer` and remote `ours`: 0 when its process has closed it already.
 fn socket_inode(table: &str, peer: SocketAddr, ours: SocketAddr) -> Option<u64> {
     table.lines().skip(1).find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
         (f.len() > 9 && parse_addr(f[1]) == Some(peer) && parse_addr(f[2]) == Some(ours))
             .then(|| f[9].parse().ok())
             .flatten()
-            .filter(|inode| *inode != 0)
     })
 }
 
@@ -164,6 +163,9 @@ pub(crate) fn identify(peer: SocketAddr, ours: SocketAddr) -> Peer {
             Peer::Remote
         };
     };
+    if inode == 0 {
+        return Peer::Unknown(format!("the process at {peer} closed its socket already"));
+    }
     let (found, hidden) = holders(inode);
     if found.is_empty() {
         return Peer::Unknown(if hidden {
@@ -225,5 +227,8 @@ mod tests {
         );
         assert_eq!(socket_inode(&table, v4, ours), Some(4242));
         assert_eq!(socket_inode(&table, ours, v4), None);
+        // Closed by its process (FIN_WAIT, TIME_WAIT): still this machine's, held by none.
+        let closed = table.replace(" 4242 1", " 0 1");
+        assert_eq!(socket_inode(&closed, v4, ours), Some(0));
     }
 }
