@@ -141,10 +141,14 @@ async fn refusal(method: Method, path: String, conn: Option<Conn>) -> Option<Res
     let text = match peer {
         Peer::Remote | Peer::Outside => return None,
         Peer::Sup { pid, comm, by } => format!(
-            "Refused: this request comes from process {pid} ({comm}), which sup started              ({by}). A run's own commands cannot sign in or answer approvals; answer from a              browser or terminal that sup did not start."
+            "Refused: this request comes from process {pid} ({comm}), which sup started \
+             ({by}). A run's own commands cannot sign in or answer approvals; answer from a \
+             browser or terminal that sup did not start."
         ),
         Peer::Unknown(why) => format!(
-            "Refused: sup cannot tell which process sent this request ({why}), so it cannot              rule out a run's own commands. Sign in and answer from a browser on this machine              that sup can see (same user, or sup running as root)."
+            "Refused: sup cannot tell which process sent this request ({why}), so it cannot \
+             rule out a run's own commands. Sign in and answer from a browser on this machine \
+             that sup can see (same user, or sup running as root)."
         ),
     };
     tracing::warn!("console: refused {method} {path}: {text}");
