@@ -1,7 +1,8 @@
 //! The environment `sup` was started with, secrets included. `tools::sandbox::at_start`
 //! takes every secret-named variable out of the process's own environment (so nothing `sup`
-//! starts inherits it) and keeps the whole environment here: providers, notifications and the
-//! console read their keys here; the agent's processes never get this environment whole.
+//! starts inherits it; `cli::main` takes `SUP_STORE` out once parsed) and keeps the whole
+//! environment here: providers, notifications and the console read their keys here; the
+//! agent's processes never get this environment whole.
 
 use std::ffi::OsString;
 use std::sync::OnceLock;

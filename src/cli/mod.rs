@@ -320,6 +320,10 @@ pub fn main() -> ExitCode {
     {
         crate::tools::sandbox::hide_in_cmdline(url.as_bytes(), &blotted);
     }
+    // Nor in the environment: nothing `sup` starts (a service manager, a console's `sup
+    // trigger` gets it back on purpose) inherits it. The start-up copy keeps it.
+    // SAFETY: no other thread exists yet (the runtime starts below).
+    unsafe { std::env::remove_var("SUP_STORE") };
     // The daemon logs each occurrence fired and finished; other commands only trouble.
     let default_level = if matches!(cli.command, Command::Daemon { .. } | Command::Serve { .. }) {
         "info"

@@ -1,17 +1,19 @@
 //! Who may do what on the console: the host check on loopback (no DNS rebinding), the
 //! sign-in (a name, plus `SUP_SERVE_TOKEN` when one is set) that keeps a session cookie, the
-//! CSRF token every POST must carry, and the security headers of every response.
+//! CSRF token every POST must carry, the refusal of every POST from a process `sup` started,
+//! and the security headers of every response.
 
 use std::sync::Arc;
 
 use axum::extract::{Form, Query, Request, State as Ext};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
 
 use super::pages::{PageError, Viewer, error_page, layout};
+use super::peer::{Conn, Peer, identify};
 use super::{Session, State};
 
 /// The shortest token accepted.
@@ -76,6 +78,16 @@ pub(crate) async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: N
             StatusCode::FORBIDDEN,
             "This console answers only to localhost, 127.0.0.1 or [::1].",
         )
+    } else if let Some(refusal) = refusal(
+        req.method().clone(),
+        req.uri().path().to_string(),
+        req.extensions()
+            .get::<axum::extract::ConnectInfo<Conn>>()
+            .map(|c| c.0),
+    )
+    .await
+    {
+        refusal
     } else {
         let path = req.uri().path();
         let open = path == "/signin" || path.starts_with("/static/");
@@ -109,6 +121,38 @@ pub(crate) async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: N
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
     resp
+}
+
+/// A sign-in or any other state-changing request from a process `sup` started (the agent's
+/// commands), or from a process of this machine that cannot be identified: 403, logged.
+async fn refusal(method: Method, path: String, conn: Option<Conn>) -> Option<Response> {
+    if matches!(method, Method::GET | Method::HEAD) {
+        return None;
+    }
+    let peer = match conn {
+        Some(Conn {
+            peer,
+            local: Some(local),
+        }) => tokio::task::spawn_blocking(move || identify(peer, local))
+            .await
+            .unwrap_or_else(|e| Peer::Unknown(e.to_string())),
+        _ => Peer::Unknown("the connection's addresses are unknown".into()),
+    };
+    let text = match peer {
+        Peer::Remote | Peer::Outside => return None,
+        Peer::Sup { pid, comm, by } => format!(
+            "Refused: this request comes from process {pid} ({comm}), which sup started \
+             ({by}). A run's own commands cannot sign in or answer approvals; answer from a \
+             browser or terminal that sup did not start."
+        ),
+        Peer::Unknown(why) => format!(
+            "Refused: sup cannot tell which process sent this request ({why}), so it cannot \
+             rule out a run's own commands. Sign in and answer from a browser on this machine \
+             that sup can see (same user, or sup running as root)."
+        ),
+    };
+    tracing::warn!("console: refused {method} {path}: {text}");
+    Some(error_page(StatusCode::FORBIDDEN, &text))
 }
 
 fn form_urlencoded_component(s: &str) -> String {

@@ -3,11 +3,12 @@
 //! runtime. Templates are maud (compiled into the binary, every value escaped by default);
 //! the style sheet and the one small script are embedded. Loopback by default; any other
 //! address needs `SUP_SERVE_TOKEN`. Every state-changing request is a POST carrying the
-//! session's CSRF token. With a fleet's store (`--store`) runs, transcripts, approvals and
+//! session's CSRF token, and none is taken from a process that `sup` started (`peer`). With a fleet's store (`--store`) runs, transcripts, approvals and
 //! goal figures come from PostgreSQL, and answers reach waiting runs on any machine.
 
 mod auth;
 mod pages;
+mod peer;
 mod render;
 
 use std::collections::HashMap;
@@ -113,7 +114,8 @@ impl Server {
     /// Serve until the shutdown token is cancelled.
     pub(crate) async fn run(self) -> Result<(), ServeError> {
         let stop = self.state.shutdown.clone();
-        axum::serve(self.listener, self.app)
+        let app = self.app.into_make_service_with_connect_info::<peer::Conn>();
+        axum::serve(self.listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
             .map_err(ServeError::Serve)

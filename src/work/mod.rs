@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::approval::{Answer, Call, Gate};
 use crate::model::prices::{InputEstimate, Price, tool_bytes};
 use crate::model::{
-    Conversation, FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, Usage,
+    Conversation, FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, ToolSpec, Usage,
 };
 use crate::tools::process::safe_name;
 use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
@@ -96,6 +96,21 @@ pub(crate) fn push(messages: &mut Conversation, message: Message, events: &Event
     messages.push(message);
 }
 
+/// The tools as the model is told them: known secrets redacted from their descriptions and
+/// schemas (an MCP server's or a command tool's text may hold one); names are kept, since
+/// calls name them.
+fn told(specs: &[ToolSpec]) -> std::borrow::Cow<'_, [ToolSpec]> {
+    if !crate::redact::active() {
+        return std::borrow::Cow::Borrowed(specs);
+    }
+    let mut specs = specs.to_vec();
+    for s in &mut specs {
+        crate::redact::string(&mut s.description);
+        crate::redact::value(&mut s.input_schema);
+    }
+    std::borrow::Cow::Owned(specs)
+}
+
 impl Work<'_> {
     fn ms(&self) -> f64 {
         self.started.elapsed().as_secs_f64() * 1000.0
@@ -121,7 +136,9 @@ impl Work<'_> {
         let mut usage = Usage::default();
         let mut repeats = Repeats::default();
         let mut estimate = InputEstimate::default();
-        let tool_bytes = tool_bytes(self.tools.specs());
+        // Every secret is known by now: keys at start-up, passed values when the jail was made.
+        let specs = told(self.tools.specs());
+        let tool_bytes = tool_bytes(&specs);
         let events = self.events;
         for step in 1..=self.limits.max_steps {
             if self.cancel.is_cancelled() {
@@ -150,7 +167,7 @@ impl Work<'_> {
             };
             let request = ModelRequest {
                 messages,
-                tools: self.tools.specs(),
+                tools: &specs,
                 on_text: &on_text,
             };
             let response = tokio::select! {

@@ -1110,3 +1110,35 @@ fn mcp_servers_are_shut_down_when_the_store_refuses_the_run() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(with_marker(), 0, "an MCP server outlived the run");
 }
+
+#[test]
+fn a_key_in_a_tool_description_reaches_the_model_redacted() {
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        &format!(
+            "prompt = \"work\"\n[[tool]]\nname = \"deploy\"\n\
+             description = \"Deploys with the key {KEY} already set.\"\ncommand = [\"true\"]\n"
+        ),
+    );
+    let server = FakeServer::start(vec![openai_stream(&Turn::text("done"), Indexing::Standard)]);
+    let out = env
+        .sup()
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .env("OPENAI_API_KEY", KEY)
+        .args(["goal", "--file", goal.to_str().unwrap(), "--workspace", "."])
+        .args(["--tries", "1", "--json", "--model", "openai:gpt-test"])
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    let tools = requests[0].body["tools"].to_string();
+    assert!(!tools.contains(KEY), "the model was sent the key: {tools}");
+    assert!(
+        tools.contains("Deploys with the key [redacted] already set."),
+        "{tools}"
+    );
+    assert!(tools.contains("\"deploy\""), "the name is kept: {tools}");
+}

@@ -616,57 +616,101 @@ fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
     assert!(sandbox_line(&run).starts_with("sandbox: read-only, network off"));
 }
 
-/// Make `path` and everything under it belong to `uid`.
-fn chown_all(path: &Path, uid: u32) {
-    let status = std::process::Command::new("chown")
-        .args(["-R", &format!("{uid}:{uid}")])
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
+/// `sup ARGS` as an unprivileged user (root reads any process's memory), with the keys.
+fn sup_as_nobody(env: &Env, args: &[&str]) -> std::process::Command {
+    let mut c = env.sup_as_nobody();
+    c.args(args);
+    with_keys(c)
+}
+
+/// A command that prints the key variables of its parent's environment, reversed (so the
+/// redaction of results cannot hide a key that was read), then `peeked`.
+const PEEK: &str = "tr '\\0' '\\n' < /proc/$PPID/environ | grep KEY | rev; echo ppid=$PPID peeked";
+
+fn assert_no_key(result: &str) {
+    let reversed: String = KEY.chars().rev().collect();
+    assert!(result.contains("peeked"), "{result}");
+    assert!(
+        !result.contains(&reversed) && !result.contains(KEY) && !result.contains("YEK_IPA"),
+        "the key was read from sup: {result}"
+    );
 }
 
 #[test]
 fn a_command_cannot_read_keys_from_sups_own_environment() {
-    let env = Env::new();
-    // The test must run `sup` as an unprivileged user: root can read any process's memory.
-    let nobody = 65534;
-    if !nix::unistd::getuid().is_root() {
-        // Already unprivileged: run as we are.
+    // Sandbox off: sup's being non-dumpable is all that stands in the way; by default the
+    // sandbox's ptrace scoping stands there too.
+    for sandbox in ["off", "workspace-write"] {
+        let env = Env::new();
+        let script = env.script(json!([cmd("peek", PEEK), say("done")]));
+        let model = format!("script:{}", script.display());
+        let mut c = sup_as_nobody(
+            &env,
+            &[
+                "run",
+                "peek",
+                "--json",
+                "--sandbox",
+                sandbox,
+                "--model",
+                &model,
+            ],
+        );
+        let run = Run::new(c.output().unwrap());
+        assert_eq!(run.code, 0, "{sandbox}: {}", run.stderr);
+        assert_no_key(&text(run.tool_result("peek")));
     }
-    let script = env.script(json!([
-        cmd(
-            "peek",
-            "cat /proc/$PPID/environ | tr '\\0' '\\n' | grep KEY; echo peeked"
-        ),
-        say("done")
-    ]));
-    let mut c = if nix::unistd::getuid().is_root() {
-        chown_all(env.home.path(), nobody);
-        chown_all(env.ws.path(), nobody);
-        let mut c = std::process::Command::new("setpriv");
-        c.args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_sup"),
-        ]);
-        c.env("SUP_HOME", env.home.path())
-            .env("SUP_APPROVAL", "auto")
-            .env("SUP_CONFIG", env.home.path().join("no-config.toml"))
-            .env("HOME", env.home.path())
-            .env_remove("SUP_MODEL")
-            .current_dir(env.ws.path());
-        c
-    } else {
-        env.sup()
-    };
-    c.args(["run", "peek", "--json", "--model"])
-        .arg(format!("script:{}", script.display()));
-    let run = Run::new(with_keys(c).output().unwrap());
-    let r = text(run.tool_result("peek"));
-    assert!(r.contains("peeked"), "{r}");
-    assert!(!r.contains(KEY), "the key was read from sup: {r}");
+}
+
+#[test]
+fn a_goals_command_cannot_read_keys_from_the_daemons_environment() {
+    let env = Env::new();
+    let goals = env.home.path().join("goals");
+    std::fs::create_dir_all(goals.join("work")).unwrap();
+    std::fs::write(
+        goals.join("peek.json"),
+        json!([cmd("peek", PEEK), say("done")]).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        goals.join("peek.toml"),
+        "prompt = \"peek\"\nmodel = \"script:peek.json\"\nworkspace = \"work\"\n\
+         schedule = \"* * * * * *\"\ntimezone = \"UTC\"\ntries = 1\nsandbox = \"off\"\n",
+    )
+    .unwrap();
+    let mut daemon = sup_as_nobody(&env, &["daemon", "--goals", goals.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let result = common::eventually(
+        std::time::Duration::from_secs(30),
+        "a run of the goal answered its command",
+        || {
+            env.run_dirs().into_iter().find_map(|dir| {
+                let t = std::fs::read_to_string(dir.join("transcript.jsonl")).ok()?;
+                let events: Vec<Value> = t
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect();
+                common::tool_messages(&events)
+                    .into_iter()
+                    .map(|m| m.to_string())
+                    .find(|c| c.contains("peeked"))
+            })
+        },
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().unwrap();
+    assert!(
+        result.contains(&format!("ppid={} ", daemon.id())),
+        "the command's parent is the daemon: {result}"
+    );
+    assert_no_key(&result);
 }
 
 #[test]
@@ -998,5 +1042,110 @@ fn mcp_env_pass_passes_the_variable_to_the_server_and_never_to_disk() {
         run.stderr.contains(&format!("{}:5", goal.display())) && run.stderr.contains("env_pass"),
         "{}",
         run.stderr
+    );
+}
+
+#[test]
+fn the_service_manager_inherits_no_store_password_and_no_key() {
+    let env = Env::new();
+    let bin = env.home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let dump = env.home.path().join("systemctl.env");
+    let fake = bin.join("systemctl");
+    std::fs::write(&fake, format!("#!/bin/sh\nenv >> '{}'\n", dump.display())).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let goals = env.home.path().join("goals");
+    std::fs::create_dir_all(&goals).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = with_keys(env.sup())
+        .env("PATH", path)
+        .env("XDG_CONFIG_HOME", env.home.path().join("xdg"))
+        .env(
+            "SUP_STORE",
+            "postgres://sup:s3cret-store-pass@127.0.0.1:5432/fleet",
+        )
+        .args(["service", "install", "--user", "--goals"])
+        .arg(&goals)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = std::fs::read_to_string(&dump).unwrap();
+    assert!(seen.contains("PATH="), "systemctl ran: {seen}");
+    assert!(!seen.contains("s3cret-store-pass"), "{seen}");
+    assert!(!seen.contains(KEY), "{seen}");
+}
+
+/// Run `sup` under a seccomp filter that makes `prctl(PR_SET_DUMPABLE, …)` fail with EPERM
+/// (x86_64 only: the filter names the syscall by its number there).
+const NO_DUMPABLE: &str = r#"
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def op(code, jt, jf, k):
+    return struct.pack("HBBI", code, jt, jf, k)
+LD, JEQ, RET = 0x20, 0x15, 0x06
+ALLOW, EPERM = 0x7FFF0000, 0x00050000 | 1
+prog = b"".join([
+    op(LD, 0, 0, 4),               # seccomp_data.arch
+    op(JEQ, 1, 0, 0xC000003E),     # AUDIT_ARCH_X86_64
+    op(RET, 0, 0, ALLOW),
+    op(LD, 0, 0, 0),               # seccomp_data.nr
+    op(JEQ, 0, 3, 157),            # SYS_prctl
+    op(LD, 0, 0, 16),              # args[0], low half
+    op(JEQ, 0, 1, 4),              # PR_SET_DUMPABLE
+    op(RET, 0, 0, EPERM),
+    op(RET, 0, 0, ALLOW),
+])
+buf = ctypes.create_string_buffer(prog, len(prog))
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(prog) // 8, ctypes.addressof(buf))
+prctl = libc.prctl
+prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+if prctl(38, 1, None, 0, 0) != 0 or prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:
+    sys.exit("seccomp: " + os.strerror(ctypes.get_errno()))
+if prctl(4, 0, None, 0, 0) == 0:
+    sys.exit("the filter let PR_SET_DUMPABLE through")
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+
+#[test]
+fn a_prctl_failure_is_the_first_notice_and_the_run_goes_on() {
+    if std::env::consts::ARCH != "x86_64" {
+        eprintln!("skipped: the seccomp filter names prctl by its x86_64 number");
+        return;
+    }
+    let env = Env::new();
+    let wrapper = env.home.path().join("no-dumpable.py");
+    std::fs::write(&wrapper, NO_DUMPABLE).unwrap();
+    let script = env.script(json!([cmd("c", "echo still-works"), say("done")]));
+    let sup = env.sup();
+    let mut c = std::process::Command::new("python3");
+    c.arg(&wrapper).arg(env!("CARGO_BIN_EXE_sup"));
+    for (k, v) in sup.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.current_dir(env.ws.path())
+        .args(["run", "w", "--json", "--model"])
+        .arg(format!("script:{}", script.display()));
+    let run = Run::new(c.output().unwrap());
+    assert_eq!(run.code, 0, "the run goes on: {}", run.stderr);
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    assert!(text(run.tool_result("c")).contains("still-works"));
+    let first = run.of_type("notice")[0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        first.contains("MISSING PROTECTION")
+            && first.contains("sup could not make itself non-dumpable (Operation not permitted"),
+        "{first}"
     );
 }

@@ -20,6 +20,14 @@ const TOKEN: &str = "a-long-enough-secret-token";
 pub(crate) struct Console {
     child: Child,
     pub(crate) addr: String,
+    /// Its log (stderr) so far.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Console {
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
 }
 
 impl Drop for Console {
@@ -48,8 +56,14 @@ pub(crate) fn console(mut cmd: Command) -> Console {
         seen.push(line);
     };
     // Keep reading its log, so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Console { child, addr }
+    let log = std::sync::Arc::new(std::sync::Mutex::new(seen));
+    let keep = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            keep.lock().unwrap().push(line);
+        }
+    });
+    Console { child, addr, log }
 }
 
 fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
@@ -584,6 +598,293 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     );
 }
 
+/// What a hostile model's background loop does against the console at `a`: sign in under a
+/// name of its choosing and approve what waits with that session, and with a person's session
+/// (`stolen`, when there) too; each answer's status goes to `codes`, each body to `*.out`.
+fn attack_loop(a: &str) -> String {
+    format!(
+        r#"read cookie csrf < stolen 2>/dev/null
+for i in $(seq 200); do
+  c=$(curl -s -c jar http://{a}/signin | grep -o 'name="csrf" value="[^"]*' | cut -d'"' -f4)
+  echo "signin $(curl -s -b jar -c jar -o signin.out -w '%{{http_code}}' \
+    -d "name=agent&csrf=$c&next=/approvals" http://{a}/signin)" >> codes
+  page=$(curl -s -b jar http://{a}/approvals)
+  own=$(printf %s "$page" | grep -o 'name="csrf" value="[^"]*' | head -1 | cut -d'"' -f4)
+  for id in $(printf %s "$page" | grep -o '/approvals/[^/"]*/approve' | cut -d/ -f3); do
+    echo "approve $(curl -s -b jar -o approve.out -w '%{{http_code}}' \
+      -d "csrf=$own" http://{a}/approvals/$id/approve)" >> codes
+  done
+  [ -n "$cookie" ] || {{ sleep 0.05; continue; }}
+  for id in $(curl -s -b "$cookie" http://{a}/approvals | grep -o '/approvals/[^/"]*/approve' | cut -d/ -f3); do
+    echo "approve $(curl -s -b "$cookie" -o approve.out -w '%{{http_code}}' \
+      -d "csrf=$csrf" http://{a}/approvals/$id/approve)" >> codes
+  done
+  sleep 0.05
+done
+"#
+    )
+}
+
+/// A run (`cmd`) whose first call starts `loop.sh` in the background, without `SUP_RUN_ID`
+/// and orphaned to `sup`, and whose second is a write that waits for a person (3 s).
+fn run_beside_a_loop(env: &Env, mut cmd: Command) -> common::Run {
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "loop", "name": "run_command", "input": {"command":
+          "nohup env -i PATH=\"$PATH\" bash loop.sh >/dev/null 2>&1 &"}}]},
+        {"tool_calls": [{"id": "w", "name": "write_file",
+          "input": {"path": "forbidden.txt", "content": "x"}}]},
+        {"text": "done"}
+    ]));
+    cmd.args(["run", "do the work", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .args([
+            "--approval",
+            "auto",
+            "--ask",
+            "write_file",
+            "--approval-timeout",
+            "3s",
+        ]);
+    common::Run::new(cmd.output().unwrap())
+}
+
+/// The agent's own commands reach the console on loopback (the network is on by default): a
+/// background loop, started without `SUP_RUN_ID` and orphaned to `sup`, signs in with a name
+/// of its choosing and, with that session and with a person's stolen one, tries to approve
+/// the run's queued write. Every sign-in and answer is refused (403) and logged; the write
+/// never happens.
+#[test]
+fn a_runs_own_commands_cannot_sign_in_or_answer_its_approvals_on_the_console() {
+    let env = Env::new();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    // A person's session, as if the agent had read it from the person's browser.
+    let cookie = sign_in(&c.addr, "alice", None);
+    let csrf = csrf_of(&get(&c.addr, "/approvals", Some(&cookie)).body);
+    std::fs::write(env.ws().join("stolen"), format!("{cookie} {csrf}\n")).unwrap();
+    env.write("loop.sh", &attack_loop(&c.addr));
+    let run = run_beside_a_loop(&env, env.sup());
+    let codes = std::fs::read_to_string(env.ws().join("codes")).unwrap_or_default();
+    assert!(!env.ws().join("forbidden.txt").exists(), "{codes}");
+    assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+    assert!(codes.contains("signin 403"), "{codes}");
+    assert!(codes.contains("approve 403"), "{codes}");
+    assert!(
+        codes.lines().all(|l| l.ends_with(" 403")),
+        "only refusals: {codes}"
+    );
+    let said = std::fs::read_to_string(env.ws().join("approve.out")).unwrap();
+    assert!(said.contains("which sup started"), "{said}");
+    assert!(
+        c.log().contains("console: refused POST /approvals/"),
+        "{}",
+        c.log()
+    );
+    // A person (this test, outside sup's tree) still signs in and acts.
+    let r = http(
+        &c.addr,
+        "POST",
+        "/signout",
+        &[("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+}
+
+/// The same as an ordinary user: the console cannot read the binary of the non-dumpable
+/// `sup` that started the loop, and knows it by its name.
+#[test]
+fn as_an_ordinary_user_a_runs_own_commands_cannot_sign_in_on_the_console() {
+    let env = Env::new();
+    let mut cmd = env.sup_as_nobody();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--goals"])
+        .arg(goals_dir(&env));
+    let c = console(cmd);
+    env.write("loop.sh", &attack_loop(&c.addr));
+    let run = run_beside_a_loop(&env, env.sup_as_nobody());
+    let codes = std::fs::read_to_string(env.ws().join("codes")).unwrap_or_default();
+    assert!(!env.ws().join("forbidden.txt").exists(), "{codes}");
+    assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+    assert!(codes.contains("signin 403"), "{codes}");
+    assert!(
+        codes.lines().all(|l| l.ends_with(" 403")),
+        "only refusals: {codes}"
+    );
+    let said = std::fs::read_to_string(env.ws().join("signin.out")).unwrap();
+    assert!(said.contains("which sup started"), "{said}");
+}
+
+/// The cells of the runs table's row for `id`, tags stripped.
+fn row_cells(page: &str, id: &str) -> Vec<String> {
+    let at = page
+        .find(&format!("href=\"/runs/{id}\""))
+        .unwrap_or_else(|| panic!("no row for {id}: {page}"));
+    let start = page[..at].rfind("<tr").unwrap();
+    let row = &page[start..start + page[start..].find("</tr>").unwrap()];
+    row.split("<td")
+        .skip(1)
+        .map(|cell| {
+            let mut text = String::new();
+            let mut tag = true;
+            for ch in cell.chars() {
+                match ch {
+                    '<' => tag = true,
+                    '>' => tag = false,
+                    _ if !tag => text.push(ch),
+                    _ => {}
+                }
+            }
+            text.trim().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_runs_page_shows_each_runs_figures_and_a_run_page_a_failing_checks_output() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"text": "not yet", "usage": {"input_tokens": 1000, "output_tokens": 500}},
+        {"tool_calls": [{"id": "w", "name": "write_file", "input": {"path": "done.txt", "content": "x"}}],
+         "usage": {"input_tokens": 2000, "output_tokens": 100}},
+        {"text": "done now", "usage": {"input_tokens": 3000, "output_tokens": 400}}
+    ]));
+    let model = format!("script:{}", script.display());
+    // $2 and $4 a million tokens in and out: 6,000 in and 1,000 out cost $0.0160.
+    let config = env.home.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[prices.\"{model}\"]\ninput = 2.0\noutput = 4.0\n"),
+    )
+    .unwrap();
+    let out = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args([
+            "goal",
+            "finish it",
+            "--name",
+            "figures",
+            "--tries",
+            "2",
+            "--json",
+        ])
+        .args([
+            "--check-cmd",
+            "echo check-said-$((6*7)); test -f done.txt",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let run = common::Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.result()["run_id"].as_str().unwrap().to_string();
+    let listed = env.sup().args(["runs", "--json"]).output().unwrap();
+    let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let row = listed.iter().find(|r| r["id"] == id.as_str()).unwrap();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let page = get(&c.addr, "/runs", None);
+    let cells = row_cells(&page.body, &id);
+    // Run, goal, status, stop reason, tries, steps, tokens, cost, duration, trigger, start.
+    assert_eq!(cells.len(), 11, "{cells:?}");
+    assert_eq!(cells[1], "figures");
+    assert_eq!(cells[2], "achieved");
+    assert_eq!(cells[3], row["stop_reason"].as_str().unwrap(), "{cells:?}");
+    assert!(!cells[3].is_empty(), "{cells:?}");
+    assert_eq!(cells[4], "2", "tries: {cells:?}");
+    assert_eq!(cells[5], "3", "steps: {cells:?}");
+    assert_eq!(cells[6], "6000 / 1000", "tokens: {cells:?}");
+    assert_eq!(cells[7], "$0.0160", "cost: {cells:?}");
+    let secs = cells[8].strip_suffix('s').unwrap().parse::<f64>();
+    assert!(secs.is_ok_and(|s| s >= 0.0), "duration: {cells:?}");
+    assert_eq!(cells[9], "cli", "trigger: {cells:?}");
+    assert_eq!(cells[9], row["trigger"].as_str().unwrap());
+    let started = row["started_at"].as_str().unwrap();
+    assert_eq!(
+        cells[10],
+        started[..19].replace('T', " "),
+        "start: {cells:?}"
+    );
+
+    let page = get(&c.addr, &format!("/runs/{id}"), None);
+    assert!(
+        page.body
+            .contains("✗ echo check-said-$((6*7)); test -f done.txt"),
+        "the failing check: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("check-said-42"),
+        "its output: {}",
+        page.body
+    );
+}
+
+#[test]
+fn approve_always_on_the_page_lets_the_same_command_through_and_shows_the_exact_command() {
+    let env = Env::new();
+    let command = "echo always-$((40+2)) >> log.txt";
+    let call = |id: &str| json!({"tool_calls": [{"id": id, "name": "run_command", "input": {"command": command}}]});
+    let turns = json!([call("c1"), call("c2"), {"text": "twice"}]);
+    let (mut child, run_id, _out) = spawn_json(scripted(
+        &env,
+        turns,
+        &["--approval", "queue", "--approval-timeout", "5s"],
+    ));
+    let rows = pending(&env, 1);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let req = rows[0]["id"].as_str().unwrap().to_string();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let cookie = sign_in(&c.addr, "carol", None);
+    let page = get(&c.addr, "/approvals", Some(&cookie));
+    assert!(
+        page.body.contains("echo always-$((40+2)) &gt;&gt; log.txt"),
+        "the exact command: {}",
+        page.body
+    );
+    assert!(page.body.contains(&run_id), "its run: {}", page.body);
+    let r = http(
+        &c.addr,
+        "POST",
+        &format!("/approvals/{req}/approve"),
+        &[("Cookie", &cookie)],
+        &format!("csrf={}&always=1", csrf_of(&page.body)),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(child.wait().unwrap().success());
+    // The same call again ran without waiting for anyone.
+    let log = std::fs::read_to_string(env.ws().join("log.txt")).unwrap();
+    assert_eq!(log, "always-42\nalways-42\n");
+    let page = get(&c.addr, "/approvals", Some(&cookie));
+    assert_eq!(page.body.matches("web:carol").count(), 1, "{}", page.body);
+    assert!(page.body.contains("(always)"), "{}", page.body);
+}
+
+#[test]
+fn a_daemon_serving_off_loopback_without_a_token_is_exit_2() {
+    let env = Env::new();
+    let mut child = env
+        .sup()
+        .args(["daemon", "--serve", "0.0.0.0:0", "--goals"])
+        .arg(goals_dir(&env))
+        .env_remove("SUP_SERVE_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = common::eventually(Duration::from_secs(20), "the daemon exits", || {
+        child.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(code.code(), Some(2), "{err}");
+    assert!(err.contains("SUP_SERVE_TOKEN"), "{err}");
+}
+
 #[test]
 fn goals_show_schedules_and_file_errors_and_are_paused_resumed_and_run_now() {
     let env = Env::new();
@@ -862,124 +1163,4 @@ fn browser_end_to_end() {
     ] {
         assert!(shots.join(format!("{shot}.png")).exists(), "{shot}.png");
     }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-/// Figures (`cargo test --release --test web figures -- --ignored --nocapture`): the runs
-/// page with 10,000 runs in the store, and how soon a written transcript event reaches a
-/// live page's event stream.
-#[test]
-#[ignore]
-fn figures() {
-    let env = Env::new();
-    let db = sup::store::db::Db::open(env.home.path()).unwrap();
-    db.conn().execute_batch("BEGIN").unwrap();
-    for i in 0..10_000 {
-        let id = format!("20260101-{i:06}-aaaaaaaa");
-        db.conn()
-            .execute(
-                "INSERT INTO runs (id, goal, trigger, status, stop_reason, tries, steps, input_tokens,
-                     output_tokens, started_at, ended_at, pid, model, workspace, dir)
-                 VALUES (?1, ?2, 'schedule', ?3, 'final', 1, 3, 1200, 300, ?4, ?4, 1, 'script:x', '/w', ?5)",
-                rusqlite_params(&id, i),
-            )
-            .unwrap();
-    }
-    db.conn().execute_batch("COMMIT").unwrap();
-    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
-    for (what, path) in [
-        (
-            "/static/style.css (HTTP alone, for scale)",
-            "/static/style.css",
-        ),
-        ("/runs (page 1 of 200)", "/runs"),
-        ("/runs?page=150", "/runs?page=150"),
-        ("/runs?goal=g7&status=failed", "/runs?goal=g7&status=failed"),
-    ] {
-        let times: Vec<Duration> = (0..30)
-            .map(|_| {
-                let t = Instant::now();
-                let r = get(&c.addr, path, None);
-                assert_eq!(r.status, 200);
-                t.elapsed()
-            })
-            .collect();
-        let worst = *times.iter().max().unwrap();
-        println!(
-            "figure: {what} with 10,000 runs: median {:.1} ms, worst {:.1} ms (30 requests)",
-            median(times).as_secs_f64() * 1e3,
-            worst.as_secs_f64() * 1e3
-        );
-    }
-
-    // A live transcript: append an event, time until the stream delivers it.
-    let dir = env.home.path().join("runs/live-run");
-    std::fs::create_dir_all(&dir).unwrap();
-    let transcript = dir.join("transcript.jsonl");
-    std::fs::write(&transcript, "").unwrap();
-    db.conn()
-        .execute(
-            "INSERT INTO runs (id, goal, trigger, status, started_at, pid, model, workspace, dir)
-             VALUES ('live-run', 'g', 'manual', 'running', '2026-01-01T00:00:00Z', ?1, 'script:x', '/w', ?2)",
-            (std::process::id(), dir.to_str().unwrap()),
-        )
-        .unwrap();
-    let mut s = TcpStream::connect(&c.addr).unwrap();
-    write!(
-        s,
-        "GET /runs/live-run/events?from=0 HTTP/1.1\r\nHost: {}\r\n\r\n",
-        c.addr
-    )
-    .unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&transcript)
-        .unwrap();
-    let mut lat = Vec::new();
-    let mut buf = [0u8; 65536];
-    std::thread::sleep(Duration::from_millis(200));
-    for i in 0..40 {
-        let line = json!({"type": "notice", "text": format!("mark-{i}")}).to_string() + "\n";
-        let t = Instant::now();
-        file.write_all(line.as_bytes()).unwrap();
-        let mut got = String::new();
-        while !got.contains(&format!("mark-{i}<")) {
-            let n = s.read(&mut buf).unwrap();
-            got.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-        lat.push(t.elapsed());
-        std::thread::sleep(Duration::from_millis(fastrand_ms(i)));
-    }
-    let worst = *lat.iter().max().unwrap();
-    println!(
-        "figure: a written transcript event reaches the live stream in median {:.0} ms, worst {:.0} ms (40 events)",
-        median(lat).as_secs_f64() * 1e3,
-        worst.as_secs_f64() * 1e3
-    );
-}
-
-fn rusqlite_params(id: &str, i: usize) -> (String, String, &'static str, String, String) {
-    let statuses = ["achieved", "failed", "unfinished", "error"];
-    (
-        id.to_string(),
-        format!("g{}", i % 20),
-        statuses[i % 4],
-        format!(
-            "2026-01-01T{:02}:{:02}:{:02}Z",
-            i / 3600 % 24,
-            i / 60 % 60,
-            i % 60
-        ),
-        format!("/runs/{id}"),
-    )
-}
-
-/// A spread of pauses between events, so they land at every point of the poll.
-fn fastrand_ms(i: u64) -> u64 {
-    (i * 37) % 97 + 10
 }

@@ -1,5 +1,5 @@
-// The sup web console in Debian's Chromium, driven by playwright-core. Run by tests/web.rs
-// (`cargo test --test web browser_end_to_end`), which starts `sup daemon --serve`, the runs,
+// The sup web console in Debian's Chromium, driven by playwright-core. Run by tests/all/web.rs
+// (`cargo test --test all web::browser_end_to_end`), which starts `sup daemon --serve`, the runs,
 // and passes one JSON argument: base, shots, grow, yes, no (run ids), goal, reason, name.
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";

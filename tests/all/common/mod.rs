@@ -92,6 +92,39 @@ impl Env {
         cmd
     }
 
+    /// The binary as `sup()` sets it up, but run as the unprivileged user 65534 (through
+    /// `setpriv`, with SUP_HOME and the workspace given to that user) when the tests run as
+    /// root, whose processes can read any other's memory; as `sup()` otherwise.
+    pub fn sup_as_nobody(&self) -> Command {
+        if !nix::unistd::getuid().is_root() {
+            return self.sup();
+        }
+        for dir in [self.home.path(), self.ws.path()] {
+            let status = Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(dir)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_sup"),
+        ])
+        .env("SUP_HOME", self.home.path())
+        .env("SUP_APPROVAL", "auto")
+        .env("SUP_CONFIG", self.home.path().join("no-config.toml"))
+        .env("HOME", self.home.path())
+        .env_remove("SUP_MODEL")
+        .env_remove("RUST_LOG")
+        .current_dir(self.ws.path())
+        .stdin(std::process::Stdio::null());
+        cmd
+    }
+
     /// `sup run PROMPT --model script:… --json ARGS…`.
     pub fn run_json(&self, turns: Value, args: &[&str]) -> Run {
         self.json(&["run", "do the work"], turns, args)
