@@ -79,6 +79,7 @@ pub(crate) async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: N
             "This console answers only to localhost, 127.0.0.1 or [::1].",
         )
     } else if let Some(refusal) = refusal(
+        state.cfg.token.is_some(),
         req.method().clone(),
         req.uri().path().to_string(),
         req.extensions()
@@ -124,8 +125,15 @@ pub(crate) async fn guard(Ext(state): Ext<Arc<State>>, mut req: Request, next: N
 }
 
 /// A sign-in or any other state-changing request from a process `sup` started (the agent's
-/// commands), or from a process of this machine that cannot be identified: 403, logged.
-async fn refusal(method: Method, path: String, conn: Option<Conn>) -> Option<Response> {
+/// commands): 403, logged. So is one from a process of this machine that cannot be identified
+/// (another user's, or an SSH tunnel's), unless the console has a token: the agent never sees
+/// `SUP_SERVE_TOKEN`, so a sign-in with it stands for a person.
+async fn refusal(
+    token: bool,
+    method: Method,
+    path: String,
+    conn: Option<Conn>,
+) -> Option<Response> {
     if matches!(method, Method::GET | Method::HEAD) {
         return None;
     }
@@ -140,6 +148,7 @@ async fn refusal(method: Method, path: String, conn: Option<Conn>) -> Option<Res
     };
     let text = match peer {
         Peer::Remote | Peer::Outside => return None,
+        Peer::Unknown(_) if token => return None,
         Peer::Sup { pid, comm, by } => format!(
             "Refused: this request comes from process {pid} ({comm}), which sup started \
              ({by}). A run's own commands cannot sign in or answer approvals; answer from a \
@@ -147,8 +156,9 @@ async fn refusal(method: Method, path: String, conn: Option<Conn>) -> Option<Res
         ),
         Peer::Unknown(why) => format!(
             "Refused: sup cannot tell which process sent this request ({why}), so it cannot \
-             rule out a run's own commands. Sign in and answer from a browser on this machine \
-             that sup can see (same user, or sup running as root)."
+             rule out a run's own commands. Answer from a browser on this machine that sup can \
+             see (same user, or sup running as root), or give the console a token \
+             (SUP_SERVE_TOKEN) and sign in with it."
         ),
     };
     tracing::warn!("console: refused {method} {path}: {text}");

@@ -3,8 +3,9 @@
 //! runtime. Templates are maud (compiled into the binary, every value escaped by default);
 //! the style sheet and the one small script are embedded. Loopback by default; any other
 //! address needs `SUP_SERVE_TOKEN`. Every state-changing request is a POST carrying the
-//! session's CSRF token, and none is taken from a process that `sup` started (`peer`). With a fleet's store (`--store`) runs, transcripts, approvals and
-//! goal figures come from PostgreSQL, and answers reach waiting runs on any machine.
+//! session's CSRF token, and none is taken from a process that `sup` started (`peer`).
+//! With a fleet's store (`--store`) runs, transcripts, approvals and goal figures come from
+//! PostgreSQL, and answers reach waiting runs on any machine.
 
 mod auth;
 mod pages;

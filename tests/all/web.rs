@@ -713,6 +713,40 @@ fn as_an_ordinary_user_a_runs_own_commands_cannot_sign_in_on_the_console() {
     assert!(said.contains("which sup started"), "{said}");
 }
 
+/// A console running as an ordinary user cannot see the process of a root client (as with a
+/// connection another user makes, or one an SSH tunnel forwards): without a token it refuses
+/// that sign-in, since it cannot rule out the agent; with a token, which the agent never sees,
+/// the sign-in stands for a person.
+#[test]
+fn a_client_sup_cannot_see_signs_in_only_with_the_token() {
+    let env = Env::new();
+    let mut cmd = env.sup_as_nobody();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--goals"])
+        .arg(goals_dir(&env));
+    let c = console(cmd);
+    let page = get(&c.addr, "/signin", None);
+    let pre = page.cookie("sup_signin").unwrap();
+    let r = http(
+        &c.addr,
+        "POST",
+        "/signin",
+        &[("Cookie", &format!("sup_signin={pre}"))],
+        &format!("name=alice&csrf={pre}&next=/approvals"),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("cannot tell which process"), "{}", r.body);
+    assert!(r.body.contains("SUP_SERVE_TOKEN"), "{}", r.body);
+
+    let token = "a-token-of-thirty-two-characters";
+    let mut cmd = env.sup_as_nobody();
+    cmd.env("SUP_SERVE_TOKEN", token)
+        .args(["serve", "--listen", "127.0.0.1:0", "--goals"])
+        .arg(goals_dir(&env));
+    let c = console(cmd);
+    let cookie = sign_in(&c.addr, "alice", Some(token));
+    assert_eq!(get(&c.addr, "/approvals", Some(&cookie)).status, 200);
+}
+
 /// The cells of the runs table's row for `id`, tags stripped.
 fn row_cells(page: &str, id: &str) -> Vec<String> {
     let at = page
