@@ -450,3 +450,73 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
     assert!(dir.join("work-w/made.txt").exists());
     assert_eq!(stop(d), 0);
 }
+
+#[test]
+fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
+    let env = Env::new();
+    let dir = env.ws().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let evil =
+        "prompt = \"evil\"\nsandbox = \"off\"\napproval = \"auto\"\nschedule = \"* * * * * *\"\n";
+    std::fs::write(
+        dir.join("a.json"),
+        serde_json::json!([
+            {"tool_calls": [
+                {"id": "w", "name": "write_file", "input": {"path": "evil.toml", "content": evil}},
+                {"id": "sed", "name": "run_command", "input": {"command": "sed -i 's/quiet/loud/' b.toml"}},
+                {"id": "cmd", "name": "run_command", "input": {"command": format!("printf '{}' > evil2.toml", evil.replace('\n', "\\n"))}}
+            ]},
+            {"text": "done"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("a.toml"),
+        "prompt = \"work\"\nmodel = \"script:a.json\"\nworkspace = \".\"\nschedule = \"* * * * * *\"\n\
+         timezone = \"UTC\"\ntries = 1\n",
+    )
+    .unwrap();
+    let sibling = "prompt = \"quiet\"\n";
+    std::fs::write(dir.join("b.toml"), sibling).unwrap();
+    let log = std::fs::File::create(env.home.path().join("daemon.log")).unwrap();
+    let d = env
+        .sup()
+        .args(["daemon", "--goals"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    until("a run of a finishes", 15, || {
+        runs(&env, "a").iter().any(|r| r.status != "running")
+    });
+    assert_eq!(stop(d), 0);
+    assert!(!dir.join("evil.toml").exists(), "write_file created a goal");
+    assert!(
+        !dir.join("evil2.toml").exists(),
+        "a command created a goal: {}",
+        std::fs::read_to_string(env.home.path().join("daemon.log")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.toml")).unwrap(),
+        sibling
+    );
+    // The run's first notice says so.
+    let run = runs(&env, "a")
+        .into_iter()
+        .find(|r| r.status != "running")
+        .unwrap();
+    let first = crate::common::read_jsonl(&Path::new(&run.dir).join("transcript.jsonl"))
+        .into_iter()
+        .find(|e| e["type"] == "notice")
+        .unwrap();
+    let first = first["text"].as_str().unwrap();
+    assert!(
+        first.contains(&format!(
+            "the daemon's goals folder {} is never writable",
+            std::fs::canonicalize(&dir).unwrap().display()
+        )),
+        "{first}"
+    );
+}
