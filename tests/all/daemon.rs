@@ -520,3 +520,57 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
         "{first}"
     );
 }
+
+#[test]
+fn a_daemon_runs_sweep_leaves_another_runs_background_job_alone() {
+    let env = Env::new();
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(dir.join("work-a")).unwrap();
+    let marker = format!("sup-keep-{}", uuid::Uuid::new_v4().simple());
+    let spawn = format!(
+        "setsid bash -c 'echo $$ > a.pid; exec -a {marker} sleep 60' >/dev/null 2>&1 </dev/null & \
+         for i in $(seq 100); do [ -s a.pid ] && break; sleep 0.02; done"
+    );
+    // `a` keeps its job for its checks, and answers only after `b` has run and swept.
+    std::fs::write(
+        dir.join("a.json"),
+        serde_json::json!([
+            {"tool_calls": [{"id": "s", "name": "run_command", "input": {"command": spawn}}]},
+            {"text": "done", "delay_ms": 2500}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("a.toml"),
+        "prompt = \"work\"\nmodel = \"script:a.json\"\nworkspace = \"work-a\"\n\
+         schedule = \"* * * * * *\"\noverlap = \"skip\"\ntimezone = \"UTC\"\ntries = 1\n\
+         keep_background = true\n[[check]]\nrun = \"test -e /proc/$(cat a.pid)\"\n",
+    )
+    .unwrap();
+    goal(&env, "b", "* * * * * *", 0, "");
+    let d = daemon(&env, &[]);
+    until("a run of a finishes", 20, || {
+        runs(&env, "a").iter().any(|r| r.status != "running")
+    });
+    until("b swept meanwhile", 5, || {
+        runs(&env, "b")
+            .iter()
+            .filter(|r| r.status == "achieved")
+            .count()
+            >= 2
+    });
+    assert_eq!(stop(d), 0);
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&out.stdout).to_string();
+    for pid in left.lines().filter_map(|p| p.parse::<i32>().ok()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let a = runs(&env, "a");
+    let first = a.iter().find(|r| r.status != "running").unwrap();
+    assert_eq!(first.status, "achieved", "{:?}", first);
+    assert!(left.is_empty(), "left running after the daemon: {left}");
+}
