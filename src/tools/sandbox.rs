@@ -415,6 +415,7 @@ impl Jail {
         let tmp = std::fs::canonicalize(&tmp).unwrap_or(tmp);
         let (env, withheld) = scrubbed_env(&s.env_pass);
         let policy = s.policy.unwrap_or_default();
+        let held = lock(run_dir)?;
         let mut jail = Jail {
             policy,
             network: s.network.unwrap_or(true),
@@ -431,7 +432,7 @@ impl Jail {
             token: live_run(),
             workspace: workspace.to_path_buf(),
             run_dir: run_dir.to_path_buf(),
-            _lock: Some(lock(run_dir)?),
+            _lock: Some(held),
             groups: std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
