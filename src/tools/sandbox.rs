@@ -439,11 +439,18 @@ impl Jail {
                 .open(run_dir.join(GROUPS))
                 .ok()
                 .map(Mutex::new),
+            // The file tools write only beneath the workspace: a goals folder that holds the
+            // workspace, rather than is or lies in it, is out of their reach already.
             protected: s
                 .protect
                 .iter()
-                .chain(&s.goals)
                 .map(|p| lenient_canonical(p))
+                .chain(
+                    s.goals
+                        .iter()
+                        .map(|g| lenient_canonical(g))
+                        .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
+                )
                 .collect(),
             pinned: Vec::new(),
             goals: s.goals.as_deref().map(lenient_canonical),
@@ -539,58 +546,80 @@ impl Jail {
     }
 
     /// Keep `paths` (those inside a writable folder) out of reach of commands. Each is
-    /// bind-mounted read-only onto itself. Every folder between the outermost writable folder
-    /// and it is bound onto itself too: a mount point cannot be renamed or removed (EBUSY),
-    /// so no rename of a parent carries the read-only mount away and puts another file in its
-    /// place. Should the run's temp folder lie inside one of them (SUP_HOME in the
-    /// workspace), it is bound writable again on top.
+    /// bind-mounted read-only onto itself. A writable folder inside one of them (the temp
+    /// folder inside SUP_HOME, a workspace inside the daemon's goals folder) is bound writable
+    /// again on top, and a path to protect inside that one read-only again. Every writable
+    /// folder between the outermost writable folder and a read-only mount is bound onto
+    /// itself too: a mount point cannot be renamed or removed (EBUSY), so no rename of a
+    /// parent carries the read-only mount away and puts another file in its place.
     fn protect(&mut self, paths: Vec<PathBuf>) {
-        let mut kept: Vec<PathBuf> = paths
+        let mut ro: Vec<PathBuf> = paths
             .iter()
             .filter_map(|p| std::fs::canonicalize(p).ok())
             .filter(|p| self.is_writable(p))
             .collect();
-        kept.sort_by_key(|p| p.components().count());
-        // A path inside another needs no mount of its own.
-        let mut top: Vec<PathBuf> = Vec::new();
-        for p in kept {
-            if !top.iter().any(|t| p.starts_with(t)) {
-                top.push(p);
+        ro.sort();
+        ro.dedup();
+        let reopen: Vec<PathBuf> = self
+            .writable
+            .iter()
+            .filter(|w| !ro.contains(w) && ro.iter().any(|r| w.starts_with(r)))
+            .cloned()
+            .collect();
+        // Whether `p` is writable through the mounts: as the deepest of them at or above it
+        // says; `None` where none is.
+        let writable = |p: &Path| -> Option<bool> {
+            ro.iter()
+                .map(|r| (r, false))
+                .chain(reopen.iter().map(|w| (w, true)))
+                .filter(|(m, _)| p.starts_with(m))
+                .max_by_key(|(m, _)| m.components().count())
+                .map(|(_, w)| w)
+        };
+        let mut binds: Vec<(PathBuf, Mode)> = Vec::new();
+        for r in &ro {
+            if r.parent().and_then(writable) != Some(false) {
+                binds.push((r.clone(), Mode::ReadOnly));
+            }
+        }
+        for w in &reopen {
+            if w.parent().and_then(writable) == Some(false) {
+                binds.push((w.clone(), Mode::Writable));
             }
         }
         let mut pins: Vec<PathBuf> = Vec::new();
-        for p in &top {
+        for (r, _) in binds.iter().filter(|(_, m)| *m == Mode::ReadOnly) {
             let Some(root) = self
                 .writable
                 .iter()
-                .filter(|w| p.starts_with(w))
+                .filter(|w| r.starts_with(w))
                 .min_by_key(|w| w.components().count())
             else {
                 continue;
             };
-            for a in p.ancestors().skip(1) {
+            for a in r.ancestors().skip(1) {
                 if a == root || !a.starts_with(root) {
                     break;
                 }
-                if !pins.iter().any(|x| x == a) {
+                if writable(a) != Some(false)
+                    && !reopen.iter().any(|w| w == a)
+                    && !pins.iter().any(|x| x == a)
+                {
                     pins.push(a.to_path_buf());
                 }
             }
         }
-        pins.sort_by_key(|p| p.components().count());
-        for p in pins {
-            if self.bind(&p, Mode::Pin) {
-                self.pinned.push(p);
+        binds.extend(pins.into_iter().map(|p| (p, Mode::Pin)));
+        // Outer mounts first, so that inner ones lie on top of them.
+        binds.sort_by_key(|(p, _)| p.components().count());
+        for (p, mode) in binds {
+            if self.bind(&p, mode) {
+                match mode {
+                    Mode::ReadOnly => self.read_only.push(p),
+                    Mode::Pin => self.pinned.push(p),
+                    Mode::Writable => {}
+                }
             }
-        }
-        for p in top {
-            if self.bind(&p, Mode::ReadOnly) {
-                self.read_only.push(p);
-            }
-        }
-        if self.read_only.iter().any(|r| self.tmp.starts_with(r)) {
-            let tmp = self.tmp.clone();
-            self.bind(&tmp, Mode::Writable);
         }
     }
 

@@ -479,6 +479,26 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
     .unwrap();
     let sibling = "prompt = \"quiet\"\n";
     std::fs::write(dir.join("b.toml"), sibling).unwrap();
+    // A workspace inside the goals folder stays writable, its `.git` read-only.
+    std::fs::create_dir_all(dir.join("work-c/.git")).unwrap();
+    std::fs::write(
+        dir.join("c.json"),
+        serde_json::json!([
+            {"tool_calls": [
+                {"id": "w", "name": "write_file", "input": {"path": "made.txt", "content": "x"}},
+                {"id": "cmd", "name": "run_command", "input": {"command": "echo x > made2.txt; echo x > .git/f; echo x > ../evil3.toml"}}
+            ]},
+            {"text": "done"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("c.toml"),
+        "prompt = \"work\"\nmodel = \"script:c.json\"\nworkspace = \"work-c\"\n\
+         schedule = \"* * * * * *\"\ntimezone = \"UTC\"\ntries = 1\n",
+    )
+    .unwrap();
     let log = std::fs::File::create(env.home.path().join("daemon.log")).unwrap();
     let d = env
         .sup()
@@ -488,10 +508,16 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
         .stderr(log)
         .spawn()
         .unwrap();
-    until("a run of a finishes", 15, || {
-        runs(&env, "a").iter().any(|r| r.status != "running")
+    until("a run of a and of c finish", 15, || {
+        ["a", "c"]
+            .iter()
+            .all(|g| runs(&env, g).iter().any(|r| r.status != "running"))
     });
     assert_eq!(stop(d), 0);
+    assert!(dir.join("work-c/made.txt").exists());
+    assert!(dir.join("work-c/made2.txt").exists());
+    assert!(!dir.join("work-c/.git/f").exists());
+    assert!(!dir.join("evil3.toml").exists());
     assert!(!dir.join("evil.toml").exists(), "write_file created a goal");
     assert!(
         !dir.join("evil2.toml").exists(),
