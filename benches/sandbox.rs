@@ -118,10 +118,7 @@ fn main() {
             "workspace-write + .git",
             spec(&git_path, Arc::new(with_git)),
         ),
-        (
-            "+ .git + deep goal file",
-            spec(&deep_path, Arc::new(deep)),
-        ),
+        ("+ .git + deep goal file", spec(&deep_path, Arc::new(deep))),
     ];
     // What preparing a command costs in `sup` itself (the ruleset, its path fds).
     for (name, spec) in &configs {
