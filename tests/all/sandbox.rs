@@ -882,11 +882,11 @@ fn left_with(marker: &str) -> Vec<String> {
 }
 
 #[test]
-fn an_orphan_with_a_spoofed_run_id_is_gone_before_the_check_and_after_the_run() {
+fn an_orphan_with_a_spoofed_run_id_and_token_is_gone_before_the_check_and_after_the_run() {
     let env = Env::new();
     let marker = format!("sup-spoof-{}", uuid::Uuid::new_v4().simple());
     let spawn = format!(
-        "SUP_RUN_ID=x setsid bash -c 'echo $$ > s.pid; exec -a {marker} sleep 999' \
+        "SUP_RUN_ID=x SUP_RUN_TOKEN=forged setsid bash -c 'echo $$ > s.pid; exec -a {marker} sleep 999' \
          >/dev/null 2>&1 < /dev/null & \
          for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done"
     );
