@@ -362,7 +362,8 @@ pub(crate) async fn trigger(
         println!("{name}: trigger {id} waits for a daemon with room");
         return Ok(Ending::Achieved);
     }
-    let spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(Fail::from)?;
+    let mut spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(Fail::from)?;
+    spec.sandbox.goals = Some(dir.to_path_buf());
     let me = pg::Claimer {
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),

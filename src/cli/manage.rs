@@ -320,7 +320,9 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
 pub(crate) async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let inv = invocation(Settings::default())?;
-    let spec = RunSpec::build(&inv, Some(&goal.file)).map_err(Fail::from)?;
+    let mut spec = RunSpec::build(&inv, Some(&goal.file)).map_err(Fail::from)?;
+    // A run of a daemon's goal cannot change the daemon's goals, however it was started.
+    spec.sandbox.goals = Some(dir.to_path_buf());
     execute(spec, json_out, true, TriggerKind::Manual).await
 }
 

@@ -208,7 +208,18 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .kill_on_drop(true);
-            let mut child = match cmd.spawn() {
+            // Held, so that no run's sweep ends it.
+            let spawned = {
+                let _spawning = crate::tools::sandbox::spawning();
+                cmd.spawn().map(|c| {
+                    let held = c
+                        .id()
+                        .and_then(|id| i32::try_from(id).ok())
+                        .map(crate::tools::sandbox::Held::new);
+                    (c, held)
+                })
+            };
+            let (mut child, _held) = match spawned {
                 Ok(c) => c,
                 Err(e) => return Attempt::Fatal(format!("cannot start {}: {e}", argv[0])),
             };

@@ -220,6 +220,7 @@ impl RunSpec {
                 .into_iter()
                 .chain(config::UserConfig::path())
                 .collect(),
+            goals: None,
         };
         Ok(RunSpec {
             sandbox,

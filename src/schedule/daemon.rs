@@ -143,13 +143,17 @@ struct Source {
     path: PathBuf,
     text: Arc<str>,
     defaults: Arc<Invocation>,
+    /// The daemon's goals folder, never writable by the run.
+    goals_dir: PathBuf,
 }
 
 impl Source {
     fn spec(&self) -> Result<RunSpec, RunError> {
         let file =
             GoalFile::parse(&self.path, &self.text).map_err(crate::config::ConfigError::from)?;
-        RunSpec::build(&self.defaults, Some(&file))
+        let mut spec = RunSpec::build(&self.defaults, Some(&file))?;
+        spec.sandbox.goals = Some(self.goals_dir.clone());
+        Ok(spec)
     }
 }
 
@@ -562,6 +566,7 @@ impl Daemon {
             path: slot.path.clone(),
             text: slot.text.clone(),
             defaults: self.defaults.clone(),
+            goals_dir: self.cfg.goals_dir.clone(),
         }
     }
 

@@ -151,11 +151,15 @@ impl Daemon {
     /// Read the goal files; a broken one is reported and keeps its last good version.
     fn load(&mut self, now: DateTime<Utc>) -> Result<(), FleetError> {
         let defaults = &self.cfg.defaults;
+        let goals_dir = &self.cfg.goals_dir;
         goals::reload(
             &self.cfg.goals_dir,
             &mut self.goals,
             |g| match RunSpec::build(defaults, Some(&g.file)) {
-                Ok(spec) => Ok((g, spec)),
+                Ok(mut spec) => {
+                    spec.sandbox.goals = Some(goals_dir.clone());
+                    Ok((g, spec))
+                }
                 Err(e) => Err(format!("{}: {e}", g.file.path.display())),
             },
             |_, (g, spec), old| {

@@ -1033,15 +1033,25 @@ pub(crate) async fn goal_action(
         if let Some((_, url)) = &state.cfg.fleet {
             cmd.env("SUP_STORE", url);
         }
-        let spawned = cmd
-            .stdin(std::process::Stdio::null())
+        cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn();
+            .stderr(std::process::Stdio::null());
+        // Held, so that no run's sweep ends it.
+        let spawned = {
+            let _spawning = crate::tools::sandbox::spawning();
+            cmd.spawn().map(|c| {
+                let held = c
+                    .id()
+                    .and_then(|id| i32::try_from(id).ok())
+                    .map(crate::tools::sandbox::Held::new);
+                (c, held)
+            })
+        };
         match spawned {
-            Ok(mut child) => {
+            Ok((mut child, held)) => {
                 tokio::spawn(async move {
                     let _ = child.wait().await;
+                    drop(held);
                 });
             }
             Err(e) => {

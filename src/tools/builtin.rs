@@ -46,10 +46,11 @@ fn io_error(what: &str, path: &str, e: std::io::Error) -> ToolError {
 }
 
 fn refuse_protected(ctx: &ToolContext, path: &Path, rel: &str) -> Result<(), ToolError> {
-    if ctx.protected.iter().any(|p| p == path) {
+    if ctx.protected.iter().any(|p| path.starts_with(p)) {
         return Err(ToolError::Invalid(format!(
-            "{rel} is an acceptance check of this goal and is read-only to you; change the \
-             work so that the check passes, not the check"
+            "{rel} is read-only to you: an acceptance check, goal file or configuration of sup \
+             (or in the daemon's goals folder); change the work so that the check passes, not \
+             the check"
         )));
     }
     Ok(())

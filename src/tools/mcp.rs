@@ -233,17 +233,22 @@ async fn start_one(
     let armed = jail
         .apply(&mut cmd, &extra, spec.sandbox)
         .map_err(|e| spawn_err(e.to_string()))?;
-    let (transport, stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| spawn_err(e.to_string()))?;
+    // Known as a live server before any sweep can see it.
+    let (transport, stderr, group) = {
+        let _spawning = crate::tools::sandbox::spawning();
+        let (transport, stderr) = TokioChildProcess::builder(cmd)
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| spawn_err(e.to_string()))?;
+        let group = transport.id().and_then(|id| i32::try_from(id).ok());
+        if let (Some(g), Ok(mut live)) = (group, LIVE_GROUPS.lock()) {
+            live.push(g);
+        }
+        (transport, stderr, group)
+    };
     drop(armed);
-    let group = transport.id().and_then(|id| i32::try_from(id).ok());
     if let Some(g) = group {
         jail.record(g);
-    }
-    if let (Some(g), Ok(mut live)) = (group, LIVE_GROUPS.lock()) {
-        live.push(g);
     }
     let _ = std::fs::create_dir_all(log_dir);
     let log = log_dir.join(format!(

@@ -89,22 +89,6 @@ impl Drop for GroupGuard {
     }
 }
 
-/// A running leader the sweep must leave alone, until dropped.
-struct Held(i32);
-
-impl Held {
-    fn new(pid: i32) -> Held {
-        super::sandbox::hold(pid);
-        Held(pid)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        super::sandbox::release(self.0);
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
     #[error("cannot start `{program}`: {source}")]
@@ -196,10 +180,19 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
             program: spec.program.clone(),
             source,
         })?;
-    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-        program: spec.program.clone(),
-        source,
-    })?;
+    // Registered as a running leader before any sweep can see it.
+    let (mut child, _held) = {
+        let _spawning = super::sandbox::spawning();
+        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            program: spec.program.clone(),
+            source,
+        })?;
+        let held = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(super::sandbox::Held::new);
+        (child, held)
+    };
     drop(armed);
     let mut pumps = tokio::task::JoinSet::new();
     if let Some(out) = child.stdout.take() {
@@ -212,7 +205,6 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
     if let Some(pid) = leader {
         spec.jail.record(pid);
     }
-    let _held = leader.map(Held::new);
     let mut guard = GroupGuard(leader.map(Pid::from_raw));
     if let (Some(bytes), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {

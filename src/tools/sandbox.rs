@@ -91,6 +91,8 @@ pub struct Sandbox {
     pub env_pass: Vec<String>,
     /// Files never writable by the agent (the goal file, the user config).
     pub protect: Vec<PathBuf>,
+    /// The daemon's goals folder, when a daemon starts the run: never writable by it.
+    pub goals: Option<PathBuf>,
 }
 
 /// A name a variable can have: a letter or `_`, then letters, digits or `_`.
@@ -154,6 +156,7 @@ impl SandboxSettings {
             keep_background: self.keep_background.unwrap_or(false),
             env_pass,
             protect: Vec::new(),
+            goals: None,
         })
     }
 }
@@ -303,12 +306,25 @@ const DEVICES: &[&str] = &[
     "/dev/pts",
 ];
 
-/// A path made read-only by a bind mount, with the flags its mount already has (a remount
-/// in a user namespace must keep them).
+/// What a bind mount of a path onto itself is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Only a mount point, which cannot be renamed or removed (EBUSY): a folder holding a
+    /// read-only path, so no rename of it carries the read-only mount away.
+    Pin,
+    /// Read-only.
+    ReadOnly,
+    /// Writable again, inside a read-only one (the temp folder inside SUP_HOME).
+    Writable,
+}
+
+/// A path bound onto itself in a command's mount namespace, with the flags its mount
+/// already has (a remount in a user namespace must keep them).
 #[derive(Clone, Debug)]
 struct Bind {
     path: CString,
     flags: libc::c_ulong,
+    mode: Mode,
 }
 
 /// Everything a run's processes are started with: which policy, the scrubbed environment,
@@ -329,6 +345,10 @@ pub struct Jail {
     pub(crate) missing: Vec<String>,
     pub(crate) tmp: PathBuf,
     run_id: String,
+    /// A secret of the run in its processes' environment (`SUP_RUN_TOKEN`), which tells them
+    /// from other runs' in the sweep: a sandboxed process cannot read another's environment
+    /// (Landlock denies it), so it cannot claim to belong to another run.
+    token: String,
     /// Where commands start; relative paths in their messages are relative to it.
     workspace: PathBuf,
     /// The run folder, where the lock and the process-group record live.
@@ -337,8 +357,13 @@ pub struct Jail {
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
     /// The record of the run's process groups, open for appending.
     groups: Option<Mutex<std::fs::File>>,
-    /// Files the file tools must refuse to write (goal file, user config), canonical.
+    /// Files and folders the file tools must refuse to write (goal file, user config, the
+    /// daemon's goals folder), canonical.
     pub(crate) protected: Vec<PathBuf>,
+    /// Folders bound onto themselves so they cannot be moved (they hold read-only paths).
+    pinned: Vec<PathBuf>,
+    /// The daemon's goals folder, when a daemon started the run.
+    goals: Option<PathBuf>,
 }
 
 /// What a command needs kept open until it has been spawned.
@@ -363,11 +388,14 @@ impl Jail {
             missing: Vec::new(),
             tmp: std::env::temp_dir(),
             run_id: String::new(),
+            token: String::new(),
             workspace: PathBuf::new(),
             run_dir: PathBuf::new(),
             _lock: None,
             groups: None,
             protected: Vec::new(),
+            pinned: Vec::new(),
+            goals: None,
         }
     }
 
@@ -384,8 +412,10 @@ impl Jail {
         let tmp = run_dir.join("tmp");
         std::fs::create_dir_all(&tmp)
             .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", tmp.display())))?;
+        let tmp = std::fs::canonicalize(&tmp).unwrap_or(tmp);
         let (env, withheld) = scrubbed_env(&s.env_pass);
         let policy = s.policy.unwrap_or_default();
+        let held = lock(run_dir)?;
         let mut jail = Jail {
             policy,
             network: s.network.unwrap_or(true),
@@ -399,20 +429,31 @@ impl Jail {
             missing: PROBLEMS.get().cloned().unwrap_or_default(),
             tmp: tmp.clone(),
             run_id: run_id.to_string(),
+            token: live_run(),
             workspace: workspace.to_path_buf(),
             run_dir: run_dir.to_path_buf(),
-            _lock: Some(lock(run_dir)?),
+            _lock: Some(held),
             groups: std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(run_dir.join(GROUPS))
                 .ok()
                 .map(Mutex::new),
+            // The file tools write only beneath the workspace: a goals folder that holds the
+            // workspace, rather than is or lies in it, is out of their reach already.
             protected: s
                 .protect
                 .iter()
-                .filter_map(|p| std::fs::canonicalize(p).ok())
+                .map(|p| lenient_canonical(p))
+                .chain(
+                    s.goals
+                        .iter()
+                        .map(|g| lenient_canonical(g))
+                        .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
+                )
                 .collect(),
+            pinned: Vec::new(),
+            goals: s.goals.as_deref().map(lenient_canonical),
         };
         if policy == Policy::Off {
             jail.missing
@@ -432,26 +473,37 @@ impl Jail {
         }
         jail.writable.push(tmp);
         let git = workspace.join(".git");
-        let mut keep_out: Vec<PathBuf> = s.protect.clone();
-        keep_out.extend(checks.iter().cloned());
+        let mut keep_out: Vec<PathBuf> = checks.to_vec();
         keep_out.push(home.to_path_buf());
         if !s.writable.contains(&git) {
             keep_out.push(git);
         }
-        for p in keep_out {
-            let Ok(p) = std::fs::canonicalize(&p) else {
-                continue;
-            };
-            if jail.writable.iter().any(|w| p.starts_with(w)) && !jail.read_only.contains(&p) {
-                let flags = nix::sys::statvfs::statvfs(&p)
-                    .map(|v| mount_flags(v.flags()))
-                    .unwrap_or(0);
-                if let Ok(path) = CString::new(p.as_os_str().as_bytes()) {
-                    jail.binds.push(Bind { path, flags });
-                    jail.read_only.push(p);
+        keep_out.extend(s.goals.iter().cloned());
+        // A file sup reads later (the user config) that does not exist yet inside a writable
+        // folder is created empty, so it can be kept read-only like one that exists.
+        for p in &s.protect {
+            if !p.exists() && jail.is_writable(&lenient_canonical(p)) {
+                let made = p
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| {
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .open(p)
+                            .map(drop)
+                    });
+                if let Err(e) = made {
+                    jail.missing.push(format!(
+                        "{} does not exist and could not be created empty ({e}): commands \
+                         could create it",
+                        p.display()
+                    ));
                 }
             }
+            keep_out.push(p.clone());
         }
+        jail.protect(keep_out);
         if jail.abi < 3 {
             jail.missing
                 .push("truncating files is not confined (needs Landlock ABI 3)".into());
@@ -478,6 +530,7 @@ impl Jail {
             ));
             jail.binds.clear();
             jail.read_only.clear();
+            jail.pinned.clear();
         }
         if let Err(e) = jail.probe() {
             jail.missing.push(format!(
@@ -486,6 +539,99 @@ impl Jail {
             jail.policy = Policy::Off;
         }
         jail.finish(s.required)
+    }
+
+    fn is_writable(&self, p: &Path) -> bool {
+        self.writable.iter().any(|w| p.starts_with(w))
+    }
+
+    /// Keep `paths` (those inside a writable folder) out of reach of commands. Each is
+    /// bind-mounted read-only onto itself. A writable folder inside one of them (the temp
+    /// folder inside SUP_HOME, a workspace inside the daemon's goals folder) is bound writable
+    /// again on top, and a path to protect inside that one read-only again. Every writable
+    /// folder between the outermost writable folder and a read-only mount is bound onto
+    /// itself too: a mount point cannot be renamed or removed (EBUSY), so no rename of a
+    /// parent carries the read-only mount away and puts another file in its place.
+    fn protect(&mut self, paths: Vec<PathBuf>) {
+        let mut ro: Vec<PathBuf> = paths
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|p| self.is_writable(p))
+            .collect();
+        ro.sort();
+        ro.dedup();
+        let reopen: Vec<PathBuf> = self
+            .writable
+            .iter()
+            .filter(|w| !ro.contains(w) && ro.iter().any(|r| w.starts_with(r)))
+            .cloned()
+            .collect();
+        // Whether `p` is writable through the mounts: as the deepest of them at or above it
+        // says; `None` where none is.
+        let writable = |p: &Path| -> Option<bool> {
+            ro.iter()
+                .map(|r| (r, false))
+                .chain(reopen.iter().map(|w| (w, true)))
+                .filter(|(m, _)| p.starts_with(m))
+                .max_by_key(|(m, _)| m.components().count())
+                .map(|(_, w)| w)
+        };
+        let mut binds: Vec<(PathBuf, Mode)> = Vec::new();
+        for r in &ro {
+            if r.parent().and_then(writable) != Some(false) {
+                binds.push((r.clone(), Mode::ReadOnly));
+            }
+        }
+        for w in &reopen {
+            if w.parent().and_then(writable) == Some(false) {
+                binds.push((w.clone(), Mode::Writable));
+            }
+        }
+        let mut pins: Vec<PathBuf> = Vec::new();
+        for (r, _) in binds.iter().filter(|(_, m)| *m == Mode::ReadOnly) {
+            let Some(root) = self
+                .writable
+                .iter()
+                .filter(|w| r.starts_with(w))
+                .min_by_key(|w| w.components().count())
+            else {
+                continue;
+            };
+            for a in r.ancestors().skip(1) {
+                if a == root || !a.starts_with(root) {
+                    break;
+                }
+                if writable(a) != Some(false)
+                    && !reopen.iter().any(|w| w == a)
+                    && !pins.iter().any(|x| x == a)
+                {
+                    pins.push(a.to_path_buf());
+                }
+            }
+        }
+        binds.extend(pins.into_iter().map(|p| (p, Mode::Pin)));
+        // Outer mounts first, so that inner ones lie on top of them.
+        binds.sort_by_key(|(p, _)| p.components().count());
+        for (p, mode) in binds {
+            if self.bind(&p, mode) {
+                match mode {
+                    Mode::ReadOnly => self.read_only.push(p),
+                    Mode::Pin => self.pinned.push(p),
+                    Mode::Writable => {}
+                }
+            }
+        }
+    }
+
+    fn bind(&mut self, p: &Path, mode: Mode) -> bool {
+        let flags = nix::sys::statvfs::statvfs(p)
+            .map(|v| mount_flags(v.flags()))
+            .unwrap_or(0);
+        let Ok(path) = CString::new(p.as_os_str().as_bytes()) else {
+            return false;
+        };
+        self.binds.push(Bind { path, flags, mode });
+        true
     }
 
     fn finish(self, required: bool) -> Result<Jail, SandboxError> {
@@ -501,11 +647,18 @@ impl Jail {
         let mut cmd = std::process::Command::new("true");
         // Marked as this run's, so a concurrent run's sweep leaves it alone.
         cmd.env("SUP_RUN_ID", &self.run_id)
+            .env(TOKEN, &self.token)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         let _armed = self.arm(&mut cmd, self.policy)?;
-        let status = cmd.status()?;
+        let (mut child, _held) = {
+            let _spawning = spawning();
+            let child = cmd.spawn()?;
+            let held = Held::new(child.id() as i32);
+            (child, held)
+        };
+        let status = child.wait()?;
         if status.success() {
             Ok(())
         } else {
@@ -539,6 +692,12 @@ impl Jail {
                 s.push_str(&format!("; read-only: {}", shown.join(", ")));
             }
         }
+        if let Some(g) = &self.goals {
+            s.push_str(&format!(
+                "; the daemon's goals folder {} is never writable by its runs",
+                g.display()
+            ));
+        }
         if !self.missing.is_empty() {
             s.push_str(&format!(
                 "; MISSING PROTECTION: {}",
@@ -566,6 +725,9 @@ impl Jail {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(extra.iter().map(|(k, v)| (k, v)))
             .env("TMPDIR", &self.tmp);
+        if !self.token.is_empty() {
+            cmd.env(TOKEN, &self.token);
+        }
         // A direct child dies with `sup`, however `sup` ends.
         // SAFETY: prctl with integer arguments only, between fork and exec.
         unsafe {
@@ -655,6 +817,7 @@ impl Jail {
             "Permission denied",
             "Read-only file system",
             "Operation not permitted",
+            "Device or resource busy",
         ];
         let mut notes = Vec::new();
         for line in stderr
@@ -694,6 +857,19 @@ impl Jail {
     }
 
     fn rule_for(&self, path: &Path) -> String {
+        if let Some(p) = self.pinned.iter().find(|p| *p == path) {
+            return format!(
+                "{} holds files of sup that are read-only to you (goal, check or \
+                 configuration files), so it cannot be moved or removed",
+                p.display()
+            );
+        }
+        if let Some(g) = self.goals.as_ref().filter(|g| path.starts_with(g)) {
+            return format!(
+                "{} is the daemon's goals folder, never writable by its runs",
+                g.display()
+            );
+        }
         if let Some(p) = self.read_only.iter().find(|p| path.starts_with(p)) {
             if p.file_name() == Some(OsStr::new(".git")) {
                 return "`.git` is read-only (a goal can allow it with writable = [\".git\"])"
@@ -722,10 +898,10 @@ impl Jail {
 
     /// End every process this run left behind: its orphans (background jobs, `setsid`,
     /// `nohup` and double-fork escapes, which the subreaper brought back to `sup`) and all
-    /// their descendants. Processes of other runs (told by their `SUP_RUN_ID`), running
-    /// tool processes and MCP servers are left alone.
+    /// their descendants. Processes of other live runs of this `sup` (told by their
+    /// `SUP_RUN_TOKEN`), running tool processes and MCP servers are left alone.
     pub(crate) fn sweep(&self) -> usize {
-        sweep(&self.run_id)
+        sweep(&self.token)
     }
 
     /// Note a process group this run started, with its start time, so that a later `sup`
@@ -744,6 +920,9 @@ impl Jail {
 impl Drop for Jail {
     /// A run that ends normally leaves nothing to sweep after it.
     fn drop(&mut self) {
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|t| *t != self.token);
+        }
         if !self.run_dir.as_os_str().is_empty() {
             let _ = std::fs::remove_file(self.run_dir.join(GROUPS));
         }
@@ -751,6 +930,20 @@ impl Drop for Jail {
 }
 
 const LOCK: &str = "lock";
+/// The variable that carries a run's token.
+const TOKEN: &str = "SUP_RUN_TOKEN";
+
+/// The tokens of the runs alive in this process.
+static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A new run's token, registered as alive until its jail is dropped.
+fn live_run() -> String {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    if let Ok(mut live) = LIVE.lock() {
+        live.push(token.clone());
+    }
+    token
+}
 const GROUPS: &str = "process-groups";
 
 fn lock(run_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError> {
@@ -800,11 +993,11 @@ pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
     let procs = processes();
     let mut doomed: Vec<i32> = procs
         .iter()
-        .filter(|(pid, _, _)| run_of(*pid).is_some_and(|r| dead(&r)))
-        .map(|(pid, _, _)| *pid)
+        .filter(|(pid, _)| run_of(*pid).is_some_and(|r| dead(&r)))
+        .map(|(pid, _)| *pid)
         .collect();
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for (pid, ppid, _) in &procs {
+    for (pid, ppid) in &procs {
         children.entry(*ppid).or_default().push(*pid);
     }
     if let Ok(dir) = std::fs::read_dir(&runs) {
@@ -851,6 +1044,30 @@ pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
         }
     }
     killed
+}
+
+/// `p` made absolute and free of links as far as it exists; the rest as written.
+fn lenient_canonical(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        let here = if cur.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            cur
+        };
+        if let Ok(mut out) = std::fs::canonicalize(here) {
+            out.extend(rest.iter().rev());
+            return out;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
 }
 
 /// Mount flags that a read-only remount must keep (from `statvfs`).
@@ -912,10 +1129,21 @@ fn hide_behind_read_only_mounts(
             if libc::mount(p, p, none, libc::MS_BIND | libc::MS_REC, std::ptr::null()) != 0 {
                 return Err(err());
             }
-            let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | b.flags;
+            let flags = match b.mode {
+                Mode::Pin => continue,
+                Mode::ReadOnly => libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | b.flags,
+                Mode::Writable => libc::MS_BIND | libc::MS_REMOUNT | b.flags,
+            };
             if libc::mount(none, p, none, flags, std::ptr::null()) != 0 {
                 return Err(err());
             }
+        }
+        // The working folder was entered before the mounts, on the mount beneath them: enter
+        // it again by its path, so that relative paths meet the mounts too (a workspace that
+        // is itself read-only, such as the daemon's goals folder).
+        let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
+        if libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null() || libc::chdir(cwd.as_ptr()) != 0 {
+            return Err(err());
         }
     }
     Ok(())
@@ -968,51 +1196,82 @@ fn path_in(line: &str) -> Option<PathBuf> {
 /// and what hangs below them alone.
 static LEADERS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
-pub(crate) fn hold(pid: i32) {
-    if let Ok(mut l) = LEADERS.lock() {
-        l.push(pid);
+/// Held (for reading) while a child of `sup` is spawned and registered, and (for writing)
+/// while a sweep runs: no sweep ever sees a child between its fork and its exec (when it is
+/// still a copy of `sup`) or before it is known as a leader. Std's spawn returns only once
+/// the child has called exec.
+static SPAWN: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Hold while spawning a child and registering it (`hold`, the MCP server groups).
+pub(crate) fn spawning() -> std::sync::RwLockReadGuard<'static, ()> {
+    SPAWN.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running child the sweep must leave alone, until dropped.
+pub(crate) struct Held(i32);
+
+impl Held {
+    pub(crate) fn new(pid: i32) -> Held {
+        if let Ok(mut l) = LEADERS.lock() {
+            l.push(pid);
+        }
+        Held(pid)
     }
 }
 
-pub(crate) fn release(pid: i32) {
-    if let Ok(mut l) = LEADERS.lock() {
-        l.retain(|p| *p != pid);
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Ok(mut l) = LEADERS.lock() {
+            l.retain(|p| *p != self.0);
+        }
     }
 }
 
-/// `(pid, ppid, comm)` of every process.
-fn processes() -> Vec<(i32, i32, String)> {
+/// `(pid, ppid)` of every process.
+fn processes() -> Vec<(i32, i32)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.filter_map(|e| {
         let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let open = stat.find('(')?;
         let close = stat.rfind(')')?;
-        let comm = stat.get(open + 1..close)?.to_string();
         let ppid = stat.get(close + 2..)?.split(' ').nth(1)?.parse().ok()?;
-        Some((pid, ppid, comm))
+        Some((pid, ppid))
     })
     .collect()
 }
 
-/// The `SUP_RUN_ID` a process started with, if it can be read.
-fn run_of(pid: i32) -> Option<String> {
+/// The value of `var` in the environment a process started with, if it can be read.
+fn env_of(pid: i32, var: &str) -> Option<String> {
     let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{var}=");
     env.split(|b| *b == 0)
-        .find_map(|kv| kv.strip_prefix(b"SUP_RUN_ID="))
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-/// See `Jail::sweep`. Returns how many processes were killed.
-pub(crate) fn sweep(run_id: &str) -> usize {
+/// The `SUP_RUN_ID` a process started with, if it can be read.
+fn run_of(pid: i32) -> Option<String> {
+    env_of(pid, "SUP_RUN_ID")
+}
+
+/// See `Jail::sweep`: `token` is the sweeping run's. Returns how many processes were killed.
+pub(crate) fn sweep(token: &str) -> usize {
     let me = std::process::id() as i32;
-    let own_exe = std::fs::read_link("/proc/self/exe").ok();
     // Only the `sup` binary, which made itself a subreaper at start-up, owns every child it
     // has; a program using the library (a test harness) has children of its own, so there
-    // only processes that carry this run's id are the run's.
+    // only processes that carry this run's token are the run's.
     let subreaper = crate::startup::kept();
+    let _no_spawn = SPAWN.write().unwrap_or_else(|e| e.into_inner());
+    let live: Vec<String> = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+    // An orphan is this run's unless it carries the token of another run alive here: one
+    // that carries none, or a made-up one, is ended too.
+    let ours = |pid: i32| match env_of(pid, TOKEN) {
+        Some(t) if !token.is_empty() && t == token => true,
+        Some(t) if live.contains(&t) => false,
+        _ => subreaper,
+    };
     let mut killed = 0;
     for _ in 0..50 {
         let procs = processes();
@@ -1023,21 +1282,14 @@ pub(crate) fn sweep(run_id: &str) -> usize {
         known.extend(crate::tools::mcp::live_groups());
         let roots: Vec<i32> = procs
             .iter()
-            .filter(|(pid, ppid, comm)| {
-                *ppid == me
-                    && !known.contains(pid)
-                    // A child forked by sup that has not reached exec yet.
-                    && !(comm.starts_with("tokio-runtime")
-                        && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == own_exe)
-                    && run_of(*pid).map_or(subreaper, |r| r == run_id)
-            })
-            .map(|(pid, _, _)| *pid)
+            .filter(|(pid, ppid)| *ppid == me && !known.contains(pid) && ours(*pid))
+            .map(|(pid, _)| *pid)
             .collect();
         if roots.is_empty() {
             break;
         }
         let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-        for (pid, ppid, _) in &procs {
+        for (pid, ppid) in &procs {
             children.entry(*ppid).or_default().push(*pid);
         }
         let mut doomed = roots.clone();

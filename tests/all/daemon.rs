@@ -450,3 +450,153 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
     assert!(dir.join("work-w/made.txt").exists());
     assert_eq!(stop(d), 0);
 }
+
+#[test]
+fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
+    let env = Env::new();
+    let dir = env.ws().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let evil =
+        "prompt = \"evil\"\nsandbox = \"off\"\napproval = \"auto\"\nschedule = \"* * * * * *\"\n";
+    std::fs::write(
+        dir.join("a.json"),
+        serde_json::json!([
+            {"tool_calls": [
+                {"id": "w", "name": "write_file", "input": {"path": "evil.toml", "content": evil}},
+                {"id": "sed", "name": "run_command", "input": {"command": "sed -i 's/quiet/loud/' b.toml"}},
+                {"id": "cmd", "name": "run_command", "input": {"command": format!("printf '{}' > evil2.toml", evil.replace('\n', "\\n"))}}
+            ]},
+            {"text": "done"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("a.toml"),
+        "prompt = \"work\"\nmodel = \"script:a.json\"\nworkspace = \".\"\nschedule = \"* * * * * *\"\n\
+         timezone = \"UTC\"\ntries = 1\n",
+    )
+    .unwrap();
+    let sibling = "prompt = \"quiet\"\n";
+    std::fs::write(dir.join("b.toml"), sibling).unwrap();
+    // A workspace inside the goals folder stays writable, its `.git` read-only.
+    std::fs::create_dir_all(dir.join("work-c/.git")).unwrap();
+    std::fs::write(
+        dir.join("c.json"),
+        serde_json::json!([
+            {"tool_calls": [
+                {"id": "w", "name": "write_file", "input": {"path": "made.txt", "content": "x"}},
+                {"id": "cmd", "name": "run_command", "input": {"command": "echo x > made2.txt; echo x > .git/f; echo x > ../evil3.toml"}}
+            ]},
+            {"text": "done"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("c.toml"),
+        "prompt = \"work\"\nmodel = \"script:c.json\"\nworkspace = \"work-c\"\n\
+         schedule = \"* * * * * *\"\ntimezone = \"UTC\"\ntries = 1\n",
+    )
+    .unwrap();
+    let log = std::fs::File::create(env.home.path().join("daemon.log")).unwrap();
+    let d = env
+        .sup()
+        .args(["daemon", "--goals"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    until("a run of a and of c finish", 15, || {
+        ["a", "c"]
+            .iter()
+            .all(|g| runs(&env, g).iter().any(|r| r.status != "running"))
+    });
+    assert_eq!(stop(d), 0);
+    assert!(dir.join("work-c/made.txt").exists());
+    assert!(dir.join("work-c/made2.txt").exists());
+    assert!(!dir.join("work-c/.git/f").exists());
+    assert!(!dir.join("evil3.toml").exists());
+    assert!(!dir.join("evil.toml").exists(), "write_file created a goal");
+    assert!(
+        !dir.join("evil2.toml").exists(),
+        "a command created a goal: {}",
+        std::fs::read_to_string(env.home.path().join("daemon.log")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.toml")).unwrap(),
+        sibling
+    );
+    // The run's first notice says so.
+    let run = runs(&env, "a")
+        .into_iter()
+        .find(|r| r.status != "running")
+        .unwrap();
+    let first = crate::common::read_jsonl(&Path::new(&run.dir).join("transcript.jsonl"))
+        .into_iter()
+        .find(|e| e["type"] == "notice")
+        .unwrap();
+    let first = first["text"].as_str().unwrap();
+    assert!(
+        first.contains(&format!(
+            "the daemon's goals folder {} is never writable",
+            std::fs::canonicalize(&dir).unwrap().display()
+        )),
+        "{first}"
+    );
+}
+
+#[test]
+fn a_daemon_runs_sweep_leaves_another_runs_background_job_alone() {
+    let env = Env::new();
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(dir.join("work-a")).unwrap();
+    let marker = format!("sup-keep-{}", uuid::Uuid::new_v4().simple());
+    let spawn = format!(
+        "setsid bash -c 'echo $$ > a.pid; exec -a {marker} sleep 60' >/dev/null 2>&1 </dev/null & \
+         for i in $(seq 100); do [ -s a.pid ] && break; sleep 0.02; done"
+    );
+    // `a` keeps its job for its checks, and answers only after `b` has run and swept.
+    std::fs::write(
+        dir.join("a.json"),
+        serde_json::json!([
+            {"tool_calls": [{"id": "s", "name": "run_command", "input": {"command": spawn}}]},
+            {"text": "done", "delay_ms": 2500}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("a.toml"),
+        "prompt = \"work\"\nmodel = \"script:a.json\"\nworkspace = \"work-a\"\n\
+         schedule = \"* * * * * *\"\noverlap = \"skip\"\ntimezone = \"UTC\"\ntries = 1\n\
+         keep_background = true\n[[check]]\nrun = \"test -e /proc/$(cat a.pid)\"\n",
+    )
+    .unwrap();
+    goal(&env, "b", "* * * * * *", 0, "");
+    let d = daemon(&env, &[]);
+    until("a run of a finishes", 20, || {
+        runs(&env, "a").iter().any(|r| r.status != "running")
+    });
+    until("b swept meanwhile", 5, || {
+        runs(&env, "b")
+            .iter()
+            .filter(|r| r.status == "achieved")
+            .count()
+            >= 2
+    });
+    assert_eq!(stop(d), 0);
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&out.stdout).to_string();
+    for pid in left.lines().filter_map(|p| p.parse::<i32>().ok()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let a = runs(&env, "a");
+    let first = a.iter().find(|r| r.status != "running").unwrap();
+    assert_eq!(first.status, "achieved", "{:?}", first);
+    assert!(left.is_empty(), "left running after the daemon: {left}");
+}

@@ -424,3 +424,51 @@ fn a_server_killed_mid_run_turns_its_calls_into_errors_and_the_run_finishes() {
     assert_eq!(run.result()["answer"], "the server died");
     m.assert_no_server_left();
 }
+
+#[test]
+fn a_server_runs_in_the_runs_sandbox_unless_its_table_says_sandbox_off() {
+    let m = Mcp::new();
+    let out = tempfile::tempdir().unwrap();
+    let outside = std::fs::canonicalize(out.path()).unwrap();
+    let ws = m.env.ws();
+    for (key, written) in [("", false), ("sandbox = \"off\"\n", true)] {
+        let goal = m.env.home.path().join("mcp.toml");
+        std::fs::write(
+            &goal,
+            format!(
+                "prompt = \"use the tools\"\n[[mcp]]\nname = \"fs\"\ncommand = {}\n\
+                 env = {{ {} = \"1\" }}\n{key}",
+                serde_json::to_string(&[
+                    bin("mcp-server-filesystem").display().to_string(),
+                    ws.display().to_string(),
+                    outside.display().to_string(),
+                ])
+                .unwrap(),
+                m.marker
+            ),
+        )
+        .unwrap();
+        let target = outside.join("x.txt");
+        let run = m.run(
+            &goal,
+            json!([
+                {"tool_calls": [
+                    {"id": "in", "name": "fs__write_file", "input": {"path": ws.join("in.txt"), "content": "x"}},
+                    {"id": "out", "name": "fs__write_file", "input": {"path": target, "content": "x"}}
+                ]},
+                {"text": "done"}
+            ]),
+            &[],
+        );
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert_eq!(run.tool_result("in")["is_error"], false, "{key}");
+        assert_eq!(
+            run.tool_result("out")["is_error"],
+            !written,
+            "{key}: {}",
+            run.tool_result("out")
+        );
+        assert_eq!(target.exists(), written, "{key}");
+        m.assert_no_server_left();
+    }
+}

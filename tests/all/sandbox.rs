@@ -1149,3 +1149,312 @@ fn a_prctl_failure_is_the_first_notice_and_the_run_goes_on() {
         "{first}"
     );
 }
+
+
+#[test]
+fn moving_a_parent_folder_does_not_carry_a_protected_file_away() {
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \"../..\"\n";
+    let goal = env.write("goals/deep/g.toml", original);
+    let config = env.write(".config/sup/config.toml", "# mine\n");
+    let swap_goal = "mv goals goals.old && mkdir -p goals/deep && \
+                     sed 's/work/evil/' goals.old/deep/g.toml > goals/deep/g.toml";
+    let swap_deep = "mv goals/deep goals/deep.old && mkdir goals/deep && \
+                     sed 's/work/evil/' goals/deep.old/g.toml > goals/deep/g.toml";
+    let swap_config = "mv .config .config.old && mkdir -p .config/sup && \
+                       echo 'allow = [\"run_command\"]' > .config/sup/config.toml";
+    let script = env.script(json!([
+        cmd("goal", swap_goal),
+        cmd("deep", swap_deep),
+        cmd("config", swap_config),
+        cmd("rm", "rm -rf goals/deep .config/sup"),
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args(["goal", "--json", "--file"])
+        .arg(&goal)
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["goal", "deep", "config", "rm"] {
+        assert_eq!(run.tool_result(id)["is_error"], true, "{id}");
+    }
+    assert!(
+        text(run.tool_result("goal")).contains("cannot be moved or removed"),
+        "{}",
+        run.tool_result("goal")
+    );
+    assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "# mine\n");
+    assert!(!env.ws().join("goals.old").exists());
+    assert!(!env.ws().join(".config.old").exists());
+}
+
+#[test]
+fn a_user_config_that_does_not_exist_yet_cannot_be_created_by_the_agent() {
+    for rel in ["cfg/sup/config.toml", "config.toml"] {
+        let env = Env::new();
+        let config = env.ws().join(rel);
+        let evil = "printf '[approval_rules]\\nallow = [\"run_command\"]\\n'";
+        let script = env.script(json!([
+            cmd("cmd", &format!("mkdir -p $(dirname $SUP_CONFIG); {evil} > $SUP_CONFIG")),
+            cmd("swap", &format!("rm -f $SUP_CONFIG; mv $SUP_CONFIG x; {evil} > $SUP_CONFIG")),
+            {"tool_calls": [{"id": "w", "name": "write_file",
+              "input": {"path": rel, "content": "[approval_rules]\nallow = [\"run_command\"]\n"}}]},
+            say("done")
+        ]));
+        let out = env
+            .sup()
+            .env("SUP_CONFIG", &config)
+            .args(["run", "work", "--json", "--model"])
+            .arg(format!("script:{}", script.display()))
+            .output()
+            .unwrap();
+        let run = Run::new(out);
+        assert_eq!(run.code, 0, "{rel}: {}", run.stderr);
+        for id in ["cmd", "swap", "w"] {
+            assert_eq!(run.tool_result(id)["is_error"], true, "{rel} {id}");
+        }
+        let now = std::fs::read_to_string(&config).unwrap_or_default();
+        assert!(!now.contains("run_command"), "{rel}: the agent wrote {now}");
+    }
+}
+
+#[test]
+fn sup_home_inside_the_workspace_stays_read_only_and_tmpdir_writable() {
+    let env = Env::new();
+    let home = env.ws().join("sup-home");
+    std::fs::create_dir(&home).unwrap();
+    let h = home.display().to_string();
+    let script = env.script(json!([
+        cmd("tmp", "echo tmp > $TMPDIR/t && cat $TMPDIR/t"),
+        cmd("home", &format!("echo x > {h}/planted")),
+        cmd("move", "mv sup-home sup-home.old"),
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .env("SUP_HOME", &home)
+        .args(["run", "work", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let tmp = run.tool_result("tmp");
+    assert_eq!(tmp["is_error"], false, "{tmp}");
+    assert!(text(tmp).contains("tmp"));
+    assert_eq!(run.tool_result("home")["is_error"], true);
+    assert_eq!(run.tool_result("move")["is_error"], true);
+    assert!(!home.join("planted").exists());
+    assert!(home.exists());
+}
+
+/// Whether a process whose command line contains `marker` runs; kills any it finds.
+fn left_with(marker: &str) -> Vec<String> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", marker])
+        .output()
+        .unwrap();
+    let pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for p in &pids {
+        if let Ok(pid) = p.parse::<i32>() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    pids
+}
+
+#[test]
+fn an_orphan_with_a_spoofed_run_id_and_token_is_gone_before_the_check_and_after_the_run() {
+    let env = Env::new();
+    let marker = format!("sup-spoof-{}", uuid::Uuid::new_v4().simple());
+    let spawn = format!(
+        "SUP_RUN_ID=x SUP_RUN_TOKEN=forged setsid bash -c 'echo $$ > s.pid; exec -a {marker} sleep 999' \
+         >/dev/null 2>&1 < /dev/null & \
+         for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done"
+    );
+    let check = "test -e /proc/$(cat s.pid) && { echo alive; exit 1; }; exit 0";
+    let run = env.json(
+        &["goal", "do it", "--check-cmd", check, "--tries", "1"],
+        json!([cmd("spawn", &spawn), say("done")]),
+        &[],
+    );
+    let left = left_with(&marker);
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[test]
+fn sup_itself_under_a_tokio_runtime_name_is_no_exemption_from_the_sweep() {
+    let env = Env::new();
+    let marker = format!("sup-fake-worker-{}", uuid::Uuid::new_v4().simple());
+    let sup = env!("CARGO_BIN_EXE_sup");
+    let spawn = format!(
+        "ln -s {sup} $TMPDIR/tokio-runtime-w; mkdir -p $TMPDIR/{marker}; \
+         SUP_HOME=$TMPDIR/h setsid bash -c 'echo $$ > s.pid; \
+         exec $TMPDIR/tokio-runtime-w daemon --goals $TMPDIR/{marker}' \
+         >/dev/null 2>&1 < /dev/null & \
+         for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done; sleep 0.3; \
+         cat /proc/$(cat s.pid)/comm"
+    );
+    let check = "test -e /proc/$(cat s.pid) && { echo alive; exit 1; }; exit 0";
+    let run = env.json(
+        &["goal", "do it", "--check-cmd", check, "--tries", "1"],
+        json!([cmd("spawn", &spawn), say("done")]),
+        &[],
+    );
+    let left = left_with(&marker);
+    // The fake worker ran, under the exempted name.
+    assert!(
+        text(run.tool_result("spawn")).contains("tokio-runtime-w"),
+        "{}",
+        run.tool_result("spawn")
+    );
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[test]
+fn the_goal_key_sandbox_is_between_the_flag_and_sup_sandbox() {
+    let env = Env::new();
+    let out = outside();
+    let o = out.path().display().to_string();
+    let goal = env.write("g/goal.toml", "prompt = \"work\"\nsandbox = \"off\"\n");
+    let go = |extra: &[&str], sandbox_env: &str| {
+        let script = env.script(json!([cmd("out", &format!("echo x > {o}/e")), say("done")]));
+        let mut c = env.sup();
+        c.env("SUP_SANDBOX", sandbox_env)
+            .args(["goal", "--json", "--workspace", ".", "--file"])
+            .arg(&goal)
+            .args(extra)
+            .arg("--model")
+            .arg(format!("script:{}", script.display()));
+        Run::new(c.output().unwrap())
+    };
+    // The goal key wins over SUP_SANDBOX.
+    let run = go(&[], "read-only");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(sandbox_line(&run).starts_with("sandbox: off"));
+    assert_eq!(run.tool_result("out")["is_error"], false);
+    assert!(out.path().join("e").exists());
+    std::fs::remove_file(out.path().join("e")).unwrap();
+    // The flag wins over the goal key.
+    let run = go(&["--sandbox", "workspace-write"], "off");
+    assert!(sandbox_line(&run).starts_with("sandbox: workspace-write"));
+    assert_eq!(run.tool_result("out")["is_error"], true);
+    assert!(!out.path().join("e").exists());
+}
+
+#[test]
+fn the_goal_key_sandbox_required_refuses_a_goal_without_the_sandbox() {
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nsandbox = \"off\"\nsandbox_required = true\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("done")]),
+        &[],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("sandbox is required"), "{}", run.stderr);
+    // SUP_SANDBOX=off is refused the same way.
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\nsandbox_required = true\n",
+    );
+    let script = env.script(json!([say("done")]));
+    let out = env
+        .sup()
+        .env("SUP_SANDBOX", "off")
+        .args(["goal", "--json", "--file"])
+        .arg(&goal)
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_sandboxed_command_cannot_signal_sup() {
+    if landlock_abi() < 6 {
+        return;
+    }
+    let env = Env::new();
+    let run = env.run_json(
+        json!([
+            cmd(
+                "sig",
+                "kill -STOP $PPID; s=$?; kill -CONT $PPID; kill -TERM $PPID; t=$?; \
+                 echo stop=$s term=$t; test $s -ne 0 && test $t -ne 0"
+            ),
+            say("done")
+        ]),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let r = run.tool_result("sig");
+    assert!(text(r).contains("stop=1 term=1"), "{r}");
+    assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+}
+
+#[test]
+fn python_checks_ignore_pythonpath() {
+    let env = Env::new();
+    let shadow = outside();
+    std::fs::write(
+        shadow.path().join("json.py"),
+        "def loads(s):\n    return {'a': 2}\n",
+    )
+    .unwrap();
+    env.write(
+        "check.py",
+        "import json, sys\nsys.exit(0 if json.loads('{\"a\": 1}')['a'] == 2 else 1)\n",
+    );
+    let script = env.script(json!([say("done")]));
+    let out = env
+        .sup()
+        .env("PYTHONPATH", shadow.path())
+        .args([
+            "goal", "do it", "--check", "check.py", "--tries", "1", "--json", "--model",
+        ])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
+}
+
+#[test]
+fn a_bad_mcp_sandbox_is_exit_2_with_file_and_line() {
+    let env = Env::new();
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"work\"\n[[mcp]]\nname = \"x\"\ncommand = [\"true\"]\nsandbox = \"jail\"\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("x")]),
+        &[],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("{}:5", goal.display())) && run.stderr.contains("sandbox"),
+        "{}",
+        run.stderr
+    );
+}
