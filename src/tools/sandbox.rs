@@ -277,6 +277,23 @@ pub(crate) fn scrubbed_env(pass: &[String]) -> (Vec<(OsString, OsString)>, Vec<S
     (env, withheld)
 }
 
+/// `safe.bareRepository=explicit` for every git the agent's processes run, after any
+/// `GIT_CONFIG_COUNT` settings of `env`: a folder the agent filled with `HEAD`, `config`,
+/// `objects/` and `refs/` is not taken for a repository (whose `core.fsmonitor` or hooks an
+/// allowed `git -C folder status` would run) unless a command names it with `--git-dir`.
+fn git_explicit_bare(env: &[(OsString, OsString)]) -> [(String, String); 3] {
+    let n: usize = env
+        .iter()
+        .find(|(k, _)| k == "GIT_CONFIG_COUNT")
+        .and_then(|(_, v)| v.to_str()?.parse().ok())
+        .unwrap_or(0);
+    [
+        (format!("GIT_CONFIG_KEY_{n}"), "safe.bareRepository".into()),
+        (format!("GIT_CONFIG_VALUE_{n}"), "explicit".into()),
+        ("GIT_CONFIG_COUNT".into(), (n + 1).to_string()),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // The jail of a run.
 
@@ -724,6 +741,7 @@ impl Jail {
         cmd.env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(extra.iter().map(|(k, v)| (k, v)))
+            .envs(git_explicit_bare(&self.env))
             .env("TMPDIR", &self.tmp);
         if !self.token.is_empty() {
             cmd.env(TOKEN, &self.token);

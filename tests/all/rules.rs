@@ -327,6 +327,52 @@ fn file_tools_write_under_git_only_when_a_rule_allows_it() {
     );
 }
 
+/// A folder the agent fills to look like a bare repository, whose config names a work tree and
+/// an fsmonitor command: an allowed `git -C fake status` would run that command. The agent's
+/// git takes no implicit bare repository (`safe.bareRepository=explicit`).
+#[test]
+fn git_does_not_take_a_folder_the_agent_filled_for_a_repository() {
+    let env = Env::new();
+    let config = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tworktree = ..\n\tfsmonitor = touch pwned; false\n";
+    let run = env.run_json(
+        calls(&[
+            (
+                "h",
+                "write_file",
+                json!({"path": "fake/HEAD", "content": "ref: refs/heads/main\n"}),
+            ),
+            (
+                "c",
+                "write_file",
+                json!({"path": "fake/config", "content": config}),
+            ),
+            (
+                "o",
+                "write_file",
+                json!({"path": "fake/objects/.keep", "content": ""}),
+            ),
+            (
+                "r",
+                "write_file",
+                json!({"path": "fake/refs/heads/.keep", "content": ""}),
+            ),
+            ("g", "run_command", json!({"command": "git -C fake status"})),
+        ]),
+        &[
+            "--approval",
+            "never",
+            "--allow",
+            "write_file",
+            "--allow",
+            "run_command(git *)",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let said = run.tool_result("g")["content"].to_string();
+    assert!(said.contains("safe.bareRepository"), "{said}");
+    assert!(!exists(&env, "pwned"), "{said}");
+}
+
 #[test]
 fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
     // `d` and `dw` flip between a real folder of the workspace and a symlink to a folder

@@ -1150,7 +1150,6 @@ fn a_prctl_failure_is_the_first_notice_and_the_run_goes_on() {
     );
 }
 
-
 #[test]
 fn moving_a_parent_folder_does_not_carry_a_protected_file_away() {
     let env = Env::new();
