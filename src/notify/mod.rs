@@ -342,6 +342,27 @@ impl Notice {
         Some((kinds, n))
     }
 
+    /// The `error` notice of a run that could not start (no API key, an MCP server that
+    /// fails, a price unknown under a cap).
+    pub(crate) fn not_started(
+        goal: &str,
+        run_id: &str,
+        trigger: &str,
+        scheduled_for: Option<chrono::DateTime<chrono::Utc>>,
+        error: &str,
+    ) -> Notice {
+        let mut n = Notice::new(Kind::Error, goal);
+        n.run_id = Some(run_id.to_string());
+        n.trigger = Some(trigger.to_string());
+        n.scheduled_for = scheduled_for.map(stamp);
+        n.status = Some("error".into());
+        n.stop_reason = Some("error".into());
+        n.tries = Some(0);
+        n.steps = Some(0);
+        n.error = Some(crate::redact::text(error).into_owned());
+        n
+    }
+
     /// The notice of an occurrence that did not run (`missed` or `skipped`).
     pub(crate) fn missed(goal: &str, at: chrono::DateTime<chrono::Utc>, status: &str) -> Notice {
         let mut n = Notice::new(Kind::Missed, goal);

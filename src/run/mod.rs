@@ -675,17 +675,48 @@ pub(crate) async fn launch_recorded(
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
     let id = recorded.run.id.clone();
-    let result = match build() {
-        Ok(spec) => launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
-        Err(e) => Err(e),
+    let (result, notify, goal) = match build() {
+        Ok(spec) => (
+            launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
+            spec.notify,
+            spec.goal.name,
+        ),
+        // Without a spec there are no tables to tell.
+        Err(e) => (Err(e), Vec::new(), String::new()),
     };
     if let Err(e) = &result {
-        let failed = Db::open(home).and_then(|db| db.fail_run(&id, &e.to_string()));
+        let error = e.to_string();
+        let failed = Db::open(home).and_then(|db| db.fail_run(&id, &error));
         if let Err(db) = failed {
             tracing::error!("run {id}: cannot record that it could not start: {db}");
         }
+        not_started(home, notify, &goal, &id, trigger, &error).await;
     }
     result
+}
+
+/// Tell the `[[notify]]` tables that take `error` that the run `id` could not start.
+pub(crate) async fn not_started(
+    home: &Path,
+    notify: Vec<Notify>,
+    goal: &str,
+    id: &str,
+    trigger: Trigger,
+    error: &str,
+) {
+    if notify.is_empty() {
+        return;
+    }
+    let notice = Notice::not_started(
+        goal,
+        id,
+        trigger.kind.as_str(),
+        trigger.scheduled_for,
+        error,
+    );
+    Notifier::new(home, notify)
+        .send(&[crate::notify::Kind::Error], &notice)
+        .await;
 }
 
 async fn launch_in(

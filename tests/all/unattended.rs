@@ -802,3 +802,58 @@ fn print_config_shows_each_setting_and_where_it_came_from() {
     assert!(line("token_budget").contains("default"), "{text}");
     assert!(env.run_dirs().is_empty(), "nothing ran");
 }
+
+/// `sup daemon --goals HOME/goals`, its output discarded.
+fn daemon(env: &Env) -> std::process::Child {
+    env.sup()
+        .args(["daemon", "--goals"])
+        .arg(env.home.path().join("goals"))
+        .env_remove("DEEPSEEK_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(mut daemon: std::process::Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().unwrap();
+}
+
+#[test]
+fn a_daemon_run_that_cannot_start_sends_an_error_notice() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("keyless.toml"),
+        format!(
+            "prompt = \"p\"\nmodel = \"deepseek:deepseek-chat\"\nworkspace = \"w\"\n\
+             schedule = \"* * * * * *\"\n[[notify]]\nwebhook = \"{}\"\n",
+            hook.url
+        ),
+    )
+    .unwrap();
+    let d = daemon(&env);
+    until("an error notice", 30, || !hook.got().is_empty());
+    stop(d);
+    let n = hook.got()[0].json();
+    assert_eq!(n["event"], "error", "{n}");
+    assert_eq!(n["goal"], "keyless");
+    assert_eq!(n["trigger"], "schedule");
+    assert!(
+        n["error"].as_str().unwrap().contains("DEEPSEEK_API_KEY"),
+        "{n}"
+    );
+    let id = n["run_id"].as_str().unwrap();
+    let row = sup::store::db::Db::open(env.home.path())
+        .unwrap()
+        .run(id)
+        .unwrap();
+    assert_eq!(row.status, "error");
+}
