@@ -537,12 +537,18 @@ fn this_run(
 fn day_start(spec: &RunSpec, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
     spec.price?;
     spec.max_cost_per_day?;
-    let day = now.with_timezone(&spec.timezone).date_naive();
-    Some(
-        day.and_hms_opt(0, 0, 0)
-            .and_then(|t| chrono::TimeZone::from_local_datetime(&spec.timezone, &t).earliest())
-            .map_or(now, |t| t.with_timezone(&Utc)),
-    )
+    Some(first_instant_of_day(spec.timezone, now))
+}
+
+/// The first instant of `now`'s day in `tz`: local midnight, or, where the clocks skip
+/// midnight (a change to summer time at 00:00), the first local time that exists.
+fn first_instant_of_day(tz: chrono_tz::Tz, now: DateTime<Utc>) -> DateTime<Utc> {
+    let day = now.with_timezone(&tz).date_naive();
+    // Clocks skip at most a few hours; the first minute that exists starts the day.
+    (0..24 * 60)
+        .filter_map(|m| day.and_hms_opt(m / 60, m % 60, 0))
+        .find_map(|t| chrono::TimeZone::from_local_datetime(&tz, &t).earliest())
+        .map_or(now, |t| t.with_timezone(&Utc))
 }
 
 /// The previous run as templates see it, with its checks.
@@ -816,6 +822,19 @@ async fn launch_in(
     for sink in sinks {
         events = events.with(sink);
     }
+    if day_start(spec, Utc::now()).is_some() {
+        // Under a daily cap the cost is recorded as it grows: a running run, or one killed,
+        // counts what it spent.
+        match Db::open(home) {
+            Ok(db) => {
+                events = events.with(Arc::new(CostSink {
+                    db: std::sync::Mutex::new(db),
+                    run_id: run.id.clone(),
+                }))
+            }
+            Err(e) => tracing::warn!("run {}: its cost is recorded at its end only: {e}", run.id),
+        }
+    }
     let notifier = Notifier::new(home, spec.notify.clone());
     if !spec.notify.is_empty() {
         events = events.with(notifier.approvals(&goal.name, &run.id, trigger.kind.as_str()));
@@ -921,6 +940,29 @@ async fn launch_in(
     })
 }
 
+/// Records a run's cost after each model call.
+struct CostSink {
+    db: std::sync::Mutex<Db>,
+    run_id: String,
+}
+
+impl EventSink for CostSink {
+    fn emit(&self, event: &Event) {
+        let Event::StepFinished {
+            total_cost: Some(cost),
+            ..
+        } = event
+        else {
+            return;
+        };
+        if let Ok(db) = self.db.lock()
+            && let Err(e) = db.set_run_cost(&self.run_id, *cost)
+        {
+            tracing::warn!("run {}: cannot record its cost so far: {e}", self.run_id);
+        }
+    }
+}
+
 /// The outcome of a run whose code panicked: an error that says where.
 fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
     let what = panic
@@ -940,5 +982,26 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
             "sup hit a bug and stopped this run (a panic: {what}); please report it"
         )),
         checks: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_day_starts_at_its_first_instant_where_midnight_does_not_exist() {
+        // Santiago skipped from 00:00 to 01:00 on 2024-09-08: the day began at 01:00 (-03).
+        let tz: chrono_tz::Tz = "America/Santiago".parse().unwrap();
+        let noon = "2024-09-08T15:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        assert_eq!(
+            first_instant_of_day(tz, noon),
+            "2024-09-08T04:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
+        let day_before = "2024-09-07T15:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        assert_eq!(
+            first_instant_of_day(tz, day_before),
+            "2024-09-07T04:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
     }
 }

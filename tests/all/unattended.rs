@@ -857,3 +857,96 @@ fn a_daemon_run_that_cannot_start_sends_an_error_notice() {
         .unwrap();
     assert_eq!(row.status, "error");
 }
+
+/// `goals/NAME.toml` running `openai:fake` under `max_cost_per_day = CAP`, and a closure
+/// running it once with `sup goal` against `server`.
+fn daily_goal(env: &Env, name: &str, cap: &str, extra: &str) -> PathBuf {
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &file,
+        format!(
+            "prompt = \"p\"\nmodel = \"openai:fake\"\ntimezone = \"Pacific/Auckland\"\n\
+             max_cost_per_day = {cap}\n{extra}"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+fn goal_cmd(env: &Env, config: &Path, server: &FakeServer, file: &Path) -> std::process::Command {
+    let mut cmd = env.sup();
+    cmd.env("SUP_CONFIG", config)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args(["goal", "--no-stream", "--json", "--file"])
+        .arg(file);
+    cmd
+}
+
+#[test]
+fn the_days_spending_counts_runs_that_were_pruned() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![
+        // Run 1: $3 + $3.
+        priced_turn(Some("c1"), 3000),
+        priced_turn(None, 3000),
+        // Run 2: $3, then $3.01 - $9 spent leaves too little for another call.
+        priced_turn(Some("c2"), 3000),
+        priced_turn(None, 3000),
+        // Run 3 would make a call if run 1's $6 were forgotten when it was pruned.
+        priced_turn(None, 3000),
+    ]);
+    let config = priced(&env);
+    let file = daily_goal(&env, "pruned", "9.01", "keep_runs = 1\n");
+    let go = || common::Run::new(goal_cmd(&env, &config, &server, &file).output().unwrap());
+    let first = go();
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let second = go();
+    assert_eq!(second.code, 3, "{}", second.stderr);
+    assert_eq!(server.requests().len(), 3);
+    let runs = sup::store::db::Db::open(env.home.path())
+        .unwrap()
+        .runs(Some("pruned"), None, 10)
+        .unwrap();
+    assert_eq!(runs.len(), 1, "run 1 was pruned");
+    let third = go();
+    assert_eq!(third.code, 3, "{}", third.stderr);
+    assert_eq!(third.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 3, "run 3 made no call");
+}
+
+#[test]
+fn the_days_spending_counts_a_run_killed_while_it_ran() {
+    let env = Env::new();
+    let hang = Reply {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: common::fake_server::Body::Chunks {
+            pieces: vec![(600_000, "{}".into())],
+            drop: false,
+        },
+    };
+    let server = FakeServer::start(vec![
+        // $3, then the second call never answers: the run is killed while it waits.
+        priced_turn(Some("c1"), 3000),
+        hang,
+        priced_turn(None, 3000),
+    ]);
+    let config = priced(&env);
+    let file = daily_goal(&env, "killed", "100", "");
+    let mut child = goal_cmd(&env, &config, &server, &file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("the second call", 30, || server.requests().len() == 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Now $3.01 a day: with the killed run's $3 counted, too little is left for a call.
+    daily_goal(&env, "killed", "3.01", "");
+    let next = common::Run::new(goal_cmd(&env, &config, &server, &file).output().unwrap());
+    assert_eq!(next.code, 3, "{}", next.stderr);
+    assert_eq!(next.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 2, "the killed run's $3 counted");
+}
