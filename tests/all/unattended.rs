@@ -950,3 +950,42 @@ fn the_days_spending_counts_a_run_killed_while_it_ran() {
     assert_eq!(next.result()["stop_reason"], "cost");
     assert_eq!(server.requests().len(), 2, "the killed run's $3 counted");
 }
+
+#[test]
+fn a_provider_that_reports_no_usage_is_counted_by_estimate_under_a_cap() {
+    let env = Env::new();
+    let no_usage = |id: &str| {
+        let mut r = priced_turn(Some(id), 0);
+        if let common::fake_server::Body::Full(text) = &mut r.body {
+            let mut v: Value = serde_json::from_str(text).unwrap();
+            v.as_object_mut().unwrap().remove("usage");
+            *text = v.to_string();
+        }
+        r
+    };
+    let server = FakeServer::start((1..=6).map(|i| no_usage(&format!("c{i}"))).collect());
+    let config = env.home.path().join("config.toml");
+    // A prompt of 40 000 bytes is about 10 000 tokens: about $1 a call at $100 per million.
+    std::fs::write(
+        &config,
+        "[prices.\"openai:fake\"]\ninput = 100.0\noutput = 0.0\n",
+    )
+    .unwrap();
+    let prompt = "read the files. ".repeat(2500);
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args(["run", &prompt, "--model", "openai:fake", "--no-stream"])
+        .args(["--max-cost", "2.5", "--json"])
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 2, "a third ~$1 call would pass $2.5");
+    let cost = run.result()["cost"].as_f64().unwrap();
+    assert!(cost > 2.0 && cost < 2.5, "{cost}");
+    let steps = run.of_type("step_finished");
+    assert!(steps[0]["usage"]["input_tokens"].as_u64().unwrap() >= 10_000);
+}
