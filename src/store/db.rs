@@ -865,6 +865,22 @@ impl Db {
         })
     }
 
+    /// The status of the occurrence of `goal` at `at`, if one was recorded.
+    pub(crate) fn occurrence_status(
+        &self,
+        goal: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<OccurrenceStatus>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT status FROM occurrences WHERE goal = ?1 AND scheduled_for = ?2",
+                params![goal, stamp(at)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
     /// Occurrences of a goal, newest first: (scheduled_for, status, run_id).
     pub fn occurrences(
         &self,

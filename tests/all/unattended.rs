@@ -989,3 +989,33 @@ fn a_provider_that_reports_no_usage_is_counted_by_estimate_under_a_cap() {
     let steps = run.of_type("step_finished");
     assert!(steps[0]["usage"]["input_tokens"].as_u64().unwrap() >= 10_000);
 }
+
+#[test]
+fn status_finds_the_due_occurrence_of_a_per_second_schedule_among_many() {
+    let env = Env::new();
+    let file = goal_file(
+        &env,
+        "everysecond",
+        "prompt = \"p\"\nschedule = \"* * * * * *\"\n",
+        json!([{"text": "done"}]),
+    );
+    let touched = std::process::Command::new("touch")
+        .args(["-d", "10 minutes ago"])
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    // A daemon ran every occurrence of the last ten minutes: far more than 100 since the
+    // one `status` checks (two minutes ago).
+    let db = sup::store::db::Db::open(env.home.path()).unwrap();
+    let now = chrono::Timelike::with_nanosecond(&chrono::Utc::now(), 0).unwrap();
+    for s in -600..=30 {
+        let at = now + chrono::Duration::seconds(s);
+        db.claim("everysecond", at, sup::store::OccurrenceStatus::Done, "d")
+            .unwrap();
+    }
+    let goals = env.home.path().join("goals");
+    let (code, text, err) = out(&env, &["status", "--goals", goals.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}{err}");
+    assert!(!text.contains("OVERDUE"), "{text}");
+}
