@@ -81,7 +81,10 @@ fn shown(channel: &Channel) -> String {
 pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
     let deadline = Instant::now() + n.timeout;
     let channel = shown(&n.channel);
-    let json = serde_json::to_vec(notice).unwrap_or_default();
+    // Whatever a check printed, no secret sup knows leaves in a notice.
+    let mut value = serde_json::to_value(notice).unwrap_or_default();
+    crate::redact::value(&mut value);
+    let json = serde_json::to_vec(&value).unwrap_or_default();
     let mut wait = BACKOFF;
     for attempt in 1..=ATTEMPTS {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -144,14 +147,14 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
             headers,
             secret_env,
         } => {
+            let text = || crate::redact::text(&notice.text()).into_owned();
             let (body, content_type) = match format {
                 Format::Json => (json.to_vec(), "application/json"),
                 Format::Slack => (
-                    serde_json::to_vec(&serde_json::json!({ "text": notice.text() }))
-                        .unwrap_or_default(),
+                    serde_json::to_vec(&serde_json::json!({ "text": text() })).unwrap_or_default(),
                     "application/json",
                 ),
-                Format::Text => (notice.text().into_bytes(), "text/plain; charset=utf-8"),
+                Format::Text => (text().into_bytes(), "text/plain; charset=utf-8"),
             };
             let client = match reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())

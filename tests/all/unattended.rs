@@ -983,7 +983,11 @@ fn a_provider_that_reports_no_usage_is_counted_by_estimate_under_a_cap() {
     let run = common::Run::new(o);
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert_eq!(run.result()["stop_reason"], "cost");
-    assert_eq!(server.requests().len(), 2, "a third ~$1 call would pass $2.5");
+    assert_eq!(
+        server.requests().len(),
+        2,
+        "a third ~$1 call would pass $2.5"
+    );
     let cost = run.result()["cost"].as_f64().unwrap();
     assert!(cost > 2.0 && cost < 2.5, "{cost}");
     let steps = run.of_type("step_finished");
@@ -1018,4 +1022,47 @@ fn status_finds_the_due_occurrence_of_a_per_second_schedule_among_many() {
     let (code, text, err) = out(&env, &["status", "--goals", goals.to_str().unwrap()]);
     assert_eq!(code, 0, "{text}{err}");
     assert!(!text.contains("OVERDUE"), "{text}");
+}
+
+#[test]
+fn a_secret_a_check_printed_is_redacted_in_every_notice_format() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let key = "sk-fake-key-0123456789abcdef";
+    let server = FakeServer::start(vec![priced_turn(None, 10)]);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("leak.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "prompt = \"p\"\nmodel = \"openai:fake\"\ntries = 1\n\
+             [[check]]\nrun = \"echo 'the key is {key}' >&2; exit 1\"\n\
+             [[notify]]\nwebhook = \"{url}\"\n\
+             [[notify]]\nwebhook = \"{url}\"\nformat = \"text\"\n\
+             [[notify]]\nwebhook = \"{url}\"\nformat = \"slack\"\n",
+            url = hook.url
+        ),
+    )
+    .unwrap();
+    let o = env
+        .sup()
+        .env("OPENAI_API_KEY", key)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args(["goal", "--no-stream", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let got = hook.got();
+    assert_eq!(got.len(), 3, "{got:?}");
+    for g in &got {
+        assert!(!g.body.contains(key), "{}", g.body);
+        assert!(g.body.contains("the key is [redacted]"), "{}", g.body);
+    }
 }
