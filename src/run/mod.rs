@@ -98,6 +98,9 @@ pub(crate) struct RunSpec {
     pub(crate) price: Option<Price>,
     pub(crate) max_cost: Option<f64>,
     pub(crate) max_cost_per_day: Option<f64>,
+    /// Why the run may not start: a cost cap on a model whose price is unknown, unless
+    /// `unknown_price = "allow"` (`--print-config` still prints).
+    pub(crate) price_refusal: Option<String>,
     /// The sandbox of the run's processes, with the goal file and user config protected.
     pub(crate) sandbox: Sandbox,
 }
@@ -272,6 +275,7 @@ impl RunSpec {
             price: unattended.price,
             max_cost: unattended.max_cost,
             max_cost_per_day: unattended.max_cost_per_day,
+            price_refusal: unattended.refusal,
         })
     }
 }
@@ -287,6 +291,7 @@ struct Unattended {
     price: Option<Price>,
     max_cost: Option<f64>,
     max_cost_per_day: Option<f64>,
+    refusal: Option<String>,
 }
 
 impl Unattended {
@@ -351,8 +356,8 @@ impl Unattended {
         let price = prices.get(&model);
         let capped = s.max_cost.is_some() || s.max_cost_per_day.is_some();
         let allow = s.unknown_price == Some(config::UnknownPrice::Allow);
-        if price.is_none() && capped && !allow {
-            return Err(setup(format!(
+        let refusal = (price.is_none() && capped && !allow).then(|| {
+            format!(
                 "the price of `{model}` is unknown, so its cost cap cannot be kept: add it to \
                  the user config ({}):\n  [prices.\"{model}\"]\n  input = 1.0    # US dollars \
                  per million input tokens\n  output = 4.0\n  cache_read = 0.1\n  \
@@ -361,9 +366,10 @@ impl Unattended {
                     || "~/.config/sup/config.toml".to_string(),
                     |p| p.display().to_string()
                 )
-            )));
-        }
+            )
+        });
         Ok(Unattended {
+            refusal,
             prompt_src,
             system_src,
             params,
@@ -734,6 +740,9 @@ async fn launch_in(
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
+    if let Some(why) = &spec.price_refusal {
+        return Err(setup(why.clone()));
+    }
     let mut model = model::from_spec(&spec.model, &spec.model_base, &spec.providers)?;
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);

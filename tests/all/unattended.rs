@@ -1066,3 +1066,44 @@ fn a_secret_a_check_printed_is_redacted_in_every_notice_format() {
         assert!(g.body.contains("the key is [redacted]"), "{}", g.body);
     }
 }
+
+#[test]
+fn a_negative_price_in_the_user_config_is_exit_2_with_its_file_and_line() {
+    let env = Env::new();
+    let config = env.home.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "keep_runs = 5\n[prices.\"openai:x\"]\ninput = 1.0\noutput = -2.0\n",
+    )
+    .unwrap();
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args(["run", "p", "--model", "script:x.json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("{}:2:", config.display())), "{err}");
+    assert!(err.contains("`output` is -2"), "{err}");
+}
+
+#[test]
+fn print_config_prints_a_cap_on_an_unpriced_model_and_says_it_would_not_start() {
+    let env = Env::new();
+    let o = env
+        .sup()
+        .args(["run", "--print-config", "p", "--model", "ollama:llama3"])
+        .args(["--max-cost", "1"])
+        .output()
+        .unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(text.contains("max_cost"), "{text}");
+    assert!(text.contains("unknown"), "{text}");
+    assert!(err.contains("would not start"), "{err}");
+    assert!(env.run_dirs().is_empty(), "nothing ran");
+}
