@@ -1107,3 +1107,306 @@ fn print_config_prints_a_cap_on_an_unpriced_model_and_says_it_would_not_start() 
     assert!(err.contains("would not start"), "{err}");
     assert!(env.run_dirs().is_empty(), "nothing ran");
 }
+
+#[test]
+fn recovered_is_sent_once_after_a_failure_and_an_achieved_run_is_not_sent_by_default() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let file = goal_file(
+        &env,
+        "rec",
+        &format!(
+            "prompt = \"p\"\ntries = 1\n[[check]]\nrun = \"test -f ok\"\n\
+             [[notify]]\nwebhook = \"{url}\"\n\
+             [[notify]]\nwebhook = \"{url}\"\nformat = \"text\"\n",
+            url = hook.url
+        ),
+        json!([{"text": "done"}]),
+    );
+    let go = || out(&env, &["goal", "--file", file.to_str().unwrap()]).0;
+    assert_eq!(go(), 1);
+    std::fs::write(env.home.path().join("goals/work-rec/ok"), "").unwrap();
+    assert_eq!(go(), 0);
+    // Achieved after achieved: `achieved` is not among the default events.
+    assert_eq!(go(), 0);
+    let got = hook.got();
+    assert_eq!(got.len(), 4, "failed and recovered, to each table: {got:?}");
+    let json_events: Vec<String> = got
+        .iter()
+        .filter(|g| g.header("content-type") == Some("application/json"))
+        .map(|g| g.json()["event"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(json_events, ["failed", "recovered"]);
+    let texts: Vec<&Got> = got
+        .iter()
+        .filter(|g| {
+            g.header("content-type")
+                .is_some_and(|c| c.starts_with("text/plain"))
+        })
+        .collect();
+    assert_eq!(texts.len(), 2, "{got:?}");
+    assert!(
+        texts[0]
+            .body
+            .starts_with("sup · goal rec failed (checks_failed) after 1 try"),
+        "{}",
+        texts[0].body
+    );
+    assert!(
+        texts[0].body.contains("✗ test -f ok · exit 1"),
+        "{}",
+        texts[0].body
+    );
+    assert!(
+        texts[1].body.starts_with("sup · goal rec recovered"),
+        "{}",
+        texts[1].body
+    );
+}
+
+#[test]
+fn a_missed_occurrence_is_told_by_the_daemon() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    goal_file(
+        &env,
+        "minutely",
+        &format!(
+            "prompt = \"p\"\nschedule = \"* * * * *\"\n[[notify]]\nwebhook = \"{}\"\non = [\"missed\"]\n",
+            hook.url
+        ),
+        json!([{"text": "done"}]),
+    );
+    // The last occurrence run was three minutes ago: the daemon was down since, and by the
+    // default catch-up policy the occurrences in between are recorded missed, not run.
+    let now = chrono::Utc::now();
+    let minute = now - chrono::Duration::seconds(chrono::Timelike::second(&now) as i64);
+    let minute = chrono::Timelike::with_nanosecond(&minute, 0).unwrap();
+    let last = minute - chrono::Duration::minutes(3);
+    let db = sup::store::db::Db::open(env.home.path()).unwrap();
+    assert!(
+        db.claim(
+            "minutely",
+            last,
+            sup::store::OccurrenceStatus::Done,
+            "earlier"
+        )
+        .unwrap()
+    );
+    let d = daemon(&env);
+    until("a missed notice", 30, || !hook.got().is_empty());
+    stop(d);
+    let n = hook.got()[0].json();
+    assert_eq!(n["event"], "missed", "{n}");
+    assert_eq!(n["goal"], "minutely");
+    assert_eq!(n["status"], "missed");
+    let at = sup::store::db::parse_stamp(n["scheduled_for"].as_str().unwrap()).unwrap();
+    assert!(at > last && at <= now, "{n}");
+    let missed = db
+        .occurrences("minutely", 10)
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.1 == "missed")
+        .count();
+    assert!(missed >= 1);
+}
+
+#[test]
+fn the_goal_key_max_cost_is_kept_and_sup_show_gives_the_cost() {
+    let env = Env::new();
+    let server = FakeServer::start(
+        (1..=6)
+            .map(|i| priced_turn(Some(&format!("c{i}")), 2000))
+            .collect(),
+    );
+    let config = priced(&env);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("capped.toml");
+    std::fs::write(
+        &file,
+        "prompt = \"p\"\nmodel = \"openai:fake\"\nmax_cost = 7\n",
+    )
+    .unwrap();
+    let run = common::Run::new(goal_cmd(&env, &config, &server, &file).output().unwrap());
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 3);
+    let id = run.result()["run_id"].as_str().unwrap().to_string();
+    let (code, shown, _) = out(&env, &["show", &id]);
+    assert_eq!(code, 0);
+    assert!(shown.contains("$6.0000"), "{shown}");
+}
+
+#[test]
+fn service_install_enables_the_unit_with_systemctl_and_uninstall_disables_it() {
+    let env = Env::new();
+    let bin = env.home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = env.home.path().join("systemctl.log");
+    let fake = bin.join("systemctl");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let config = env.home.path().join("xdg");
+    let goals = env.home.path().join("goals");
+    std::fs::create_dir_all(&goals).unwrap();
+    let service = |args: &[&str]| {
+        let o = env
+            .sup()
+            .env("PATH", &path)
+            .env("XDG_CONFIG_HOME", &config)
+            .arg("service")
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    service(&["install", "--user", "--goals", goals.to_str().unwrap()]);
+    assert!(config.join("systemd/user/sup.service").exists());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        ["--user daemon-reload", "--user enable --now sup.service"]
+    );
+    service(&["uninstall", "--user"]);
+    assert!(!config.join("systemd/user/sup.service").exists());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.lines().skip(2).collect::<Vec<_>>(),
+        ["--user disable --now sup.service", "--user daemon-reload"]
+    );
+}
+
+#[test]
+fn print_config_names_the_environment_and_the_user_config() {
+    let env = Env::new();
+    let config = env.home.path().join("config.toml");
+    std::fs::write(&config, "max_steps = 9\n").unwrap();
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .env("SUP_MODEL", "openai:gpt-4o-mini")
+        .args(["run", "--print-config", "p"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in {text}"))
+            .to_string()
+    };
+    assert!(line("model").contains("openai:gpt-4o-mini"), "{text}");
+    assert!(line("model").ends_with("environment"), "{text}");
+    assert!(line("max_steps").contains('9'), "{text}");
+    assert!(
+        line("max_steps").ends_with(&format!("user config {}", config.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_param_flag_wins_over_the_goal_files_params() {
+    let env = Env::new();
+    let file = goal_file(
+        &env,
+        "hello",
+        "prompt = \"Hello {{ params.who }} and {{ params.other }}\"\n[params]\nwho = \"Ada\"\nother = \"Grace\"\n",
+        json!([{"text": "ok"}]),
+    );
+    let o = env
+        .sup()
+        .args(["goal", "--json", "--param", "who=Bob", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.of_type("run_started")[0]["prompt"],
+        "Hello Bob and Grace"
+    );
+}
+
+#[test]
+fn templates_give_the_failed_checks_the_times_in_the_goals_zone_and_fill_the_system_prompt() {
+    let env = Env::new();
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("t.json"), r#"[{"text": "done"}]"#).unwrap();
+    std::fs::write(
+        dir.join("tokyo.toml"),
+        "model = \"script:t.json\"\nworkspace = \"w\"\ntimezone = \"Asia/Tokyo\"\n\
+         schedule = \"* * * * * *\"\ntries = 1\n\
+         system = \"SYS {{ goal }} {{ trigger }}\"\n\
+         prompt = \"{{ previous.failed_checks }}|{{ scheduled_for }}|{{ time }}|{{ now }}\"\n\
+         [[check]]\nrun = \"echo 'want 3 lines, found 2' >&2; exit 1\"\n",
+    )
+    .unwrap();
+    let d = daemon(&env);
+    let runs = || {
+        let mut r: Vec<_> = sup::store::db::Db::open(env.home.path())
+            .unwrap()
+            .runs(Some("tokyo"), None, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.status != "running")
+            .collect();
+        r.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
+        r
+    };
+    until("two runs", 30, || runs().len() >= 2);
+    stop(d);
+    let all = runs();
+    let transcript =
+        |i: usize| common::read_jsonl(&Path::new(&all[i].dir).join("transcript.jsonl"));
+    let first = common::user_messages(&transcript(0));
+    assert!(
+        first[0].starts_with('|'),
+        "nothing failed before: {}",
+        first[0]
+    );
+    let second_t = transcript(1);
+    let second = common::user_messages(&second_t)[0].clone();
+    let parts: Vec<&str> = second.split('|').collect();
+    assert!(
+        parts[0].contains("found 2' >&2; exit 1 (exit 1)"),
+        "{second}"
+    );
+    assert!(parts[0].contains("want 3 lines, found 2"), "{second}");
+    let scheduled = parts[1];
+    assert!(scheduled.ends_with("+09:00"), "{second}");
+    assert_eq!(
+        sup::store::db::parse_stamp(scheduled),
+        all[1]
+            .scheduled_for
+            .as_deref()
+            .and_then(sup::store::db::parse_stamp),
+        "{second}"
+    );
+    let now = chrono::DateTime::parse_from_rfc3339(parts[3]).unwrap();
+    assert_eq!(now.offset().local_minus_utc(), 9 * 3600, "{second}");
+    assert_eq!(parts[2], now.format("%H:%M").to_string(), "{second}");
+    let system: Vec<&Value> = second_t
+        .iter()
+        .filter(|e| e["type"] == "message" && e["message"]["role"] == "system")
+        .collect();
+    assert_eq!(system[0]["message"]["content"], "SYS tokyo schedule");
+}
