@@ -452,6 +452,8 @@ fn approval_summary(tool: &str, input: &str) -> String {
 pub(crate) struct Notifier {
     pub(crate) home: PathBuf,
     pub(crate) notify: Arc<Vec<Notify>>,
+    /// Notices sent while the run goes on (approvals), which `settle` waits for.
+    pending: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Notifier {
@@ -459,7 +461,18 @@ impl Notifier {
         Notifier {
             home: home.to_path_buf(),
             notify: Arc::new(notify),
+            pending: Arc::default(),
         }
+    }
+
+    /// Wait for the notices sent in the background to be delivered or out of time, so that
+    /// none is lost when the process ends after the run.
+    pub(crate) async fn settle(&self) {
+        let pending = match self.pending.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => return,
+        };
+        futures::future::join_all(pending).await;
     }
 
     /// Deliver `notice` to every table that takes one of `kinds` (the first it takes),
@@ -517,9 +530,13 @@ impl EventSink for ApprovalSink {
             deadline: deadline.clone(),
         });
         let notifier = self.notifier.clone();
-        // The run waits for a person anyway; the notice must not hold the gate.
+        // The run waits for a person anyway; the notice must not hold the gate. The run's
+        // end waits for it (`Notifier::settle`).
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { notifier.send(&[Kind::ApprovalNeeded], &n).await });
+            let task = rt.spawn(async move { notifier.send(&[Kind::ApprovalNeeded], &n).await });
+            if let Ok(mut pending) = self.notifier.pending.lock() {
+                pending.push(task);
+            }
         }
     }
 }

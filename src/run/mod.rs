@@ -943,6 +943,8 @@ async fn launch_in(
             ),
         },
     }
+    // An approval notice still on its way is delivered (or out of time) before the end.
+    notifier.settle().await;
     Ok(Launched {
         run_id: run.id,
         outcome,

@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 #[derive(Clone, Copy)]
 enum Answer {
     Status(u16),
+    /// 200 after this many milliseconds.
+    Late(u64),
     /// Read the request, then say nothing until the test ends.
     Never,
 }
@@ -97,6 +99,13 @@ impl Receiver {
                             let _ = write!(
                                 stream,
                                 "HTTP/1.1 {s} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                            );
+                        }
+                        Answer::Late(ms) => {
+                            std::thread::sleep(Duration::from_millis(ms));
+                            let _ = write!(
+                                stream,
+                                "HTTP/1.1 200 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                             );
                         }
                         Answer::Never => std::thread::sleep(Duration::from_secs(600)),
@@ -1409,4 +1418,44 @@ fn templates_give_the_failed_checks_the_times_in_the_goals_zone_and_fill_the_sys
         .filter(|e| e["type"] == "message" && e["message"]["role"] == "system")
         .collect();
     assert_eq!(system[0]["message"]["content"], "SYS tokyo schedule");
+}
+
+#[test]
+fn an_approval_notice_in_flight_is_delivered_before_the_process_ends() {
+    let env = Env::new();
+    // The receiver answers after the run is over: the run ends when its approval times out.
+    let hook = Receiver::start(vec![Answer::Late(2500)]);
+    std::fs::write(
+        env.home.path().join("config.toml"),
+        format!(
+            "[[notify]]\nwebhook = \"{}\"\non = [\"approval_needed\"]\n",
+            hook.url
+        ),
+    )
+    .unwrap();
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "c1", "name": "run_command", "input": {"command": "touch x"}}]},
+        {"text": "stopped"}
+    ]));
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", env.home.path().join("config.toml"))
+        .args([
+            "run",
+            "make a file",
+            "--approval",
+            "queue",
+            "--approval-timeout",
+            "1s",
+        ])
+        .args(["--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.result()["run_id"].as_str().unwrap().to_string();
+    let (_, shown, _) = out(&env, &["show", &id]);
+    assert!(shown.contains("approval_needed →"), "{shown}");
+    assert!(shown.contains("attempt 1 · HTTP 200"), "{shown}");
 }
