@@ -1,7 +1,7 @@
 //! Notifications built from recorded outcomes: `[[notify]]` tables (goal file or user
 //! config) checked into channels, the notice document (from the run's record and its check
 //! results, never the model's words), and its delivery (`send`): a webhook POST or a
-//! command with the JSON on stdin, retried, bounded in time, each attempt recorded.
+//! command with the JSON on stdin, retried, each attempt bounded in time and recorded.
 
 mod send;
 
@@ -16,8 +16,8 @@ use crate::model::Usage;
 use crate::store::db::{RunRow, stamp};
 use crate::trace::{CheckReport, Event, EventSink, one_line};
 
-/// How long a notice may take to deliver, all attempts included, unless `timeout` says.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one attempt to deliver a notice may take, unless `timeout` says.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Attempts at most per notice.
 pub(crate) const ATTEMPTS: u32 = 3;
@@ -144,7 +144,7 @@ pub(crate) enum Channel {
 pub struct Notify {
     pub(crate) on: Vec<Kind>,
     pub(crate) channel: Channel,
-    /// Bounds one notice's delivery, every attempt included.
+    /// Bounds each attempt to deliver a notice (`send::bound`: all of them).
     pub(crate) timeout: Duration,
 }
 

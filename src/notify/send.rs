@@ -1,10 +1,10 @@
-//! Delivering one notice to one channel: up to three attempts with backoff, all within the
+//! Delivering one notice to one channel: up to three attempts with backoff, each within the
 //! table's `timeout`, each attempt recorded in the store. Failure is recorded and logged,
 //! never returned: a notice never changes a run's outcome.
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -77,9 +77,9 @@ fn shown(channel: &Channel) -> String {
     }
 }
 
-/// Deliver `notice` through `n`, recording every attempt under `home`.
+/// Deliver `notice` through `n`, recording every attempt under `home`. Each attempt has the
+/// table's `timeout`; the whole delivery takes at most `ATTEMPTS` timeouts and the backoff.
 pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
-    let deadline = Instant::now() + n.timeout;
     let channel = shown(&n.channel);
     // Whatever a check printed, no secret sup knows leaves in a notice.
     let mut value = serde_json::to_value(notice).unwrap_or_default();
@@ -87,11 +87,7 @@ pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
     let json = serde_json::to_vec(&value).unwrap_or_default();
     let mut wait = BACKOFF;
     for attempt in 1..=ATTEMPTS {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let result = match tokio::time::timeout(left, once(n, notice, &json)).await {
+        let result = match tokio::time::timeout(n.timeout, once(n, notice, &json)).await {
             Ok(r) => r,
             Err(_) => Attempt::Retry(format!(
                 "no answer within the notify timeout of {}",
@@ -110,16 +106,11 @@ pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
             );
         }
         record(home, notice, &channel, attempt, ok, &detail);
-        if !again {
+        if !again || attempt == ATTEMPTS {
             return;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if attempt < ATTEMPTS && left > wait {
-            tokio::time::sleep(wait).await;
-            wait *= 2;
-        } else {
-            return;
-        }
+        tokio::time::sleep(wait).await;
+        wait *= 2;
     }
 }
 

@@ -335,8 +335,8 @@ fn a_receiver_that_never_answers_or_is_down_changes_nothing_but_a_bounded_wait()
         "slow",
         &format!(
             "prompt = \"p\"\ntries = 1\n[[check]]\nrun = \"exit 1\"\n\
-             [[notify]]\nwebhook = \"{}\"\ntimeout = \"2s\"\n\
-             [[notify]]\nwebhook = \"{down}\"\ntimeout = \"2s\"\n",
+             [[notify]]\nwebhook = \"{}\"\ntimeout = \"1s\"\n\
+             [[notify]]\nwebhook = \"{down}\"\ntimeout = \"1s\"\n",
             hook.url
         ),
         json!([{"text": "done"}]),
@@ -354,15 +354,19 @@ fn a_receiver_that_never_answers_or_is_down_changes_nothing_but_a_bounded_wait()
     assert_eq!(run.result()["status"], "failed");
     assert_eq!(
         hook.got().len(),
-        1,
-        "no second attempt after the time is up"
+        3,
+        "three attempts, each given its timeout"
     );
-    // The run itself takes well under a second; the notices add at most their timeout.
-    assert!(took < Duration::from_secs(2 + 6), "took {took:?}");
+    // The run itself takes well under a second; the notices add at most three timeouts and
+    // the 1.5 s of backoff between them.
+    assert!(
+        took < Duration::from_millis(3 * 1000 + 1500 + 3000),
+        "took {took:?}"
+    );
     let run_id = run.result()["run_id"].as_str().unwrap();
     let (_, shown, _) = out(&env, &["show", run_id]);
     assert!(
-        shown.contains("no answer within the notify timeout of 2s"),
+        shown.contains("attempt 3 · no answer within the notify timeout of 1s"),
         "{shown}"
     );
     assert!(shown.contains("cannot reach it"), "{shown}");
