@@ -116,11 +116,21 @@ const MIGRATIONS: &[&str] = &[
     // 4: times written with a fixed width (milliseconds), so that comparing their text
     // compares the times: the times written before are rewritten so. And what pruned runs
     // cost, for `max_cost_per_day`, kept for two days.
-    "UPDATE runs SET started_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', started_at), started_at), ended_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', ended_at), ended_at), scheduled_for = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_for), scheduled_for);
-    UPDATE OR IGNORE occurrences SET scheduled_for = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_for), scheduled_for), claimed_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', claimed_at), claimed_at);
-    UPDATE approvals SET created_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', created_at), created_at), deadline = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', deadline), deadline), decided_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', decided_at), decided_at);
-    UPDATE notifications SET at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', at), at);
-    UPDATE goal_state SET last_occurrence = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', last_occurrence), last_occurrence);
+    "UPDATE runs SET
+        started_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', started_at), started_at),
+        ended_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', ended_at), ended_at),
+        scheduled_for = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_for), scheduled_for);
+    UPDATE OR IGNORE occurrences SET
+        scheduled_for = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_for), scheduled_for),
+        claimed_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', claimed_at), claimed_at);
+    UPDATE approvals SET
+        created_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', created_at), created_at),
+        deadline = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', deadline), deadline),
+        decided_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', decided_at), decided_at);
+    UPDATE notifications SET
+        at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', at), at);
+    UPDATE goal_state SET
+        last_occurrence = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', last_occurrence), last_occurrence);
     CREATE TABLE spent (goal TEXT NOT NULL, started_at TEXT NOT NULL, cost REAL NOT NULL);
     CREATE INDEX spent_goal ON spent (goal, started_at);",
 ];
