@@ -853,28 +853,17 @@ pub(crate) async fn execute(
             cost: l.outcome.cost,
             answer: l.outcome.answer.clone(),
         },
-        Err(e) => {
-            launch::not_started(
-                home,
-                spec.notify.clone(),
-                &spec.goal.name,
-                run_id,
-                trigger,
-                &e.to_string(),
-            )
-            .await;
-            Finish {
-                status: crate::trace::Status::Error,
-                stop_reason: crate::trace::StopReason::Error,
-                tries: 0,
-                steps: 0,
-                usage: Default::default(),
-                error: Some(format!("could not start: {e}")),
-                checks: Vec::new(),
-                cost: None,
-                answer: None,
-            }
-        }
+        Err(e) => Finish {
+            status: crate::trace::Status::Error,
+            stop_reason: crate::trace::StopReason::Error,
+            tries: 0,
+            steps: 0,
+            usage: Default::default(),
+            error: Some(format!("could not start: {e}")),
+            checks: Vec::new(),
+            cost: None,
+            answer: None,
+        },
     };
     if let Err(e) = pg::retry("recording an outcome", give_up(), || {
         store.finish_run(run_id, &finish)
@@ -895,6 +884,18 @@ pub(crate) async fn execute(
                 "run {run_id}: cannot record its outcome ({e}) nor keep it on disk ({w})"
             ),
         }
+    }
+    // Told once recorded, as a local run that cannot start is.
+    if let Err(e) = &result {
+        launch::not_started(
+            home,
+            spec.notify.clone(),
+            &spec.goal.name,
+            run_id,
+            trigger,
+            &e.to_string(),
+        )
+        .await;
     }
     result
 }
