@@ -82,6 +82,9 @@ fn print_config(spec: &RunSpec) -> Ending {
             .map(|p| format!("{p:?}"))
             .unwrap_or_else(|| "unknown".into())
     );
+    if let Some(why) = &spec.price_refusal {
+        eprintln!("sup: a run with these settings would not start: {why}");
+    }
     Ending::Achieved
 }
 

@@ -48,15 +48,10 @@ impl Source {
     /// The status of the occurrence of `name` at `at`, if one was recorded.
     async fn occurrence(&self, name: &str, at: DateTime<Utc>) -> Result<Option<String>, Fail> {
         match self {
-            Source::Local(db) => {
-                let key = stamp(at);
-                Ok(db
-                    .occurrences(name, 100)
-                    .map_err(Fail::usage)?
-                    .into_iter()
-                    .find(|(t, _, _)| *t == key)
-                    .map(|(_, st, _)| st.to_string()))
-            }
+            Source::Local(db) => Ok(db
+                .occurrence_status(name, at)
+                .map_err(Fail::usage)?
+                .map(|st| st.to_string())),
             Source::Fleet(pg) => pg.occurrence_status(name, at).await.map_err(Fail::usage),
         }
     }

@@ -324,7 +324,7 @@ settings! {
         pub notify: Vec<Spanned<crate::notify::RawNotify>>,
         /// `[prices."provider:model"]`, US dollars per million tokens, over the built-in table.
         #[arg(skip)]
-        #[serde(default)]
+        #[serde(default, deserialize_with = "prices")]
         pub prices: BTreeMap<String, crate::model::prices::Price>,
     }
 }
@@ -440,6 +440,16 @@ fn cost<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error>
             }
         })
         .transpose()
+}
+
+/// `[prices]`: each price checked where it is written.
+fn prices<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, crate::model::prices::Price>, D::Error> {
+    let prices = BTreeMap::<String, crate::model::prices::Price>::deserialize(d)?;
+    crate::model::prices::Prices::new(prices.clone())
+        .map_err(|e| serde::de::Error::custom(e.to_string()))?;
+    Ok(prices)
 }
 
 /// `--param NAME=VALUE`.

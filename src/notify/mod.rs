@@ -1,7 +1,7 @@
 //! Notifications built from recorded outcomes: `[[notify]]` tables (goal file or user
 //! config) checked into channels, the notice document (from the run's record and its check
 //! results, never the model's words), and its delivery (`send`): a webhook POST or a
-//! command with the JSON on stdin, retried, bounded in time, each attempt recorded.
+//! command with the JSON on stdin, retried, each attempt bounded in time and recorded.
 
 mod send;
 
@@ -16,8 +16,8 @@ use crate::model::Usage;
 use crate::store::db::{RunRow, stamp};
 use crate::trace::{CheckReport, Event, EventSink, one_line};
 
-/// How long a notice may take to deliver, all attempts included, unless `timeout` says.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one attempt to deliver a notice may take, unless `timeout` says.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Attempts at most per notice.
 pub(crate) const ATTEMPTS: u32 = 3;
@@ -144,7 +144,7 @@ pub(crate) enum Channel {
 pub struct Notify {
     pub(crate) on: Vec<Kind>,
     pub(crate) channel: Channel,
-    /// Bounds one notice's delivery, every attempt included.
+    /// Bounds each attempt to deliver a notice (`send::bound`: all of them).
     pub(crate) timeout: Duration,
 }
 
@@ -342,6 +342,27 @@ impl Notice {
         Some((kinds, n))
     }
 
+    /// The `error` notice of a run that could not start (no API key, an MCP server that
+    /// fails, a price unknown under a cap).
+    pub(crate) fn not_started(
+        goal: &str,
+        run_id: &str,
+        trigger: &str,
+        scheduled_for: Option<chrono::DateTime<chrono::Utc>>,
+        error: &str,
+    ) -> Notice {
+        let mut n = Notice::new(Kind::Error, goal);
+        n.run_id = Some(run_id.to_string());
+        n.trigger = Some(trigger.to_string());
+        n.scheduled_for = scheduled_for.map(stamp);
+        n.status = Some("error".into());
+        n.stop_reason = Some("error".into());
+        n.tries = Some(0);
+        n.steps = Some(0);
+        n.error = Some(crate::redact::text(error).into_owned());
+        n
+    }
+
     /// The notice of an occurrence that did not run (`missed` or `skipped`).
     pub(crate) fn missed(goal: &str, at: chrono::DateTime<chrono::Utc>, status: &str) -> Notice {
         let mut n = Notice::new(Kind::Missed, goal);
@@ -431,6 +452,8 @@ fn approval_summary(tool: &str, input: &str) -> String {
 pub(crate) struct Notifier {
     pub(crate) home: PathBuf,
     pub(crate) notify: Arc<Vec<Notify>>,
+    /// Notices sent while the run goes on (approvals), which `settle` waits for.
+    pending: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Notifier {
@@ -438,7 +461,18 @@ impl Notifier {
         Notifier {
             home: home.to_path_buf(),
             notify: Arc::new(notify),
+            pending: Arc::default(),
         }
+    }
+
+    /// Wait for the notices sent in the background to be delivered or out of time, so that
+    /// none is lost when the process ends after the run.
+    pub(crate) async fn settle(&self) {
+        let pending = match self.pending.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => return,
+        };
+        futures::future::join_all(pending).await;
     }
 
     /// Deliver `notice` to every table that takes one of `kinds` (the first it takes),
@@ -496,9 +530,13 @@ impl EventSink for ApprovalSink {
             deadline: deadline.clone(),
         });
         let notifier = self.notifier.clone();
-        // The run waits for a person anyway; the notice must not hold the gate.
+        // The run waits for a person anyway; the notice must not hold the gate. The run's
+        // end waits for it (`Notifier::settle`).
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { notifier.send(&[Kind::ApprovalNeeded], &n).await });
+            let task = rt.spawn(async move { notifier.send(&[Kind::ApprovalNeeded], &n).await });
+            if let Ok(mut pending) = self.notifier.pending.lock() {
+                pending.push(task);
+            }
         }
     }
 }

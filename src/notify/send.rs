@@ -1,10 +1,10 @@
-//! Delivering one notice to one channel: up to three attempts with backoff, all within the
+//! Delivering one notice to one channel: up to three attempts with backoff, each within the
 //! table's `timeout`, each attempt recorded in the store. Failure is recorded and logged,
 //! never returned: a notice never changes a run's outcome.
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -77,18 +77,17 @@ fn shown(channel: &Channel) -> String {
     }
 }
 
-/// Deliver `notice` through `n`, recording every attempt under `home`.
+/// Deliver `notice` through `n`, recording every attempt under `home`. Each attempt has the
+/// table's `timeout`; the whole delivery takes at most `ATTEMPTS` timeouts and the backoff.
 pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
-    let deadline = Instant::now() + n.timeout;
     let channel = shown(&n.channel);
-    let json = serde_json::to_vec(notice).unwrap_or_default();
+    // Whatever a check printed, no secret sup knows leaves in a notice.
+    let mut value = serde_json::to_value(notice).unwrap_or_default();
+    crate::redact::value(&mut value);
+    let json = serde_json::to_vec(&value).unwrap_or_default();
     let mut wait = BACKOFF;
     for attempt in 1..=ATTEMPTS {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let result = match tokio::time::timeout(left, once(n, notice, &json)).await {
+        let result = match tokio::time::timeout(n.timeout, once(n, notice, &json)).await {
             Ok(r) => r,
             Err(_) => Attempt::Retry(format!(
                 "no answer within the notify timeout of {}",
@@ -107,16 +106,11 @@ pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
             );
         }
         record(home, notice, &channel, attempt, ok, &detail);
-        if !again {
+        if !again || attempt == ATTEMPTS {
             return;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if attempt < ATTEMPTS && left > wait {
-            tokio::time::sleep(wait).await;
-            wait *= 2;
-        } else {
-            return;
-        }
+        tokio::time::sleep(wait).await;
+        wait *= 2;
     }
 }
 
@@ -144,14 +138,14 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
             headers,
             secret_env,
         } => {
+            let text = || crate::redact::text(&notice.text()).into_owned();
             let (body, content_type) = match format {
                 Format::Json => (json.to_vec(), "application/json"),
                 Format::Slack => (
-                    serde_json::to_vec(&serde_json::json!({ "text": notice.text() }))
-                        .unwrap_or_default(),
+                    serde_json::to_vec(&serde_json::json!({ "text": text() })).unwrap_or_default(),
                     "application/json",
                 ),
-                Format::Text => (notice.text().into_bytes(), "text/plain; charset=utf-8"),
+                Format::Text => (text().into_bytes(), "text/plain; charset=utf-8"),
             };
             let client = match reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())

@@ -98,6 +98,9 @@ pub(crate) struct RunSpec {
     pub(crate) price: Option<Price>,
     pub(crate) max_cost: Option<f64>,
     pub(crate) max_cost_per_day: Option<f64>,
+    /// Why the run may not start: a cost cap on a model whose price is unknown, unless
+    /// `unknown_price = "allow"` (`--print-config` still prints).
+    pub(crate) price_refusal: Option<String>,
     /// The sandbox of the run's processes, with the goal file and user config protected.
     pub(crate) sandbox: Sandbox,
 }
@@ -273,6 +276,7 @@ impl RunSpec {
             price: unattended.price,
             max_cost: unattended.max_cost,
             max_cost_per_day: unattended.max_cost_per_day,
+            price_refusal: unattended.refusal,
         })
     }
 }
@@ -288,6 +292,7 @@ struct Unattended {
     price: Option<Price>,
     max_cost: Option<f64>,
     max_cost_per_day: Option<f64>,
+    refusal: Option<String>,
 }
 
 impl Unattended {
@@ -352,8 +357,8 @@ impl Unattended {
         let price = prices.get(&model);
         let capped = s.max_cost.is_some() || s.max_cost_per_day.is_some();
         let allow = s.unknown_price == Some(config::UnknownPrice::Allow);
-        if price.is_none() && capped && !allow {
-            return Err(setup(format!(
+        let refusal = (price.is_none() && capped && !allow).then(|| {
+            format!(
                 "the price of `{model}` is unknown, so its cost cap cannot be kept: add it to \
                  the user config ({}):\n  [prices.\"{model}\"]\n  input = 1.0    # US dollars \
                  per million input tokens\n  output = 4.0\n  cache_read = 0.1\n  \
@@ -362,9 +367,10 @@ impl Unattended {
                     || "~/.config/sup/config.toml".to_string(),
                     |p| p.display().to_string()
                 )
-            )));
-        }
+            )
+        });
         Ok(Unattended {
+            refusal,
             prompt_src,
             system_src,
             params,
@@ -538,12 +544,18 @@ fn this_run(
 fn day_start(spec: &RunSpec, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
     spec.price?;
     spec.max_cost_per_day?;
-    let day = now.with_timezone(&spec.timezone).date_naive();
-    Some(
-        day.and_hms_opt(0, 0, 0)
-            .and_then(|t| chrono::TimeZone::from_local_datetime(&spec.timezone, &t).earliest())
-            .map_or(now, |t| t.with_timezone(&Utc)),
-    )
+    Some(first_instant_of_day(spec.timezone, now))
+}
+
+/// The first instant of `now`'s day in `tz`: local midnight, or, where the clocks skip
+/// midnight (a change to summer time at 00:00), the first local time that exists.
+fn first_instant_of_day(tz: chrono_tz::Tz, now: DateTime<Utc>) -> DateTime<Utc> {
+    let day = now.with_timezone(&tz).date_naive();
+    // Clocks skip at most a few hours; the first minute that exists starts the day.
+    (0..24 * 60)
+        .filter_map(|m| day.and_hms_opt(m / 60, m % 60, 0))
+        .find_map(|t| chrono::TimeZone::from_local_datetime(&tz, &t).earliest())
+        .map_or(now, |t| t.with_timezone(&Utc))
 }
 
 /// The previous run as templates see it, with its checks.
@@ -676,17 +688,48 @@ pub(crate) async fn launch_recorded(
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
     let id = recorded.run.id.clone();
-    let result = match build() {
-        Ok(spec) => launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
-        Err(e) => Err(e),
+    let (result, notify, goal) = match build() {
+        Ok(spec) => (
+            launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
+            spec.notify,
+            spec.goal.name,
+        ),
+        // Without a spec there are no tables to tell.
+        Err(e) => (Err(e), Vec::new(), String::new()),
     };
     if let Err(e) = &result {
-        let failed = Db::open(home).and_then(|db| db.fail_run(&id, &e.to_string()));
+        let error = e.to_string();
+        let failed = Db::open(home).and_then(|db| db.fail_run(&id, &error));
         if let Err(db) = failed {
             tracing::error!("run {id}: cannot record that it could not start: {db}");
         }
+        not_started(home, notify, &goal, &id, trigger, &error).await;
     }
     result
+}
+
+/// Tell the `[[notify]]` tables that take `error` that the run `id` could not start.
+pub(crate) async fn not_started(
+    home: &Path,
+    notify: Vec<Notify>,
+    goal: &str,
+    id: &str,
+    trigger: Trigger,
+    error: &str,
+) {
+    if notify.is_empty() {
+        return;
+    }
+    let notice = Notice::not_started(
+        goal,
+        id,
+        trigger.kind.as_str(),
+        trigger.scheduled_for,
+        error,
+    );
+    Notifier::new(home, notify)
+        .send(&[crate::notify::Kind::Error], &notice)
+        .await;
 }
 
 async fn launch_in(
@@ -698,6 +741,9 @@ async fn launch_in(
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
+    if let Some(why) = &spec.price_refusal {
+        return Err(setup(why.clone()));
+    }
     let mut model = model::from_spec(&spec.model, &spec.model_base, &spec.providers)?;
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);
@@ -785,6 +831,19 @@ async fn launch_in(
     let mut events = Events::new().with(Arc::new(transcript));
     for sink in sinks {
         events = events.with(sink);
+    }
+    if day_start(spec, Utc::now()).is_some() {
+        // Under a daily cap the cost is recorded as it grows: a running run, or one killed,
+        // counts what it spent.
+        match Db::open(home) {
+            Ok(db) => {
+                events = events.with(Arc::new(CostSink {
+                    db: std::sync::Mutex::new(db),
+                    run_id: run.id.clone(),
+                }))
+            }
+            Err(e) => tracing::warn!("run {}: its cost is recorded at its end only: {e}", run.id),
+        }
     }
     let notifier = Notifier::new(home, spec.notify.clone());
     if !spec.notify.is_empty() {
@@ -885,10 +944,35 @@ async fn launch_in(
             ),
         },
     }
+    // An approval notice still on its way is delivered (or out of time) before the end.
+    notifier.settle().await;
     Ok(Launched {
         run_id: run.id,
         outcome,
     })
+}
+
+/// Records a run's cost after each model call.
+struct CostSink {
+    db: std::sync::Mutex<Db>,
+    run_id: String,
+}
+
+impl EventSink for CostSink {
+    fn emit(&self, event: &Event) {
+        let Event::StepFinished {
+            total_cost: Some(cost),
+            ..
+        } = event
+        else {
+            return;
+        };
+        if let Ok(db) = self.db.lock()
+            && let Err(e) = db.set_run_cost(&self.run_id, *cost)
+        {
+            tracing::warn!("run {}: cannot record its cost so far: {e}", self.run_id);
+        }
+    }
 }
 
 /// The outcome of a run whose code panicked: an error that says where.
@@ -910,5 +994,26 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
             "sup hit a bug and stopped this run (a panic: {what}); please report it"
         )),
         checks: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_day_starts_at_its_first_instant_where_midnight_does_not_exist() {
+        // Santiago skipped from 00:00 to 01:00 on 2024-09-08: the day began at 01:00 (-03).
+        let tz: chrono_tz::Tz = "America/Santiago".parse().unwrap();
+        let noon = "2024-09-08T15:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        assert_eq!(
+            first_instant_of_day(tz, noon),
+            "2024-09-08T04:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
+        let day_before = "2024-09-07T15:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        assert_eq!(
+            first_instant_of_day(tz, day_before),
+            "2024-09-07T04:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
     }
 }

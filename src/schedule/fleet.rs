@@ -753,6 +753,17 @@ async fn write_events(
                 }
             }
         }
+        // The cost so far counts for `max_cost_per_day` before the run ends.
+        let cost = batch.iter().rev().find_map(|(_, e)| {
+            e["total_cost"]
+                .as_f64()
+                .filter(|_| e["type"] == "step_finished")
+        });
+        if let Some(cost) = cost
+            && let Err(e) = store.set_run_cost(&run_id, cost).await
+        {
+            tracing::warn!("run {run_id}: cannot record its cost so far: {e}");
+        }
         if let Err(e) = pg::retry("writing transcript events", give_up(), || {
             store.events(&run_id, &batch)
         })
@@ -877,6 +888,18 @@ pub(crate) async fn execute(
                 "run {run_id}: cannot record its outcome ({e}) nor keep it on disk ({w})"
             ),
         }
+    }
+    // Told once recorded, as a local run that cannot start is.
+    if let Err(e) = &result {
+        launch::not_started(
+            home,
+            spec.notify.clone(),
+            &spec.goal.name,
+            run_id,
+            trigger,
+            &e.to_string(),
+        )
+        .await;
     }
     result
 }

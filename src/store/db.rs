@@ -113,11 +113,32 @@ const MIGRATIONS: &[&str] = &[
     // 3: the newest runs first, by status (the web console's pages, orphan sweeps).
     "CREATE INDEX runs_started ON runs (started_at, id);
     CREATE INDEX runs_status ON runs (status, started_at);",
+    // 4: times written with a fixed width (milliseconds), so that comparing their text
+    // compares the times: the times written before are rewritten so. And what pruned runs
+    // cost, for `max_cost_per_day`, kept for two days.
+    "UPDATE runs SET
+        started_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', started_at), started_at),
+        ended_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', ended_at), ended_at),
+        scheduled_for = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_for), scheduled_for);
+    UPDATE OR IGNORE occurrences SET
+        scheduled_for = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_for), scheduled_for),
+        claimed_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', claimed_at), claimed_at);
+    UPDATE approvals SET
+        created_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', created_at), created_at),
+        deadline = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', deadline), deadline),
+        decided_at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', decided_at), decided_at);
+    UPDATE notifications SET
+        at = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', at), at);
+    UPDATE goal_state SET
+        last_occurrence = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', last_occurrence), last_occurrence);
+    CREATE TABLE spent (goal TEXT NOT NULL, started_at TEXT NOT NULL, cost REAL NOT NULL);
+    CREATE INDEX spent_goal ON spent (goal, started_at);",
 ];
 
-/// A time as the store keeps it: RFC 3339, UTC, whole seconds unless sub-second.
+/// A time as the store keeps it: RFC 3339, UTC, always with milliseconds, so that the
+/// order of the text is the order of the times.
 pub(crate) fn stamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// `from` plus `wait`, saturating at the end of year 9999 (the last time a stamp holds).
@@ -440,6 +461,16 @@ impl Db {
         Ok(())
     }
 
+    /// The cost of a running run so far, so that the day's spending counts it while it
+    /// runs and after it is killed.
+    pub(crate) fn set_run_cost(&self, id: &str, cost: f64) -> Result<(), DbError> {
+        self.conn
+            .prepare_cached("UPDATE runs SET cost = ?2 WHERE id = ?1 AND status = 'running'")
+            .and_then(|mut st| st.execute(params![id, cost]))
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     /// A run recorded as started that could not start: an error, with why.
     pub(crate) fn fail_run(&self, id: &str, error: &str) -> Result<(), DbError> {
         self.conn
@@ -671,26 +702,44 @@ impl Db {
         .map_err(|e| self.err(e))
     }
 
-    /// Delete all but the newest `keep` finished runs of `goal`; returns their folders.
-    pub(crate) fn prune(&self, goal: &str, keep: u32) -> Result<Vec<String>, DbError> {
-        let mut stmt = self
-            .conn
+    /// Delete all but the newest `keep` finished runs of `goal`; returns their folders. What
+    /// the deleted runs of the last two days cost still counts for `max_cost_per_day`.
+    pub(crate) fn prune(&mut self, goal: &str, keep: u32) -> Result<Vec<String>, DbError> {
+        let path = self.path.clone();
+        let err = |source| DbError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let recent = stamp(Utc::now() - chrono::Duration::days(2));
+        let tx = self.conn.transaction().map_err(err)?;
+        let old: Vec<(String, String)> = tx
             .prepare(
                 "SELECT id, dir FROM runs WHERE goal = ?1 AND status != ?3
                  ORDER BY started_at DESC, id DESC LIMIT -1 OFFSET ?2",
             )
-            .map_err(|e| self.err(e))?;
-        let old: Vec<(String, String)> = stmt
-            .query_map(params![goal, keep, RunStatus::Running], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+            .and_then(|mut stmt| {
+                stmt.query_map(params![goal, keep, RunStatus::Running], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .and_then(Iterator::collect)
             })
-            .and_then(Iterator::collect)
-            .map_err(|e| self.err(e))?;
+            .map_err(err)?;
         for (id, _) in &old {
-            self.conn
-                .execute("DELETE FROM runs WHERE id = ?1", [id])
-                .map_err(|e| self.err(e))?;
+            tx.execute(
+                "INSERT INTO spent (goal, started_at, cost)
+                 SELECT goal, started_at, cost FROM runs
+                 WHERE id = ?1 AND cost > 0 AND started_at >= ?2",
+                params![id, recent],
+            )
+            .and_then(|_| tx.execute("DELETE FROM runs WHERE id = ?1", [id]))
+            .map_err(err)?;
         }
+        tx.execute(
+            "DELETE FROM spent WHERE goal = ?1 AND started_at < ?2",
+            params![goal, recent],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)?;
         Ok(old.into_iter().map(|(_, dir)| dir).collect())
     }
 
@@ -826,6 +875,22 @@ impl Db {
         })
     }
 
+    /// The status of the occurrence of `goal` at `at`, if one was recorded.
+    pub(crate) fn occurrence_status(
+        &self,
+        goal: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<OccurrenceStatus>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT status FROM occurrences WHERE goal = ?1 AND scheduled_for = ?2",
+                params![goal, stamp(at)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
     /// Occurrences of a goal, newest first: (scheduled_for, status, run_id).
     pub fn occurrences(
         &self,
@@ -927,11 +992,15 @@ impl Db {
             .map_err(|e| self.err(e))
     }
 
-    /// US dollars spent by the runs of `goal` started at or after `since`.
+    /// US dollars spent by the runs of `goal` started at or after `since`, pruned runs
+    /// included.
     pub(crate) fn cost_since(&self, goal: &str, since: DateTime<Utc>) -> Result<f64, DbError> {
         self.conn
             .query_row(
-                "SELECT coalesce(sum(cost), 0) FROM runs WHERE goal = ?1 AND started_at >= ?2",
+                "SELECT (SELECT coalesce(sum(cost), 0) FROM runs
+                         WHERE goal = ?1 AND started_at >= ?2)
+                      + (SELECT coalesce(sum(cost), 0) FROM spent
+                         WHERE goal = ?1 AND started_at >= ?2)",
                 params![goal, stamp(since)],
                 |r| r.get(0),
             )
@@ -986,6 +1055,56 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamps_have_a_fixed_width_so_their_text_sorts_as_their_times() {
+        let t = parse_stamp("2026-11-30T09:47:26Z").unwrap();
+        let later = t + chrono::Duration::milliseconds(500);
+        assert_eq!(stamp(t), "2026-11-30T09:47:26.000Z");
+        assert_eq!(stamp(later), "2026-11-30T09:47:26.500Z");
+        assert!(stamp(t) < stamp(later));
+    }
+
+    #[test]
+    fn times_written_before_are_rewritten_with_a_fixed_width() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // A store of schema 3, with times written the old way.
+            let conn = Connection::open(dir.path().join("sup.db")).unwrap();
+            for sql in &MIGRATIONS[..3] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 3).unwrap();
+            for (id, at) in [
+                ("a", "2026-11-30T09:47:26Z"),
+                ("b", "2026-11-30T09:47:26.5Z"),
+            ] {
+                conn.execute(
+                    "INSERT INTO runs (id, goal, trigger, status, started_at, pid, model, \
+                     workspace, dir, cost) VALUES (?1, 'g', 'cli', 'achieved', ?2, 1, 'm', \
+                     '/w', '/d', 1.0)",
+                    params![id, at],
+                )
+                .unwrap();
+            }
+        }
+        let db = Db::open(dir.path()).unwrap();
+        let runs = db.runs(Some("g"), None, 10).unwrap();
+        let order: Vec<(&str, &str)> = runs
+            .iter()
+            .map(|r| (r.id.as_str(), r.started_at.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("b", "2026-11-30T09:47:26.500Z"),
+                ("a", "2026-11-30T09:47:26.000Z")
+            ]
+        );
+        // The old text put "26Z" after "26.5Z"; the rewritten text counts both.
+        let since = parse_stamp("2026-11-30T09:47:26.2Z").unwrap();
+        assert_eq!(db.cost_since("g", since).unwrap(), 1.0);
+    }
 
     #[test]
     fn an_occurrence_is_claimed_once_across_connections() {

@@ -1116,6 +1116,19 @@ impl PgStore {
         Ok(())
     }
 
+    /// The cost of a running run so far, so that the day's spending counts it while it
+    /// runs and after its daemon is killed.
+    pub(crate) async fn set_run_cost(&self, id: &str, cost: f64) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE runs SET cost = $2 WHERE id = $1 AND status = 'running'",
+            &[&id, &cost],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
     /// Append transcript events (seq, event).
     pub(crate) async fn events(
         &self,

@@ -88,6 +88,17 @@ pub struct Outcome {
 
 /// Add a message to the conversation and to the transcript.
 /// Known secrets are redacted first: what the model is sent never holds one.
+/// The output tokens of a response whose provider reported none: a token per 4 bytes.
+fn output_estimate(r: &crate::model::ModelResponse) -> u64 {
+    let bytes = r.text.len()
+        + r.reasoning.as_ref().map_or(0, String::len)
+        + r.tool_calls
+            .iter()
+            .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+            .sum::<usize>();
+    (bytes as u64).div_ceil(4)
+}
+
 pub(crate) fn push(messages: &mut Conversation, message: Message, events: &Events) {
     let message = crate::redact::serde(&message).unwrap_or(message);
     events.emit(Event::Message {
@@ -194,8 +205,19 @@ impl Work<'_> {
                     };
                 }
             };
-            usage += response.usage;
-            estimate.reported(&response.usage, bytes);
+            // A provider that reports no usage is counted by estimate, so that budgets and
+            // cost caps still hold.
+            let used = if response.usage.total() == 0 {
+                Usage {
+                    input_tokens: estimate.tokens(bytes),
+                    output_tokens: output_estimate(&response),
+                    ..Usage::default()
+                }
+            } else {
+                response.usage
+            };
+            usage += used;
+            estimate.reported(&used, bytes);
             let mut total = spent;
             total += usage;
             if !response.text.is_empty() {
@@ -216,9 +238,9 @@ impl Work<'_> {
             );
             events.emit(Event::StepFinished {
                 step,
-                usage: response.usage,
+                usage: used,
                 total_usage: total,
-                cost: self.limits.price.map(|p| p.cost(&response.usage)),
+                cost: self.limits.price.map(|p| p.cost(&used)),
                 total_cost: self.limits.price.map(|p| p.cost(&total)),
             });
             for call in &calls {

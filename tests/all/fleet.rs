@@ -1141,3 +1141,40 @@ fn the_fleet_daemon_picks_up_added_edited_and_removed_goal_files_without_a_signa
     );
     assert_eq!(stop(d), 0);
 }
+
+#[test]
+fn a_fleet_run_that_cannot_start_sends_an_error_notice() {
+    let mut f = Fleet::new();
+    let sink = f.logs.path().join("notice.json");
+    f.goal(
+        "broken",
+        Some("* * * * * *"),
+        0,
+        &format!(
+            "[[mcp]]\nname = \"gone\"\ncommand = [\"/nonexistent/mcp-server\"]\n\
+             [[notify]]\ncommand = [\"sh\", \"-c\", \"cat > '{}'\"]\n",
+            sink.display()
+        ),
+    );
+    let d = f.daemon(0, &[]);
+    let mut notice = serde_json::Value::Null;
+    until("the error notice", 30, || {
+        notice = std::fs::read_to_string(&sink)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        !notice.is_null()
+    });
+    stop(d);
+    assert_eq!(notice["event"], "error", "{notice}");
+    assert_eq!(notice["goal"], "broken");
+    assert!(
+        notice["error"].as_str().unwrap_or("").contains("gone"),
+        "{notice}"
+    );
+    let id = notice["run_id"].as_str().unwrap();
+    assert_eq!(
+        f.pg.one(&format!("SELECT status FROM runs WHERE id = '{id}'")),
+        "error"
+    );
+}

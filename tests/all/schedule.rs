@@ -141,7 +141,7 @@ impl Harness {
 fn status_of(h: &Harness, goal: &str, at: &str) -> Option<String> {
     h.statuses(goal)
         .into_iter()
-        .find(|(a, _)| a == at)
+        .find(|(a, _)| parse_stamp(a) == parse_stamp(at))
         .map(|(_, s)| s)
 }
 

@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 #[derive(Clone, Copy)]
 enum Answer {
     Status(u16),
+    /// 200 after this many milliseconds.
+    Late(u64),
     /// Read the request, then say nothing until the test ends.
     Never,
 }
@@ -97,6 +99,13 @@ impl Receiver {
                             let _ = write!(
                                 stream,
                                 "HTTP/1.1 {s} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                            );
+                        }
+                        Answer::Late(ms) => {
+                            std::thread::sleep(Duration::from_millis(ms));
+                            let _ = write!(
+                                stream,
+                                "HTTP/1.1 200 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                             );
                         }
                         Answer::Never => std::thread::sleep(Duration::from_secs(600)),
@@ -326,8 +335,8 @@ fn a_receiver_that_never_answers_or_is_down_changes_nothing_but_a_bounded_wait()
         "slow",
         &format!(
             "prompt = \"p\"\ntries = 1\n[[check]]\nrun = \"exit 1\"\n\
-             [[notify]]\nwebhook = \"{}\"\ntimeout = \"2s\"\n\
-             [[notify]]\nwebhook = \"{down}\"\ntimeout = \"2s\"\n",
+             [[notify]]\nwebhook = \"{}\"\ntimeout = \"1s\"\n\
+             [[notify]]\nwebhook = \"{down}\"\ntimeout = \"1s\"\n",
             hook.url
         ),
         json!([{"text": "done"}]),
@@ -345,15 +354,19 @@ fn a_receiver_that_never_answers_or_is_down_changes_nothing_but_a_bounded_wait()
     assert_eq!(run.result()["status"], "failed");
     assert_eq!(
         hook.got().len(),
-        1,
-        "no second attempt after the time is up"
+        3,
+        "three attempts, each given its timeout"
     );
-    // The run itself takes well under a second; the notices add at most their timeout.
-    assert!(took < Duration::from_secs(2 + 6), "took {took:?}");
+    // The run itself takes well under a second; the notices add at most three timeouts and
+    // the 1.5 s of backoff between them.
+    assert!(
+        took < Duration::from_millis(3 * 1000 + 1500 + 3000),
+        "took {took:?}"
+    );
     let run_id = run.result()["run_id"].as_str().unwrap();
     let (_, shown, _) = out(&env, &["show", run_id]);
     assert!(
-        shown.contains("no answer within the notify timeout of 2s"),
+        shown.contains("attempt 3 · no answer within the notify timeout of 1s"),
         "{shown}"
     );
     assert!(shown.contains("cannot reach it"), "{shown}");
@@ -801,4 +814,652 @@ fn print_config_shows_each_setting_and_where_it_came_from() {
     assert!(line("max_cost_per_day").contains("goal file"), "{text}");
     assert!(line("token_budget").contains("default"), "{text}");
     assert!(env.run_dirs().is_empty(), "nothing ran");
+}
+
+/// `sup daemon --goals HOME/goals`, its output discarded.
+fn daemon(env: &Env) -> std::process::Child {
+    env.sup()
+        .args(["daemon", "--goals"])
+        .arg(env.home.path().join("goals"))
+        .env_remove("DEEPSEEK_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(mut daemon: std::process::Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().unwrap();
+}
+
+#[test]
+fn a_daemon_run_that_cannot_start_sends_an_error_notice() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("keyless.toml"),
+        format!(
+            "prompt = \"p\"\nmodel = \"deepseek:deepseek-chat\"\nworkspace = \"w\"\n\
+             schedule = \"* * * * * *\"\n[[notify]]\nwebhook = \"{}\"\n",
+            hook.url
+        ),
+    )
+    .unwrap();
+    let d = daemon(&env);
+    until("an error notice", 30, || !hook.got().is_empty());
+    stop(d);
+    let n = hook.got()[0].json();
+    assert_eq!(n["event"], "error", "{n}");
+    assert_eq!(n["goal"], "keyless");
+    assert_eq!(n["trigger"], "schedule");
+    assert!(
+        n["error"].as_str().unwrap().contains("DEEPSEEK_API_KEY"),
+        "{n}"
+    );
+    let id = n["run_id"].as_str().unwrap();
+    let row = sup::store::db::Db::open(env.home.path())
+        .unwrap()
+        .run(id)
+        .unwrap();
+    assert_eq!(row.status, "error");
+}
+
+/// `goals/NAME.toml` running `openai:fake` under `max_cost_per_day = CAP`, and a closure
+/// running it once with `sup goal` against `server`.
+fn daily_goal(env: &Env, name: &str, cap: &str, extra: &str) -> PathBuf {
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &file,
+        format!(
+            "prompt = \"p\"\nmodel = \"openai:fake\"\ntimezone = \"Pacific/Auckland\"\n\
+             max_cost_per_day = {cap}\n{extra}"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+fn goal_cmd(env: &Env, config: &Path, server: &FakeServer, file: &Path) -> std::process::Command {
+    let mut cmd = env.sup();
+    cmd.env("SUP_CONFIG", config)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args(["goal", "--no-stream", "--json", "--file"])
+        .arg(file);
+    cmd
+}
+
+#[test]
+fn the_days_spending_counts_runs_that_were_pruned() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![
+        // Run 1: $3 + $3.
+        priced_turn(Some("c1"), 3000),
+        priced_turn(None, 3000),
+        // Run 2: $3, then $3.01 - $9 spent leaves too little for another call.
+        priced_turn(Some("c2"), 3000),
+        priced_turn(None, 3000),
+        // Run 3 would make a call if run 1's $6 were forgotten when it was pruned.
+        priced_turn(None, 3000),
+    ]);
+    let config = priced(&env);
+    let file = daily_goal(&env, "pruned", "9.01", "keep_runs = 1\n");
+    let go = || common::Run::new(goal_cmd(&env, &config, &server, &file).output().unwrap());
+    let first = go();
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let second = go();
+    assert_eq!(second.code, 3, "{}", second.stderr);
+    assert_eq!(server.requests().len(), 3);
+    let runs = sup::store::db::Db::open(env.home.path())
+        .unwrap()
+        .runs(Some("pruned"), None, 10)
+        .unwrap();
+    assert_eq!(runs.len(), 1, "run 1 was pruned");
+    let third = go();
+    assert_eq!(third.code, 3, "{}", third.stderr);
+    assert_eq!(third.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 3, "run 3 made no call");
+}
+
+#[test]
+fn the_days_spending_counts_a_run_killed_while_it_ran() {
+    let env = Env::new();
+    let hang = Reply {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: common::fake_server::Body::Chunks {
+            pieces: vec![(600_000, "{}".into())],
+            drop: false,
+        },
+    };
+    let server = FakeServer::start(vec![
+        // $3, then the second call never answers: the run is killed while it waits.
+        priced_turn(Some("c1"), 3000),
+        hang,
+        priced_turn(None, 3000),
+    ]);
+    let config = priced(&env);
+    let file = daily_goal(&env, "killed", "100", "");
+    let mut child = goal_cmd(&env, &config, &server, &file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("the second call", 30, || server.requests().len() == 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Now $3.01 a day: with the killed run's $3 counted, too little is left for a call.
+    daily_goal(&env, "killed", "3.01", "");
+    let next = common::Run::new(goal_cmd(&env, &config, &server, &file).output().unwrap());
+    assert_eq!(next.code, 3, "{}", next.stderr);
+    assert_eq!(next.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 2, "the killed run's $3 counted");
+}
+
+#[test]
+fn a_provider_that_reports_no_usage_is_counted_by_estimate_under_a_cap() {
+    let env = Env::new();
+    let no_usage = |id: &str| {
+        let mut r = priced_turn(Some(id), 0);
+        if let common::fake_server::Body::Full(text) = &mut r.body {
+            let mut v: Value = serde_json::from_str(text).unwrap();
+            v.as_object_mut().unwrap().remove("usage");
+            *text = v.to_string();
+        }
+        r
+    };
+    let server = FakeServer::start((1..=6).map(|i| no_usage(&format!("c{i}"))).collect());
+    let config = env.home.path().join("config.toml");
+    // A prompt of 40 000 bytes is about 10 000 tokens: about $1 a call at $100 per million.
+    std::fs::write(
+        &config,
+        "[prices.\"openai:fake\"]\ninput = 100.0\noutput = 0.0\n",
+    )
+    .unwrap();
+    let prompt = "read the files. ".repeat(2500);
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args(["run", &prompt, "--model", "openai:fake", "--no-stream"])
+        .args(["--max-cost", "2.5", "--json"])
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.result()["stop_reason"], "cost");
+    assert_eq!(
+        server.requests().len(),
+        2,
+        "a third ~$1 call would pass $2.5"
+    );
+    let cost = run.result()["cost"].as_f64().unwrap();
+    assert!(cost > 2.0 && cost < 2.5, "{cost}");
+    let steps = run.of_type("step_finished");
+    assert!(steps[0]["usage"]["input_tokens"].as_u64().unwrap() >= 10_000);
+}
+
+#[test]
+fn status_finds_the_due_occurrence_of_a_per_second_schedule_among_many() {
+    let env = Env::new();
+    let file = goal_file(
+        &env,
+        "everysecond",
+        "prompt = \"p\"\nschedule = \"* * * * * *\"\n",
+        json!([{"text": "done"}]),
+    );
+    let touched = std::process::Command::new("touch")
+        .args(["-d", "10 minutes ago"])
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    // A daemon ran every occurrence of the last ten minutes: far more than 100 since the
+    // one `status` checks (two minutes ago).
+    let db = sup::store::db::Db::open(env.home.path()).unwrap();
+    let now = chrono::Timelike::with_nanosecond(&chrono::Utc::now(), 0).unwrap();
+    for s in -600..=30 {
+        let at = now + chrono::Duration::seconds(s);
+        db.claim("everysecond", at, sup::store::OccurrenceStatus::Done, "d")
+            .unwrap();
+    }
+    let goals = env.home.path().join("goals");
+    let (code, text, err) = out(&env, &["status", "--goals", goals.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}{err}");
+    assert!(!text.contains("OVERDUE"), "{text}");
+}
+
+#[test]
+fn a_secret_a_check_printed_is_redacted_in_every_notice_format() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let key = "sk-fake-key-0123456789abcdef";
+    let server = FakeServer::start(vec![priced_turn(None, 10)]);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("leak.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "prompt = \"p\"\nmodel = \"openai:fake\"\ntries = 1\n\
+             [[check]]\nrun = \"echo 'the key is {key}' >&2; exit 1\"\n\
+             [[notify]]\nwebhook = \"{url}\"\n\
+             [[notify]]\nwebhook = \"{url}\"\nformat = \"text\"\n\
+             [[notify]]\nwebhook = \"{url}\"\nformat = \"slack\"\n",
+            url = hook.url
+        ),
+    )
+    .unwrap();
+    let o = env
+        .sup()
+        .env("OPENAI_API_KEY", key)
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .args(["goal", "--no-stream", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let got = hook.got();
+    assert_eq!(got.len(), 3, "{got:?}");
+    for g in &got {
+        assert!(!g.body.contains(key), "{}", g.body);
+        assert!(g.body.contains("the key is [redacted]"), "{}", g.body);
+    }
+}
+
+#[test]
+fn a_negative_price_in_the_user_config_is_exit_2_with_its_file_and_line() {
+    let env = Env::new();
+    let config = env.home.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "keep_runs = 5\n[prices.\"openai:x\"]\ninput = 1.0\noutput = -2.0\n",
+    )
+    .unwrap();
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args(["run", "p", "--model", "script:x.json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("{}:2:", config.display())), "{err}");
+    assert!(err.contains("`output` is -2"), "{err}");
+}
+
+#[test]
+fn print_config_prints_a_cap_on_an_unpriced_model_and_says_it_would_not_start() {
+    let env = Env::new();
+    let o = env
+        .sup()
+        .args(["run", "--print-config", "p", "--model", "ollama:llama3"])
+        .args(["--max-cost", "1"])
+        .output()
+        .unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(text.contains("max_cost"), "{text}");
+    assert!(text.contains("unknown"), "{text}");
+    assert!(err.contains("would not start"), "{err}");
+    assert!(env.run_dirs().is_empty(), "nothing ran");
+}
+
+#[test]
+fn recovered_is_sent_once_after_a_failure_and_an_achieved_run_is_not_sent_by_default() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    let file = goal_file(
+        &env,
+        "rec",
+        &format!(
+            "prompt = \"p\"\ntries = 1\n[[check]]\nrun = \"test -f ok\"\n\
+             [[notify]]\nwebhook = \"{url}\"\n\
+             [[notify]]\nwebhook = \"{url}\"\nformat = \"text\"\n",
+            url = hook.url
+        ),
+        json!([{"text": "done"}]),
+    );
+    let go = || out(&env, &["goal", "--file", file.to_str().unwrap()]).0;
+    assert_eq!(go(), 1);
+    std::fs::write(env.home.path().join("goals/work-rec/ok"), "").unwrap();
+    assert_eq!(go(), 0);
+    // Achieved after achieved: `achieved` is not among the default events.
+    assert_eq!(go(), 0);
+    let got = hook.got();
+    assert_eq!(got.len(), 4, "failed and recovered, to each table: {got:?}");
+    let json_events: Vec<String> = got
+        .iter()
+        .filter(|g| g.header("content-type") == Some("application/json"))
+        .map(|g| g.json()["event"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(json_events, ["failed", "recovered"]);
+    let texts: Vec<&Got> = got
+        .iter()
+        .filter(|g| {
+            g.header("content-type")
+                .is_some_and(|c| c.starts_with("text/plain"))
+        })
+        .collect();
+    assert_eq!(texts.len(), 2, "{got:?}");
+    assert!(
+        texts[0]
+            .body
+            .starts_with("sup · goal rec failed (checks_failed) after 1 try"),
+        "{}",
+        texts[0].body
+    );
+    assert!(
+        texts[0].body.contains("✗ test -f ok · exit 1"),
+        "{}",
+        texts[0].body
+    );
+    assert!(
+        texts[1].body.starts_with("sup · goal rec recovered"),
+        "{}",
+        texts[1].body
+    );
+}
+
+#[test]
+fn a_missed_occurrence_is_told_by_the_daemon() {
+    let env = Env::new();
+    let hook = Receiver::start(vec![]);
+    goal_file(
+        &env,
+        "minutely",
+        &format!(
+            "prompt = \"p\"\nschedule = \"* * * * *\"\n[[notify]]\nwebhook = \"{}\"\non = [\"missed\"]\n",
+            hook.url
+        ),
+        json!([{"text": "done"}]),
+    );
+    // The last occurrence run was three minutes ago: the daemon was down since, and by the
+    // default catch-up policy the occurrences in between are recorded missed, not run.
+    let now = chrono::Utc::now();
+    let minute = now - chrono::Duration::seconds(chrono::Timelike::second(&now) as i64);
+    let minute = chrono::Timelike::with_nanosecond(&minute, 0).unwrap();
+    let last = minute - chrono::Duration::minutes(3);
+    let db = sup::store::db::Db::open(env.home.path()).unwrap();
+    assert!(
+        db.claim(
+            "minutely",
+            last,
+            sup::store::OccurrenceStatus::Done,
+            "earlier"
+        )
+        .unwrap()
+    );
+    let d = daemon(&env);
+    until("a missed notice", 30, || !hook.got().is_empty());
+    stop(d);
+    let n = hook.got()[0].json();
+    assert_eq!(n["event"], "missed", "{n}");
+    assert_eq!(n["goal"], "minutely");
+    assert_eq!(n["status"], "missed");
+    let at = sup::store::db::parse_stamp(n["scheduled_for"].as_str().unwrap()).unwrap();
+    assert!(at > last && at <= now, "{n}");
+    let missed = db
+        .occurrences("minutely", 10)
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.1 == "missed")
+        .count();
+    assert!(missed >= 1);
+}
+
+#[test]
+fn the_goal_key_max_cost_is_kept_and_sup_show_gives_the_cost() {
+    let env = Env::new();
+    let server = FakeServer::start(
+        (1..=6)
+            .map(|i| priced_turn(Some(&format!("c{i}")), 2000))
+            .collect(),
+    );
+    let config = priced(&env);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("capped.toml");
+    std::fs::write(
+        &file,
+        "prompt = \"p\"\nmodel = \"openai:fake\"\nmax_cost = 7\n",
+    )
+    .unwrap();
+    let run = common::Run::new(goal_cmd(&env, &config, &server, &file).output().unwrap());
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.result()["stop_reason"], "cost");
+    assert_eq!(server.requests().len(), 3);
+    let id = run.result()["run_id"].as_str().unwrap().to_string();
+    let (code, shown, _) = out(&env, &["show", &id]);
+    assert_eq!(code, 0);
+    assert!(shown.contains("$6.0000"), "{shown}");
+}
+
+#[test]
+fn service_install_enables_the_unit_with_systemctl_and_uninstall_disables_it() {
+    let env = Env::new();
+    let bin = env.home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = env.home.path().join("systemctl.log");
+    let fake = bin.join("systemctl");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let config = env.home.path().join("xdg");
+    let goals = env.home.path().join("goals");
+    std::fs::create_dir_all(&goals).unwrap();
+    let service = |args: &[&str]| {
+        let o = env
+            .sup()
+            .env("PATH", &path)
+            .env("XDG_CONFIG_HOME", &config)
+            .arg("service")
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    service(&["install", "--user", "--goals", goals.to_str().unwrap()]);
+    assert!(config.join("systemd/user/sup.service").exists());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        ["--user daemon-reload", "--user enable --now sup.service"]
+    );
+    service(&["uninstall", "--user"]);
+    assert!(!config.join("systemd/user/sup.service").exists());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.lines().skip(2).collect::<Vec<_>>(),
+        ["--user disable --now sup.service", "--user daemon-reload"]
+    );
+}
+
+#[test]
+fn print_config_names_the_environment_and_the_user_config() {
+    let env = Env::new();
+    let config = env.home.path().join("config.toml");
+    std::fs::write(&config, "max_steps = 9\n").unwrap();
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .env("SUP_MODEL", "openai:gpt-4o-mini")
+        .args(["run", "--print-config", "p"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in {text}"))
+            .to_string()
+    };
+    assert!(line("model").contains("openai:gpt-4o-mini"), "{text}");
+    assert!(line("model").ends_with("environment"), "{text}");
+    assert!(line("max_steps").contains('9'), "{text}");
+    assert!(
+        line("max_steps").ends_with(&format!("user config {}", config.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_param_flag_wins_over_the_goal_files_params() {
+    let env = Env::new();
+    let file = goal_file(
+        &env,
+        "hello",
+        "prompt = \"Hello {{ params.who }} and {{ params.other }}\"\n[params]\nwho = \"Ada\"\nother = \"Grace\"\n",
+        json!([{"text": "ok"}]),
+    );
+    let o = env
+        .sup()
+        .args(["goal", "--json", "--param", "who=Bob", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.of_type("run_started")[0]["prompt"],
+        "Hello Bob and Grace"
+    );
+}
+
+#[test]
+fn templates_give_the_failed_checks_the_times_in_the_goals_zone_and_fill_the_system_prompt() {
+    let env = Env::new();
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("t.json"), r#"[{"text": "done"}]"#).unwrap();
+    std::fs::write(
+        dir.join("tokyo.toml"),
+        "model = \"script:t.json\"\nworkspace = \"w\"\ntimezone = \"Asia/Tokyo\"\n\
+         schedule = \"* * * * * *\"\ntries = 1\n\
+         system = \"SYS {{ goal }} {{ trigger }}\"\n\
+         prompt = \"{{ previous.failed_checks }}|{{ scheduled_for }}|{{ time }}|{{ now }}\"\n\
+         [[check]]\nrun = \"echo 'want 3 lines, found 2' >&2; exit 1\"\n",
+    )
+    .unwrap();
+    let d = daemon(&env);
+    let runs = || {
+        let mut r: Vec<_> = sup::store::db::Db::open(env.home.path())
+            .unwrap()
+            .runs(Some("tokyo"), None, 100)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.status != "running")
+            .collect();
+        r.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
+        r
+    };
+    until("two runs", 30, || runs().len() >= 2);
+    stop(d);
+    let all = runs();
+    let transcript =
+        |i: usize| common::read_jsonl(&Path::new(&all[i].dir).join("transcript.jsonl"));
+    let first = common::user_messages(&transcript(0));
+    assert!(
+        first[0].starts_with('|'),
+        "nothing failed before: {}",
+        first[0]
+    );
+    let second_t = transcript(1);
+    let second = common::user_messages(&second_t)[0].clone();
+    let parts: Vec<&str> = second.split('|').collect();
+    assert!(
+        parts[0].contains("found 2' >&2; exit 1 (exit 1)"),
+        "{second}"
+    );
+    assert!(parts[0].contains("want 3 lines, found 2"), "{second}");
+    let scheduled = parts[1];
+    assert!(scheduled.ends_with("+09:00"), "{second}");
+    assert_eq!(
+        sup::store::db::parse_stamp(scheduled),
+        all[1]
+            .scheduled_for
+            .as_deref()
+            .and_then(sup::store::db::parse_stamp),
+        "{second}"
+    );
+    let now = chrono::DateTime::parse_from_rfc3339(parts[3]).unwrap();
+    assert_eq!(now.offset().local_minus_utc(), 9 * 3600, "{second}");
+    assert_eq!(parts[2], now.format("%H:%M").to_string(), "{second}");
+    let system: Vec<&Value> = second_t
+        .iter()
+        .filter(|e| e["type"] == "message" && e["message"]["role"] == "system")
+        .collect();
+    assert_eq!(system[0]["message"]["content"], "SYS tokyo schedule");
+}
+
+#[test]
+fn an_approval_notice_in_flight_is_delivered_before_the_process_ends() {
+    let env = Env::new();
+    // The receiver answers after the run is over: the run ends when its approval times out.
+    let hook = Receiver::start(vec![Answer::Late(2500)]);
+    std::fs::write(
+        env.home.path().join("config.toml"),
+        format!(
+            "[[notify]]\nwebhook = \"{}\"\non = [\"approval_needed\"]\n",
+            hook.url
+        ),
+    )
+    .unwrap();
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "c1", "name": "run_command", "input": {"command": "touch x"}}]},
+        {"text": "stopped"}
+    ]));
+    let o = env
+        .sup()
+        .env("SUP_CONFIG", env.home.path().join("config.toml"))
+        .args([
+            "run",
+            "make a file",
+            "--approval",
+            "queue",
+            "--approval-timeout",
+            "1s",
+        ])
+        .args(["--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = common::Run::new(o);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.result()["run_id"].as_str().unwrap().to_string();
+    let (_, shown, _) = out(&env, &["show", &id]);
+    assert!(shown.contains("approval_needed →"), "{shown}");
+    assert!(shown.contains("attempt 1 · HTTP 200"), "{shown}");
 }
