@@ -144,7 +144,7 @@ pub(crate) enum Channel {
 pub struct Notify {
     pub(crate) on: Vec<Kind>,
     pub(crate) channel: Channel,
-    /// Bounds each attempt to deliver a notice (`send::bound`: all of them).
+    /// Bounds each attempt to deliver a notice, and how long a run's end waits for them.
     pub(crate) timeout: Duration,
 }
 
@@ -465,26 +465,48 @@ impl Notifier {
         }
     }
 
-    /// Wait for the notices sent in the background to be delivered or out of time, so that
-    /// none is lost when the process ends after the run.
+    /// The longest any table's attempt may take (and a moment to record how it ended): how
+    /// long the end of a run waits for its notices at most.
+    fn patience(&self) -> Duration {
+        self.notify
+            .iter()
+            .map(|n| n.timeout)
+            .max()
+            .unwrap_or_default()
+            + Duration::from_millis(100)
+    }
+
+    /// Wait, at most the notify timeout, for the notices sent in the background while the
+    /// run went on (approvals), so that none is lost when the process ends after the run.
     pub(crate) async fn settle(&self) {
         let pending = match self.pending.lock() {
             Ok(mut p) => std::mem::take(&mut *p),
             Err(_) => return,
         };
-        futures::future::join_all(pending).await;
+        let _ = tokio::time::timeout(self.patience(), futures::future::join_all(pending)).await;
     }
 
-    /// Deliver `notice` to every table that takes one of `kinds` (the first it takes),
-    /// all at once; returns when each is delivered or out of time.
+    /// Deliver `notice` to every table that takes one of `kinds` (the first it takes), all
+    /// at once. Returns when each is delivered or given up, or after the notify timeout
+    /// (the longest table's), whichever is first: a receiver that never answers delays the
+    /// caller by one timeout. Retries still due then go on where the process lives on (the
+    /// daemon); where it ends (`sup run`, `sup goal`), each is recorded as not made.
     pub(crate) async fn send(&self, kinds: &[Kind], notice: &Notice) {
-        let sends = self.notify.iter().filter_map(|n| {
-            let kind = n.pick(kinds)?;
-            let mut notice = notice.clone();
-            notice.event = kind;
-            Some(async move { send::deliver(&self.home, n, &notice).await })
-        });
-        futures::future::join_all(sends).await;
+        let sends: Vec<_> = (0..self.notify.len())
+            .filter_map(|i| {
+                let kind = self.notify[i].pick(kinds)?;
+                let mut notice = notice.clone();
+                notice.event = kind;
+                let (home, notify) = (self.home.clone(), self.notify.clone());
+                Some(tokio::spawn(async move {
+                    send::deliver(&home, &notify[i], &notice).await
+                }))
+            })
+            .collect();
+        if sends.is_empty() {
+            return;
+        }
+        let _ = tokio::time::timeout(self.patience(), futures::future::join_all(sends)).await;
     }
 
     /// The sink that sends `approval_needed` notices while the run waits.

@@ -77,16 +77,50 @@ fn shown(channel: &Channel) -> String {
     }
 }
 
+/// Records, if dropped before `done`, that attempt `next` of a delivery was never made or
+/// never finished: the process ended first.
+struct Unfinished<'a> {
+    home: &'a Path,
+    notice: &'a Notice,
+    channel: &'a str,
+    next: u32,
+    done: bool,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            record(
+                self.home,
+                self.notice,
+                self.channel,
+                self.next,
+                false,
+                "not made: sup ended first (a run's end waits for its notices at most the \
+                 notify timeout)",
+            );
+        }
+    }
+}
+
 /// Deliver `notice` through `n`, recording every attempt under `home`. Each attempt has the
 /// table's `timeout`; the whole delivery takes at most `ATTEMPTS` timeouts and the backoff.
 pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
     let channel = shown(&n.channel);
+    let mut unfinished = Unfinished {
+        home,
+        notice,
+        channel: &channel,
+        next: 1,
+        done: false,
+    };
     // Whatever a check printed, no secret sup knows leaves in a notice.
     let mut value = serde_json::to_value(notice).unwrap_or_default();
     crate::redact::value(&mut value);
     let json = serde_json::to_vec(&value).unwrap_or_default();
     let mut wait = BACKOFF;
     for attempt in 1..=ATTEMPTS {
+        unfinished.next = attempt;
         let result = match tokio::time::timeout(n.timeout, once(n, notice, &json)).await {
             Ok(r) => r,
             Err(_) => Attempt::Retry(format!(
@@ -107,8 +141,10 @@ pub(crate) async fn deliver(home: &Path, n: &Notify, notice: &Notice) {
         }
         record(home, notice, &channel, attempt, ok, &detail);
         if !again || attempt == ATTEMPTS {
+            unfinished.done = true;
             return;
         }
+        unfinished.next = attempt + 1;
         tokio::time::sleep(wait).await;
         wait *= 2;
     }
