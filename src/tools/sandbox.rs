@@ -862,15 +862,23 @@ impl Jail {
         if notes.is_empty() {
             return None;
         }
+        let workspace_read_only = matches!(self.policy, Policy::ReadOnly)
+            || self.goals.as_deref() == Some(self.workspace.as_path());
+        let instead = if workspace_read_only {
+            "Write in $TMPDIR instead (the workspace is read-only in this run)".to_string()
+        } else {
+            format!(
+                "Write inside the workspace ({}) or $TMPDIR instead",
+                self.writable
+                    .first()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            )
+        };
         Some(format!(
-            "[sandbox {}] {}. Write inside the workspace ({}) or $TMPDIR instead; the \
-             sandbox cannot be turned off from inside a run.",
+            "[sandbox {}] {}. {instead}; the sandbox cannot be turned off from inside a run.",
             self.policy.name(),
             notes.join("; "),
-            self.writable
-                .first()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
         ))
     }
 

@@ -545,6 +545,19 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
         )),
         "{first}"
     );
+    // The model is told where it can write: not the workspace, which is read-only here.
+    let told = crate::common::tool_messages(&crate::common::read_jsonl(
+        &Path::new(&run.dir).join("transcript.jsonl"),
+    ))
+    .iter()
+    .map(|m| m.to_string())
+    .find(|m| m.contains("evil2.toml"))
+    .unwrap();
+    assert!(
+        told.contains("the workspace is read-only in this run"),
+        "{told}"
+    );
+    assert!(!told.contains("Write inside the workspace"), "{told}");
 }
 
 #[test]
