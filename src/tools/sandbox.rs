@@ -746,10 +746,16 @@ impl Jail {
         if !self.token.is_empty() {
             cmd.env(TOKEN, &self.token);
         }
-        // A direct child dies with `sup`, however `sup` ends.
-        // SAFETY: prctl with integer arguments only, between fork and exec.
+        // A direct child dies with `sup`, however `sup` ends. It leads a session of its own
+        // (and so a process group, which its timeout kills): without a controlling terminal
+        // it cannot open `/dev/tty`, to type an answer into the approval prompt (TIOCSTI) or
+        // draw over it.
+        // SAFETY: setsid and prctl with integer arguments only, between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -780,6 +786,7 @@ impl Jail {
             if !binds.is_empty() {
                 hide_behind_read_only_mounts(&binds, maps.as_ref())?;
             }
+            drop_capabilities()?;
             // SAFETY: plain system calls on integers and an fd we own.
             unsafe {
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
@@ -1162,6 +1169,43 @@ fn hide_behind_read_only_mounts(
         let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
         if libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null() || libc::chdir(cwd.as_ptr()) != 0 {
             return Err(err());
+        }
+    }
+    Ok(())
+}
+
+/// In the child before exec, once the mounts are made: give up every capability, for good
+/// (bounding set, ambient, permitted, effective, inheritable). A command of root would keep
+/// them otherwise, and with them reach what Landlock and the read-only mounts guard:
+/// `open_by_handle_at` opens a protected file through a writable mount, `mknod` makes a disk
+/// device in the workspace, `TIOCSTI` types into any terminal, modules load.
+fn drop_capabilities() -> std::io::Result<()> {
+    // SAFETY: prctl and capset with integers and a local buffer; safe between fork and exec.
+    unsafe {
+        for cap in 0..64 {
+            // Capabilities past this kernel's last are EINVAL: nothing to drop.
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                && *libc::__errno_location() != libc::EINVAL
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        // struct __user_cap_header_struct { version, pid } and two empty data structs
+        // { effective, permitted, inheritable } (_LINUX_CAPABILITY_VERSION_3).
+        let header: [u32; 2] = [0x2008_0522, 0];
+        let data = [0u32; 6];
+        if libc::syscall(libc::SYS_capset, header.as_ptr(), data.as_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
         }
     }
     Ok(())

@@ -1457,3 +1457,47 @@ fn a_bad_mcp_sandbox_is_exit_2_with_file_and_line() {
         run.stderr
     );
 }
+
+#[test]
+fn a_command_has_no_capabilities_to_reach_a_protected_file_by_its_handle() {
+    // As root, open_by_handle_at reaches the goal file through the workspace's own mount,
+    // around its read-only bind mount; a device node made with mknod would too.
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
+    let goal = env.write("goal.toml", original);
+    env.write(
+        "handle.py",
+        "import ctypes, os, struct\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         buf = ctypes.create_string_buffer(8 + 128)\n\
+         struct.pack_into('I', buf, 0, 128)\n\
+         mnt = ctypes.c_int()\n\
+         print('name', libc.name_to_handle_at(-100, b'goal.toml', buf, ctypes.byref(mnt), 0))\n\
+         fd = libc.open_by_handle_at(os.open('.', os.O_RDONLY), buf, os.O_WRONLY | os.O_APPEND)\n\
+         print('open', fd, os.strerror(ctypes.get_errno()))\n\
+         if fd >= 0:\n    os.write(fd, b'approval = \"never\"\\n')\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([
+            cmd("caps", "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status"),
+            cmd("handle", "python3 handle.py"),
+            cmd("node", "mknod disk b 8 0 && ls -l disk"),
+            say("done")
+        ]),
+        &[],
+    );
+    let caps = text(run.tool_result("caps"));
+    let lines: Vec<&str> = caps.lines().filter(|l| l.starts_with("Cap")).collect();
+    assert_eq!(lines.len(), 4, "{caps}");
+    for line in lines {
+        assert!(line.ends_with("0000000000000000"), "{caps}");
+    }
+    assert!(
+        text(run.tool_result("handle")).contains("open -1"),
+        "{}",
+        text(run.tool_result("handle"))
+    );
+    assert_eq!(run.tool_result("node")["is_error"], true);
+    assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
+}
