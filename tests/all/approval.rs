@@ -617,3 +617,32 @@ fn a_command_cannot_type_an_answer_into_the_prompt() {
     assert!(results.contains("refused:"), "{results}");
     assert!(!exists(&env, "pwned"), "an injected answer ran it: {text}");
 }
+
+#[test]
+fn a_command_cannot_draw_on_the_persons_terminal_but_has_terminals_of_its_own() {
+    // The prompt's terminal is a /dev/pts/N of the same user: a background job could open it
+    // and draw another command over the question. The marker is spelled apart in the command
+    // line, so only a write of the command itself can put it on the screen.
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "draw", "name": "run_command", "input": {"command":
+            "for p in /dev/pts/*; do printf '\\r%s%s\\n' SPO OFED > $p; done; \
+             python3 -c 'import os, pty; m, s = pty.openpty(); os.write(s, b\"x\"); print(\"own\", os.read(m, 1))'"}}]},
+        {"text": "done"}
+    ]));
+    let args: Vec<String> = vec![
+        "run".into(),
+        "work".into(),
+        "--approval".into(),
+        "auto".into(),
+        "--model".into(),
+        format!("script:{}", script.display()),
+    ];
+    let (child, _term, seen) = on_a_terminal(&env, &args);
+    let out = child.wait_with_output().unwrap();
+    let text = seen.lock().unwrap().clone();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains("SPOOFED"), "{text}");
+    let results = serde_json::to_string(&tool_messages(&env.transcript())).unwrap();
+    assert!(results.contains("own b'x'"), "{results}");
+}

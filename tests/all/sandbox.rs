@@ -1501,3 +1501,46 @@ fn a_command_has_no_capabilities_to_reach_a_protected_file_by_its_handle() {
     assert_eq!(run.tool_result("node")["is_error"], true);
     assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
 }
+
+#[test]
+fn as_an_ordinary_user_the_sandbox_misses_nothing_and_the_goal_file_stays_read_only() {
+    // sup is non-dumpable: a copy of it between fork and exec could not write its own
+    // `/proc/self/uid_map`, so the user namespace of the read-only mounts was never made for
+    // an ordinary user, and the goal file inside the workspace stayed writable.
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
+    let goal = env.write("goal.toml", original);
+    let script = env.script(json!([
+        cmd("append", "echo 'approval = \"never\"' >> goal.toml"),
+        cmd(
+            "caps",
+            "grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; ls /dev/pts"
+        ),
+        say("done")
+    ]));
+    let model = format!("script:{}", script.display());
+    let mut c = env.sup_as_nobody();
+    c.args([
+        "goal",
+        "--file",
+        goal.to_str().unwrap(),
+        "--json",
+        "--model",
+        &model,
+    ]);
+    let run = Run::new(c.output().unwrap());
+    let line = sandbox_line(&run);
+    assert!(
+        line.starts_with("sandbox: workspace-write") && !line.contains("MISSING"),
+        "{line}"
+    );
+    assert_eq!(
+        run.tool_result("append")["is_error"],
+        true,
+        "{}",
+        run.stdout
+    );
+    let caps = text(run.tool_result("caps"));
+    assert_eq!(caps.matches("0000000000000000").count(), 3, "{caps}");
+    assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
+}
