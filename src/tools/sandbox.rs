@@ -375,7 +375,7 @@ pub struct Jail {
     /// The record of the run's process groups, open for appending.
     groups: Option<Mutex<std::fs::File>>,
     /// Files and folders the file tools must refuse to write (goal file, user config, the
-    /// daemon's goals folder), canonical.
+    /// daemon's goals folder, SUP_HOME), canonical.
     pub(crate) protected: Vec<PathBuf>,
     /// Folders bound onto themselves so they cannot be moved (they hold read-only paths).
     pinned: Vec<PathBuf>,
@@ -461,8 +461,9 @@ impl Jail {
                 .open(run_dir.join(GROUPS))
                 .ok()
                 .map(Mutex::new),
-            // The file tools write only beneath the workspace: a goals folder that holds the
-            // workspace, rather than is or lies in it, is out of their reach already.
+            // The file tools write only beneath the workspace: a goals folder or SUP_HOME (whose
+            // runs hold the frozen checks) that holds the workspace, rather than is or lies in
+            // it, is out of their reach already.
             protected: s
                 .protect
                 .iter()
@@ -470,6 +471,7 @@ impl Jail {
                 .chain(
                     s.goals
                         .iter()
+                        .chain(std::iter::once(&home.to_path_buf()))
                         .map(|g| lenient_canonical(g))
                         .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
                 )

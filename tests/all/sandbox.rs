@@ -1595,3 +1595,41 @@ fn a_command_cannot_have_a_service_of_the_user_run_code_outside_the_sandbox() {
         run.stdout
     );
 }
+
+#[test]
+fn with_sup_home_in_the_workspace_the_file_tools_cannot_rewrite_the_frozen_check() {
+    // The check runs from its copy under SUP_HOME/runs/RUN_ID/checks; SUP_HOME inside the
+    // workspace put that copy in reach of write_file (through a symlink, or by its path).
+    let env = Env::new();
+    let home = env.ws().join("sup-home");
+    std::fs::create_dir(&home).unwrap();
+    let checks = outside();
+    let check = checks.path().join("check.sh");
+    std::fs::write(&check, "exit 1\n").unwrap();
+    let script = env.script(json!([
+        cmd("ln", "ln -s sup-home/runs/$SUP_RUN_ID/checks c && ls c"),
+        {"tool_calls": [{"id": "w", "name": "write_file",
+          "input": {"path": "c/1-check.sh", "content": "exit 0\n"}}]},
+        {"tool_calls": [{"id": "e", "name": "edit_file",
+          "input": {"path": "c/1-check.sh", "old_string": "exit 1", "new_string": "exit 0"}}]},
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .env("SUP_HOME", &home)
+        .args(["goal", "work", "--json", "--check"])
+        .arg(&check)
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert!(
+        text(run.tool_result("ln")).contains("1-check.sh"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+    assert_eq!(run.tool_result("e")["is_error"], true, "{}", run.stdout);
+    assert_ne!(run.result()["status"], "achieved", "{}", run.stdout);
+}
