@@ -1099,14 +1099,11 @@ impl Line {
         }
         let sub = args.get(i).copied().unwrap_or_default();
         let rest = args.get(i + 1..).unwrap_or_default();
-        let has = |opts: &[&str]| {
-            rest.iter().any(|a| {
-                opts.iter()
-                    .any(|o| a == o || a.starts_with(&format!("{o}=")))
-            })
-        };
+        let has = |opts: &[&str]| rest.iter().any(|a| opts.iter().any(|o| git_names(a, o)));
         let runs = match sub {
-            "config" | "filter-branch" => true,
+            // send-email runs `--sendmail-cmd`, `--smtp-server=PROGRAM`, `--to-cmd` …;
+            // instaweb its `--httpd`.
+            "config" | "filter-branch" | "send-email" | "instaweb" => true,
             "submodule" => rest.contains(&"foreach"),
             "bisect" => rest.contains(&"run"),
             "rebase" => has(&["-x", "--exec"]),
@@ -1115,6 +1112,8 @@ impl Line {
             }
             "difftool" | "mergetool" => has(&["-x", "--extcmd", "-t", "--tool"]),
             "clone" => has(&["-u", "-c", "--config", "--template"]),
+            // A template folder's `config` and `hooks/` become the new repository's.
+            "init" => has(&["--template"]),
             _ => false,
         } || has(&[
             "--upload-pack",
@@ -1128,6 +1127,20 @@ impl Line {
                 "`git {sub}` as called here, which can run any command"
             ));
         }
+    }
+}
+
+/// Whether `arg` of a git subcommand names `opt`: a long option as written or abbreviated
+/// (git takes any unambiguous prefix: `--templ=t` is `--template=t`), a short one alone or
+/// bundled with others (`-ix` holds `-x`).
+fn git_names(arg: &str, opt: &str) -> bool {
+    if let Some(long) = opt.strip_prefix("--") {
+        let flag = arg.split_once('=').map_or(arg, |(f, _)| f);
+        flag.strip_prefix("--")
+            .is_some_and(|f| !f.is_empty() && long.starts_with(f))
+    } else {
+        let short = opt.trim_start_matches('-');
+        !arg.starts_with("--") && arg.len() > 1 && arg.starts_with('-') && arg[1..].contains(short)
     }
 }
 
@@ -1234,6 +1247,15 @@ mod tests {
             (&git_any, "git --git-dir=elsewhere status", "mode"),
             (&git_any, "git submodule foreach id", "mode"),
             (&git_any, "git rebase -x id main", "mode"),
+            (&git_any, "git rebase -ix id main", "mode"),
+            (&git_any, "git rebase --exe=id main", "mode"),
+            (&git_any, "git init --template=t sub", "mode"),
+            (&git_any, "git init --templ=t sub", "mode"),
+            (&git_any, "git clone --templa=t a b", "mode"),
+            (&git_any, "git fetch --upload-pa=id origin", "mode"),
+            (&git_any, "git init sub", "allow"),
+            (&git_any, "git send-email --smtp-server=./x p.patch", "mode"),
+            (&git_any, "git log --exit-code", "allow"),
             (&rm, "git -C . -c alias.x='!rm x' x", "deny"),
             (&rm, "command -p rm x", "deny"),
             (&rm, "unshare -p rm x", "deny"),

@@ -1104,3 +1104,56 @@ fn the_prompt_flags_invisible_unicode_without_control_characters() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
 }
+
+/// A template folder the agent writes becomes a new repository's `.git` (its `config` with an
+/// fsmonitor, its hooks) through `git init --template` — or `--templ`, since git takes any
+/// unambiguous prefix of a long option — and an allowed `git -C sub status` would run it.
+#[test]
+fn git_init_or_clone_from_a_template_the_agent_wrote_is_not_allowed_by_a_rule() {
+    let env = Env::new();
+    let config = "[core]\n\tfsmonitor = \"touch pwned; echo\"\n";
+    let run = env.run_json(
+        calls(&[
+            (
+                "c",
+                "write_file",
+                json!({"path": "t/config", "content": config}),
+            ),
+            (
+                "init",
+                "run_command",
+                json!({"command": "git init --templ=t sub"}),
+            ),
+            (
+                "full",
+                "run_command",
+                json!({"command": "git init --template t sub2"}),
+            ),
+            (
+                "clone",
+                "run_command",
+                json!({"command": "git clone --templa=t sub sub3"}),
+            ),
+            ("g", "run_command", json!({"command": "git -C sub status"})),
+        ]),
+        &[
+            "--approval",
+            "never",
+            "--allow",
+            "write_file",
+            "--allow",
+            "run_command(git *)",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["init", "full", "clone"] {
+        assert_eq!(
+            run.tool_result(id)["is_error"],
+            true,
+            "{id}: {}",
+            run.stdout
+        );
+    }
+    assert!(!exists(&env, "pwned"), "{}", run.stdout);
+    assert!(!exists(&env, "sub/.git"), "{}", run.stdout);
+}
