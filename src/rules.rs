@@ -507,6 +507,55 @@ const INTERPRETERS: &[&str] = &[
     "irb",
 ];
 
+/// Programs that run commands they are given elsewhere: on a schedule, another host, a
+/// terminal multiplexer's server or a container, in a form the rules do not read.
+const ELSEWHERE: &[&str] = &[
+    "parallel",
+    "systemd-run",
+    "cgexec",
+    "firejail",
+    "bwrap",
+    "at",
+    "batch",
+    "ssh",
+    "tmux",
+    "screen",
+    "dtach",
+    "expect",
+];
+
+/// Whether `arg` is a short option cluster holding `-c` (`-p`, `-rp`).
+fn short_flag(arg: &str, c: char) -> bool {
+    arg.len() > 1 && arg.starts_with('-') && !arg.starts_with("--") && arg[1..].contains(c)
+}
+
+/// Whether one of `args` of `name` is an option that makes it run a program it names
+/// (long options also abbreviated, as getopt takes them; short ones also bundled).
+fn runs_with_option(name: &str, args: &[&str]) -> bool {
+    let opts: &[&str] = match name {
+        "tar" => &[
+            "--checkpoint-action",
+            "--to-command",
+            "--use-compress-program",
+            "--info-script",
+            "--new-volume-script",
+            "--rsh-command",
+            "-I",
+            "-F",
+        ],
+        "sort" => &["--compress-program"],
+        "rg" => &["--pre"],
+        "man" => &["--pager", "--html", "-P", "-H"],
+        _ => return false,
+    };
+    // tar's first word may be a cluster of short options without a dash (`tar xIf id x`).
+    let old_style = (name == "tar")
+        .then(|| args.first().filter(|a| !a.starts_with('-')))
+        .flatten()
+        .is_some_and(|a| a.contains(['I', 'F']));
+    old_style || args.iter().any(|a| opts.iter().any(|o| git_names(a, o)))
+}
+
 fn basename(word: &str) -> &str {
     word.rsplit('/').next().unwrap_or(word)
 }
@@ -1012,6 +1061,25 @@ impl Line {
                 }
             }
             "git" => self.git(&args),
+            // `hash -p PATH NAME` and an alias give a name another program; `mapfile -C` and
+            // `enable -f` run code of their own.
+            "hash" if args.iter().any(|a| short_flag(a, 'p')) => {
+                self.hide("`hash -p`, which gives a command name another program")
+            }
+            "alias" => self.hide("`alias`, which gives a command name other code"),
+            "mapfile" | "readarray" if args.iter().any(|a| short_flag(a, 'C')) => {
+                self.hide(format!("`{name} -C`, which runs a callback"))
+            }
+            "enable" if args.iter().any(|a| short_flag(a, 'f')) => {
+                self.hide("`enable -f`, which loads code")
+            }
+            _ if runs_with_option(name, &args) => {
+                self.hide(format!("`{name}` with an option that runs a program"))
+            }
+            _ if ELSEWHERE.contains(&name) => self.hide(format!(
+                "`{name}`, which runs commands the rules cannot read (possibly outside the \
+                 sandbox)"
+            )),
             _ => {}
         }
     }
@@ -1099,14 +1167,11 @@ impl Line {
         }
         let sub = args.get(i).copied().unwrap_or_default();
         let rest = args.get(i + 1..).unwrap_or_default();
-        let has = |opts: &[&str]| {
-            rest.iter().any(|a| {
-                opts.iter()
-                    .any(|o| a == o || a.starts_with(&format!("{o}=")))
-            })
-        };
+        let has = |opts: &[&str]| rest.iter().any(|a| opts.iter().any(|o| git_names(a, o)));
         let runs = match sub {
-            "config" | "filter-branch" => true,
+            // send-email runs `--sendmail-cmd`, `--smtp-server=PROGRAM`, `--to-cmd` …;
+            // instaweb its `--httpd`.
+            "config" | "filter-branch" | "send-email" | "instaweb" => true,
             "submodule" => rest.contains(&"foreach"),
             "bisect" => rest.contains(&"run"),
             "rebase" => has(&["-x", "--exec"]),
@@ -1115,6 +1180,8 @@ impl Line {
             }
             "difftool" | "mergetool" => has(&["-x", "--extcmd", "-t", "--tool"]),
             "clone" => has(&["-u", "-c", "--config", "--template"]),
+            // A template folder's `config` and `hooks/` become the new repository's.
+            "init" => has(&["--template"]),
             _ => false,
         } || has(&[
             "--upload-pack",
@@ -1128,6 +1195,20 @@ impl Line {
                 "`git {sub}` as called here, which can run any command"
             ));
         }
+    }
+}
+
+/// Whether `arg` of a git subcommand names `opt`: a long option as written or abbreviated
+/// (git takes any unambiguous prefix: `--templ=t` is `--template=t`), a short one alone or
+/// bundled with others (`-ix` holds `-x`).
+fn git_names(arg: &str, opt: &str) -> bool {
+    if let Some(long) = opt.strip_prefix("--") {
+        let flag = arg.split_once('=').map_or(arg, |(f, _)| f);
+        flag.strip_prefix("--")
+            .is_some_and(|f| !f.is_empty() && long.starts_with(f))
+    } else {
+        let short = opt.trim_start_matches('-');
+        !arg.starts_with("--") && arg.len() > 1 && arg.starts_with('-') && arg[1..].contains(short)
     }
 }
 
@@ -1159,6 +1240,16 @@ mod tests {
         let rm = rules(&[], &[], &["run_command(rm *)"]);
         let ask = rules(&[], &["run_command(rm *)"], &[]);
         let git_any = rules(&["run_command(git *)"], &[], &[]);
+        let tools = rules(
+            &[
+                "run_command(tar *)",
+                "run_command(sort *)",
+                "run_command(rg *)",
+                "run_command(man *)",
+            ],
+            &[],
+            &[],
+        );
         let table: &[(&Rules, &str, &str)] = &[
             (&cat, "cat payload", "allow"),
             (&cat, "cat 'a b' \"c\"", "allow"),
@@ -1234,6 +1325,15 @@ mod tests {
             (&git_any, "git --git-dir=elsewhere status", "mode"),
             (&git_any, "git submodule foreach id", "mode"),
             (&git_any, "git rebase -x id main", "mode"),
+            (&git_any, "git rebase -ix id main", "mode"),
+            (&git_any, "git rebase --exe=id main", "mode"),
+            (&git_any, "git init --template=t sub", "mode"),
+            (&git_any, "git init --templ=t sub", "mode"),
+            (&git_any, "git clone --templa=t a b", "mode"),
+            (&git_any, "git fetch --upload-pa=id origin", "mode"),
+            (&git_any, "git init sub", "allow"),
+            (&git_any, "git send-email --smtp-server=./x p.patch", "mode"),
+            (&git_any, "git log --exit-code", "allow"),
             (&rm, "git -C . -c alias.x='!rm x' x", "deny"),
             (&rm, "command -p rm x", "deny"),
             (&rm, "unshare -p rm x", "deny"),
@@ -1266,6 +1366,34 @@ mod tests {
             (&cat, "command -p cat x", "mode"),
             (&rm, "ls", "mode"),
             (&rm, "cat rm", "mode"),
+            (&rm, "hash -p /bin/rm ls; ls x", "deny"),
+            (&rm, "shopt -s expand_aliases\nalias r=rm\nr x", "deny"),
+            (&rm, "mapfile -C rm -c 1 < l", "deny"),
+            (
+                &rm,
+                "tar cf /dev/null f --checkpoint-action=exec='rm x'",
+                "deny",
+            ),
+            (&rm, "tmux run-shell 'rm x'", "deny"),
+            (&rm, "parallel rm ::: x", "deny"),
+            (&rm, "hash", "mode"),
+            (&rm, "tar xf a.tar", "mode"),
+            (
+                &tools,
+                "tar cf a.tar --checkpoint=1 --checkpoint-act=exec=id f",
+                "mode",
+            ),
+            (&tools, "tar -I id -cf x f", "mode"),
+            (&tools, "tar -xIid -f x", "mode"),
+            (&tools, "tar czf a.tgz src", "allow"),
+            (&tools, "tar xIf id a.tar", "mode"),
+            (&tools, "sort --compress-prog=id f", "mode"),
+            (&tools, "sort -u f", "allow"),
+            (&tools, "rg --pre id x", "mode"),
+            (&tools, "rg --pre=id x", "mode"),
+            (&tools, "rg -n x", "allow"),
+            (&tools, "man -P id ls", "mode"),
+            (&tools, "man ls", "allow"),
         ];
         assert!(table.len() >= 30);
         let wrong: Vec<String> = table

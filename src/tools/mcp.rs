@@ -214,10 +214,7 @@ async fn start_one(
         )));
     }
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(first)
-        .args(&spec.args)
-        .current_dir(workspace)
-        .process_group(0);
+    cmd.args(first).args(&spec.args).current_dir(workspace);
     // The scrubbed environment, then the secrets passed by name, then `env` as written.
     let mut extra: Vec<(String, String)> = vec![
         ("SUP_WORKSPACE".into(), workspace.display().to_string()),

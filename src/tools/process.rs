@@ -1,5 +1,5 @@
 //! The process runner shared by `run_command`, command tools and checks: a child in its own
-//! process group, stdout and stderr written to files (so no output size can flood memory and
+//! session and process group (`Jail::apply`), stdout and stderr written to files (so no output size can flood memory and
 //! the whole output is kept), a timeout and cancellation that kill the whole group, and
 //! bounded reads of what it printed. Every child starts in the run's sandbox (`Jail`) with
 //! the scrubbed environment.
@@ -170,7 +170,6 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
         } else {
             Stdio::null()
         })
-        .process_group(0)
         .kill_on_drop(true);
     let (out_file, err_file) = (create(&spec.stdout)?, create(&spec.stderr)?);
     let armed = spec

@@ -375,12 +375,16 @@ pub struct Jail {
     /// The record of the run's process groups, open for appending.
     groups: Option<Mutex<std::fs::File>>,
     /// Files and folders the file tools must refuse to write (goal file, user config, the
-    /// daemon's goals folder), canonical.
+    /// daemon's goals folder, SUP_HOME), canonical.
     pub(crate) protected: Vec<PathBuf>,
     /// Folders bound onto themselves so they cannot be moved (they hold read-only paths).
     pinned: Vec<PathBuf>,
     /// The daemon's goals folder, when a daemon started the run.
     goals: Option<PathBuf>,
+    /// Whether commands get a terminal folder of their own (a new `devpts` instance on
+    /// `/dev/pts`), so the terminals of the person (the approval prompt's among them) are not
+    /// there to open.
+    own_pts: bool,
 }
 
 /// What a command needs kept open until it has been spawned.
@@ -413,6 +417,7 @@ impl Jail {
             protected: Vec::new(),
             pinned: Vec::new(),
             goals: None,
+            own_pts: false,
         }
     }
 
@@ -456,8 +461,9 @@ impl Jail {
                 .open(run_dir.join(GROUPS))
                 .ok()
                 .map(Mutex::new),
-            // The file tools write only beneath the workspace: a goals folder that holds the
-            // workspace, rather than is or lies in it, is out of their reach already.
+            // The file tools write only beneath the workspace: a goals folder or SUP_HOME (whose
+            // runs hold the frozen checks) that holds the workspace, rather than is or lies in
+            // it, is out of their reach already.
             protected: s
                 .protect
                 .iter()
@@ -465,12 +471,14 @@ impl Jail {
                 .chain(
                     s.goals
                         .iter()
+                        .chain(std::iter::once(&home.to_path_buf()))
                         .map(|g| lenient_canonical(g))
                         .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
                 )
                 .collect(),
             pinned: Vec::new(),
             goals: s.goals.as_deref().map(lenient_canonical),
+            own_pts: false,
         };
         if policy == Policy::Off {
             jail.missing
@@ -521,6 +529,7 @@ impl Jail {
             keep_out.push(p.clone());
         }
         jail.protect(keep_out);
+        jail.own_pts = true;
         if jail.abi < 3 {
             jail.missing
                 .push("truncating files is not confined (needs Landlock ABI 3)".into());
@@ -534,26 +543,27 @@ impl Jail {
                 "signals and abstract unix sockets are not scoped (needs Landlock ABI 6)".into(),
             );
         }
-        if !jail.binds.is_empty()
-            && let Err(e) = jail.probe()
-        {
+        if let Err(e) = jail.probe() {
+            let mut exposed: Vec<String> = jail
+                .read_only
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            exposed.push("your terminals (/dev/pts)".into());
             jail.missing.push(format!(
                 "{} stay writable by commands (no mount namespace: {e})",
-                jail.read_only
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                exposed.join(", ")
             ));
+            jail.own_pts = false;
             jail.binds.clear();
             jail.read_only.clear();
             jail.pinned.clear();
-        }
-        if let Err(e) = jail.probe() {
-            jail.missing.push(format!(
-                "Landlock could not be applied ({e}): commands are not confined"
-            ));
-            jail.policy = Policy::Off;
+            if let Err(e) = jail.probe() {
+                jail.missing.push(format!(
+                    "Landlock could not be applied ({e}): commands are not confined"
+                ));
+                jail.policy = Policy::Off;
+            }
         }
         jail.finish(s.required)
     }
@@ -746,10 +756,16 @@ impl Jail {
         if !self.token.is_empty() {
             cmd.env(TOKEN, &self.token);
         }
-        // A direct child dies with `sup`, however `sup` ends.
-        // SAFETY: prctl with integer arguments only, between fork and exec.
+        // A direct child dies with `sup`, however `sup` ends. It leads a session of its own
+        // (and so a process group, which its timeout kills): without a controlling terminal
+        // it cannot open `/dev/tty`, to type an answer into the approval prompt (TIOCSTI) or
+        // draw over it.
+        // SAFETY: setsid and prctl with integer arguments only, between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -775,11 +791,19 @@ impl Jail {
                 format!("{gid} {gid} 1").into_bytes(),
             )
         });
+        let own_pts = self.own_pts;
+        let pts_access = AccessFs::from_file(ABI::from(self.abi.min(6))).bits();
         let closure = move || -> std::io::Result<()> {
             // Runs in the child between fork and exec: system calls only, no allocation.
-            if !binds.is_empty() {
-                hide_behind_read_only_mounts(&binds, maps.as_ref())?;
+            if !binds.is_empty() || own_pts {
+                hide_behind_read_only_mounts(&binds, maps.as_ref(), own_pts)?;
             }
+            if own_pts && fd >= 0 {
+                // The new terminal folder and its ptmx are other inodes than the rules the
+                // ruleset was made with: allow them by themselves.
+                allow_own_pts(fd, pts_access)?;
+            }
+            drop_capabilities()?;
             // SAFETY: plain system calls on integers and an fd we own.
             unsafe {
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
@@ -1120,6 +1144,7 @@ fn mount_flags(f: nix::sys::statvfs::FsFlags) -> libc::c_ulong {
 fn hide_behind_read_only_mounts(
     binds: &[Bind],
     maps: Option<&(Vec<u8>, Vec<u8>)>,
+    own_pts: bool,
 ) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error;
     // SAFETY: system calls on NUL-terminated strings that live as long as the closure.
@@ -1127,6 +1152,13 @@ fn hide_behind_read_only_mounts(
         match maps {
             Some((uid_map, gid_map)) => {
                 if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(err());
+                }
+                // A copy of the non-dumpable `sup` has its `/proc/self` owned by root, so its
+                // user cannot write the maps. Dumpable again, it shows its memory to no
+                // sandboxed process (Landlock keeps them from every process outside their
+                // own domain), and the exec that follows replaces that memory.
+                if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
                     return Err(err());
                 }
                 write_proc(c"/proc/self/setgroups", b"deny")?;
@@ -1164,12 +1196,114 @@ fn hide_behind_read_only_mounts(
                 return Err(err());
             }
         }
+        if own_pts {
+            // A terminal folder of its own: the person's terminals are not in it, so no
+            // command opens the one where sup asks for approval to draw over the question,
+            // or another to read what is typed there.
+            if libc::mount(
+                c"devpts".as_ptr(),
+                c"/dev/pts".as_ptr(),
+                c"devpts".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+            ) != 0
+                || libc::mount(
+                    c"/dev/pts/ptmx".as_ptr(),
+                    c"/dev/ptmx".as_ptr(),
+                    none,
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(err());
+            }
+        }
         // The working folder was entered before the mounts, on the mount beneath them: enter
         // it again by its path, so that relative paths meet the mounts too (a workspace that
         // is itself read-only, such as the daemon's goals folder).
         let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
         if libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null() || libc::chdir(cwd.as_ptr()) != 0 {
             return Err(err());
+        }
+    }
+    Ok(())
+}
+
+/// In the child before exec, once the mounts are made: give up every capability, for good
+/// (bounding set, ambient, permitted, effective, inheritable). A command of root would keep
+/// them otherwise, and with them reach what Landlock and the read-only mounts guard:
+/// `open_by_handle_at` opens a protected file through a writable mount, `mknod` makes a disk
+/// device in the workspace, `TIOCSTI` types into any terminal, modules load.
+fn drop_capabilities() -> std::io::Result<()> {
+    // SAFETY: prctl and capset with integers and a local buffer; safe between fork and exec.
+    unsafe {
+        // Outside a user namespace an ordinary user cannot empty the bounding set (no
+        // CAP_SETPCAP), and need not: its exec gains nothing from it (no new privileges).
+        let root = libc::getuid() == 0 || libc::geteuid() == 0;
+        for cap in 0..64 {
+            // Capabilities past this kernel's last are EINVAL: nothing to drop.
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                match *libc::__errno_location() {
+                    libc::EINVAL => break,
+                    libc::EPERM if !root => break,
+                    _ => return Err(std::io::Error::last_os_error()),
+                }
+            }
+        }
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        // struct __user_cap_header_struct { version, pid } and two empty data structs
+        // { effective, permitted, inheritable } (_LINUX_CAPABILITY_VERSION_3).
+        let header: [u32; 2] = [0x2008_0522, 0];
+        let data = [0u32; 6];
+        if libc::syscall(libc::SYS_capset, header.as_ptr(), data.as_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// In the child before exec: add Landlock rules for the private `/dev/pts` and `/dev/ptmx`
+/// to the ruleset `ruleset`, with `access` (file rights).
+fn allow_own_pts(ruleset: i32, access: u64) -> std::io::Result<()> {
+    /// `struct landlock_path_beneath_attr`.
+    #[repr(C, packed)]
+    struct Beneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    for path in [c"/dev/pts", c"/dev/ptmx"] {
+        // SAFETY: open, close and landlock_add_rule on a NUL-terminated path and a local
+        // struct; safe between fork and exec.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let attr = Beneath {
+                allowed_access: access,
+                parent_fd: fd,
+            };
+            // LANDLOCK_RULE_PATH_BENEATH = 1.
+            let r = libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset,
+                1u32,
+                &attr as *const Beneath,
+                0u32,
+            );
+            libc::close(fd);
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
     }
     Ok(())

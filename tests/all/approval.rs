@@ -572,3 +572,77 @@ fn quit_at_the_prompt_cancels_the_run() {
     assert_eq!(out.status.code(), Some(130));
     assert!(!exists(&env, "never.txt"));
 }
+
+#[test]
+fn a_command_cannot_type_an_answer_into_the_prompt() {
+    // An approved command pushes `y` and Enter into the terminal's input (TIOCSTI on
+    // /dev/tty), to answer the next prompt, for a command the person never saw approved.
+    let env = Env::new();
+    env.write(
+        "inj.py",
+        "import fcntl, os, termios\n\
+         try:\n    fd = os.open('/dev/tty', os.O_RDWR)\n    \
+         for c in b'y\\n':\n        fcntl.ioctl(fd, termios.TIOCSTI, bytes([c]))\n    \
+         print('injected')\n\
+         except OSError as e:\n    print('refused:', e)\n",
+    );
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "inj", "name": "run_command", "input": {"command": "python3 inj.py"}}]},
+        {"tool_calls": [{"id": "x", "name": "run_command", "input": {"command": "touch pwned"}}]},
+        {"text": "done"}
+    ]));
+    let args: Vec<String> = vec![
+        "run".into(),
+        "work".into(),
+        "--model".into(),
+        format!("script:{}", script.display()),
+    ];
+    let (child, mut term, seen) = on_a_terminal(&env, &args);
+    wait_for(&seen, "Allow?", 1);
+    term.write_all(b"y\n").unwrap();
+    // The second prompt waits for the person, who says no.
+    eventually(
+        Duration::from_secs(20),
+        "the second prompt or the end",
+        || {
+            let text = seen.lock().unwrap();
+            (text.matches("Allow?").count() >= 2 || text.contains("Done")).then_some(())
+        },
+    );
+    let _ = term.write_all(b"n\n");
+    let out = child.wait_with_output().unwrap();
+    let text = seen.lock().unwrap().clone();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let results = serde_json::to_string(&tool_messages(&env.transcript())).unwrap();
+    assert!(results.contains("refused:"), "{results}");
+    assert!(!exists(&env, "pwned"), "an injected answer ran it: {text}");
+}
+
+#[test]
+fn a_command_cannot_draw_on_the_persons_terminal_but_has_terminals_of_its_own() {
+    // The prompt's terminal is a /dev/pts/N of the same user: a background job could open it
+    // and draw another command over the question. The marker is spelled apart in the command
+    // line, so only a write of the command itself can put it on the screen.
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "draw", "name": "run_command", "input": {"command":
+            "for p in /dev/pts/*; do printf '\\r%s%s\\n' SPO OFED > $p; done; \
+             python3 -c 'import os, pty; m, s = pty.openpty(); os.write(s, b\"x\"); print(\"own\", os.read(m, 1))'"}}]},
+        {"text": "done"}
+    ]));
+    let args: Vec<String> = vec![
+        "run".into(),
+        "work".into(),
+        "--approval".into(),
+        "auto".into(),
+        "--model".into(),
+        format!("script:{}", script.display()),
+    ];
+    let (child, _term, seen) = on_a_terminal(&env, &args);
+    let out = child.wait_with_output().unwrap();
+    let text = seen.lock().unwrap().clone();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains("SPOOFED"), "{text}");
+    let results = serde_json::to_string(&tool_messages(&env.transcript())).unwrap();
+    assert!(results.contains("own b'x'"), "{results}");
+}

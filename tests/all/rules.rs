@@ -65,6 +65,11 @@ fn allow_rules_never_stretch_to_redirections_or_commands_that_run_commands() {
         command("git-c", "git -c core.pager='touch f7' status"),
         command("subst", "cat $(touch f8)"),
         command("background", "cat payload & touch f9"),
+        command(
+            "tar-exec",
+            "tar cf /dev/null payload --checkpoint=1 --checkpoint-act=exec='touch f10'",
+        ),
+        command("sort-prog", "sort --compress-prog=./f11 -S 1 payload"),
     ];
     let run = run_commands(
         &env,
@@ -80,6 +85,10 @@ fn allow_rules_never_stretch_to_redirections_or_commands_that_run_commands() {
             "run_command(git status*)",
             "--allow",
             "run_command(git *)",
+            "--allow",
+            "run_command(tar *)",
+            "--allow",
+            "run_command(sort *)",
         ],
     );
     for id in ["plain", "to-null"] {
@@ -100,7 +109,7 @@ fn allow_rules_never_stretch_to_redirections_or_commands_that_run_commands() {
         redirect.contains("redirection"),
         "the model hears why: {redirect}"
     );
-    for f in ["f1", "f3", "f4", "f5", "f6", "f7", "f8", "f9"] {
+    for f in ["f1", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10"] {
         assert!(!exists(&env, f), "{f} was written");
     }
     assert!(exists(&env, "payload"), "find -delete ran");
@@ -128,6 +137,10 @@ fn deny_rules_see_through_every_spelling_of_a_command() {
         "timeout 5 rm x15",
         "X=rm; $X x16",
         "python3 -c 'import os; os.remove(\"x17\")'",
+        "hash -p /bin/rm ls; ls x18",
+        "shopt -s expand_aliases\nalias r=rm\nr x19",
+        "echo x20 > l; mapfile -C 'rm x20; :' -c 1 < l",
+        "tar cf /dev/null l --checkpoint=1 --checkpoint-action=exec='rm x21'",
     ];
     let mut lines = Vec::new();
     for (i, line) in spellings.iter().enumerate() {
@@ -1103,4 +1116,57 @@ fn the_prompt_flags_invisible_unicode_without_control_characters() {
     term.write_all(b"n\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+}
+
+/// A template folder the agent writes becomes a new repository's `.git` (its `config` with an
+/// fsmonitor, its hooks) through `git init --template` — or `--templ`, since git takes any
+/// unambiguous prefix of a long option — and an allowed `git -C sub status` would run it.
+#[test]
+fn git_init_or_clone_from_a_template_the_agent_wrote_is_not_allowed_by_a_rule() {
+    let env = Env::new();
+    let config = "[core]\n\tfsmonitor = \"touch pwned; echo\"\n";
+    let run = env.run_json(
+        calls(&[
+            (
+                "c",
+                "write_file",
+                json!({"path": "t/config", "content": config}),
+            ),
+            (
+                "init",
+                "run_command",
+                json!({"command": "git init --templ=t sub"}),
+            ),
+            (
+                "full",
+                "run_command",
+                json!({"command": "git init --template t sub2"}),
+            ),
+            (
+                "clone",
+                "run_command",
+                json!({"command": "git clone --templa=t sub sub3"}),
+            ),
+            ("g", "run_command", json!({"command": "git -C sub status"})),
+        ]),
+        &[
+            "--approval",
+            "never",
+            "--allow",
+            "write_file",
+            "--allow",
+            "run_command(git *)",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["init", "full", "clone"] {
+        assert_eq!(
+            run.tool_result(id)["is_error"],
+            true,
+            "{id}: {}",
+            run.stdout
+        );
+    }
+    assert!(!exists(&env, "pwned"), "{}", run.stdout);
+    assert!(!exists(&env, "sub/.git"), "{}", run.stdout);
 }

@@ -1457,3 +1457,179 @@ fn a_bad_mcp_sandbox_is_exit_2_with_file_and_line() {
         run.stderr
     );
 }
+
+#[test]
+fn a_command_has_no_capabilities_to_reach_a_protected_file_by_its_handle() {
+    // As root, open_by_handle_at reaches the goal file through the workspace's own mount,
+    // around its read-only bind mount; a device node made with mknod would too.
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
+    let goal = env.write("goal.toml", original);
+    env.write(
+        "handle.py",
+        "import ctypes, os, struct\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         buf = ctypes.create_string_buffer(8 + 128)\n\
+         struct.pack_into('I', buf, 0, 128)\n\
+         mnt = ctypes.c_int()\n\
+         print('name', libc.name_to_handle_at(-100, b'goal.toml', buf, ctypes.byref(mnt), 0))\n\
+         fd = libc.open_by_handle_at(os.open('.', os.O_RDONLY), buf, os.O_WRONLY | os.O_APPEND)\n\
+         print('open', fd, os.strerror(ctypes.get_errno()))\n\
+         if fd >= 0:\n    os.write(fd, b'approval = \"never\"\\n')\n",
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([
+            cmd("caps", "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status"),
+            cmd("handle", "python3 handle.py"),
+            cmd("node", "mknod disk b 8 0 && ls -l disk"),
+            say("done")
+        ]),
+        &[],
+    );
+    let caps = text(run.tool_result("caps"));
+    let lines: Vec<&str> = caps.lines().filter(|l| l.starts_with("Cap")).collect();
+    assert_eq!(lines.len(), 4, "{caps}");
+    for line in lines {
+        assert!(line.ends_with("0000000000000000"), "{caps}");
+    }
+    assert!(
+        text(run.tool_result("handle")).contains("open -1"),
+        "{}",
+        text(run.tool_result("handle"))
+    );
+    assert_eq!(run.tool_result("node")["is_error"], true);
+    assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
+}
+
+#[test]
+fn as_an_ordinary_user_the_sandbox_misses_nothing_and_the_goal_file_stays_read_only() {
+    // sup is non-dumpable: a copy of it between fork and exec could not write its own
+    // `/proc/self/uid_map`, so the user namespace of the read-only mounts was never made for
+    // an ordinary user, and the goal file inside the workspace stayed writable.
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
+    let goal = env.write("goal.toml", original);
+    let script = env.script(json!([
+        cmd("append", "echo 'approval = \"never\"' >> goal.toml"),
+        cmd(
+            "caps",
+            "grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; ls /dev/pts"
+        ),
+        say("done")
+    ]));
+    let model = format!("script:{}", script.display());
+    let mut c = env.sup_as_nobody();
+    c.args([
+        "goal",
+        "--file",
+        goal.to_str().unwrap(),
+        "--json",
+        "--model",
+        &model,
+    ]);
+    let run = Run::new(c.output().unwrap());
+    let line = sandbox_line(&run);
+    assert!(
+        line.starts_with("sandbox: workspace-write") && !line.contains("MISSING"),
+        "{line}"
+    );
+    assert_eq!(
+        run.tool_result("append")["is_error"],
+        true,
+        "{}",
+        run.stdout
+    );
+    let caps = text(run.tool_result("caps"));
+    assert_eq!(caps.matches("0000000000000000").count(), 3, "{caps}");
+    assert_eq!(std::fs::read_to_string(&goal).unwrap(), original);
+}
+
+#[test]
+#[ignore = "open: Landlock (ABI 7) does not govern connecting to a pathname unix socket, so a \
+            command asks a service of the same user (tmux, screen, systemd --user, docker, a \
+            D-Bus session bus) to run code outside the sandbox. Needs a seccomp filter that \
+            refuses socket(AF_UNIX) (and io_uring_setup) unless the goal allows unix sockets, \
+            or Landlock's pathname-socket right where the kernel has it"]
+fn a_command_cannot_have_a_service_of_the_user_run_code_outside_the_sandbox() {
+    // The person's tmux: its server listens on a pathname socket, and `run-shell` runs what
+    // it is given outside the sandbox (`send-keys` would type into the approval prompt).
+    let env = Env::new();
+    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
+    let goal = env.write("goal.toml", original);
+    let sock_dir = outside();
+    let sock = sock_dir.path().join("default");
+    let started = std::process::Command::new("tmux")
+        .arg("-S")
+        .arg(&sock)
+        .args(["new-session", "-d"])
+        .status();
+    if !started.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: tmux cannot start here");
+        return;
+    }
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([
+            cmd(
+                "tmux",
+                &format!(
+                    "tmux -S {} run-shell 'echo approval = never >> {}'",
+                    sock.display(),
+                    goal.display()
+                )
+            ),
+            say("done")
+        ]),
+        &[],
+    );
+    let _ = std::process::Command::new("tmux")
+        .arg("-S")
+        .arg(&sock)
+        .arg("kill-server")
+        .status();
+    assert_eq!(
+        std::fs::read_to_string(&goal).unwrap(),
+        original,
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn with_sup_home_in_the_workspace_the_file_tools_cannot_rewrite_the_frozen_check() {
+    // The check runs from its copy under SUP_HOME/runs/RUN_ID/checks; SUP_HOME inside the
+    // workspace put that copy in reach of write_file (through a symlink, or by its path).
+    let env = Env::new();
+    let home = env.ws().join("sup-home");
+    std::fs::create_dir(&home).unwrap();
+    let checks = outside();
+    let check = checks.path().join("check.sh");
+    std::fs::write(&check, "exit 1\n").unwrap();
+    let script = env.script(json!([
+        cmd("ln", "ln -s sup-home/runs/$SUP_RUN_ID/checks c && ls c"),
+        {"tool_calls": [{"id": "w", "name": "write_file",
+          "input": {"path": "c/1-check.sh", "content": "exit 0\n"}}]},
+        {"tool_calls": [{"id": "e", "name": "edit_file",
+          "input": {"path": "c/1-check.sh", "old_string": "exit 1", "new_string": "exit 0"}}]},
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .env("SUP_HOME", &home)
+        .args(["goal", "work", "--json", "--check"])
+        .arg(&check)
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert!(
+        text(run.tool_result("ln")).contains("1-check.sh"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+    assert_eq!(run.tool_result("e")["is_error"], true, "{}", run.stdout);
+    assert_ne!(run.result()["status"], "achieved", "{}", run.stdout);
+}
