@@ -609,17 +609,14 @@ pub(crate) async fn run_file(
         Err(e) => return e.into_response(),
     };
     let not_found = || error_page(StatusCode::NOT_FOUND, "No such file kept for this run.");
-    let (Ok(dir), Ok(full)) = (
-        std::fs::canonicalize(&run.dir),
-        std::fs::canonicalize(FsPath::new(&run.dir).join(&path)),
-    ) else {
+    // Opened beneath the run folder (`openat2` with RESOLVE_BENEATH where the kernel has it):
+    // its `tmp` is the agent's, and a symlink flipped there between a check of the path and
+    // the read would serve any file the console can read (its own /proc/self/environ).
+    let Ok(dir) = cap_std::fs::Dir::open_ambient_dir(&run.dir, cap_std::ambient_authority()) else {
         return not_found();
     };
-    if !full.starts_with(&dir) {
-        return not_found();
-    }
-    match tokio::fs::read(&full).await {
-        Ok(bytes) => (
+    match tokio::task::spawn_blocking(move || dir.read(&path)).await {
+        Ok(Ok(bytes)) => (
             [
                 (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
                 (header::CONTENT_SECURITY_POLICY, "sandbox"),
@@ -627,7 +624,7 @@ pub(crate) async fn run_file(
             bytes,
         )
             .into_response(),
-        Err(_) => not_found(),
+        _ => not_found(),
     }
 }
 

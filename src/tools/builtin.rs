@@ -77,15 +77,38 @@ fn opened_inside(
     }
 }
 
+/// Open `rel` beneath `dir` without blocking, and only when it is a regular file: a FIFO or
+/// a device the agent put in the workspace (even in place of a file, meanwhile) would
+/// otherwise hang the tool, and the run with it, for good.
+fn open_regular(
+    dir: &cap_std::fs::Dir,
+    rel: &str,
+    options: &mut cap_std::fs::OpenOptions,
+) -> std::io::Result<std::fs::File> {
+    use cap_std::fs::OpenOptionsExt;
+    let file = dir
+        .open_with(rel, options.custom_flags(libc::O_NONBLOCK))?
+        .into_std();
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a folder, FIFO, socket or device); the file tools read and \
+             write regular files only",
+        ));
+    }
+    Ok(file)
+}
+
 /// Open a file beneath the workspace for `tool`: no symlink leads out, even one that flips
 /// meanwhile, and a deny rule on where it really is holds.
 fn open_beneath(ctx: &ToolContext, tool: &str, typed: &str) -> Result<std::fs::File, ToolError> {
     let (_, rel) = target(ctx, typed)?;
     let dir = workspace_dir(&ctx.workspace)?;
-    let file = dir
-        .open(if rel.is_empty() { "." } else { rel.as_str() })
-        .map_err(|e| io_error("read", typed, e))?
-        .into_std();
+    let file = open_regular(
+        &dir,
+        if rel.is_empty() { "." } else { rel.as_str() },
+        cap_std::fs::OpenOptions::new().read(true),
+    )
+    .map_err(|e| io_error("read", typed, e))?;
     let real = opened_inside(ctx, &file, typed)?;
     denied_at_open(ctx, tool, &relative(&ctx.workspace, &real), typed)?;
     Ok(file)
@@ -150,13 +173,12 @@ fn write_beneath(
             .map_err(|e| io_error("create the folders of", typed, e))?;
     }
     let existed = dir.exists(&rel);
-    let mut file = dir
-        .open_with(
-            &rel,
-            cap_std::fs::OpenOptions::new().write(true).create(true),
-        )
-        .map_err(|e| io_error("write", typed, e))?
-        .into_std();
+    let mut file = open_regular(
+        &dir,
+        &rel,
+        cap_std::fs::OpenOptions::new().write(true).create(true),
+    )
+    .map_err(|e| io_error("write", typed, e))?;
     let real = opened_inside(ctx, &file, typed)?;
     let meta = file.metadata().map_err(|e| io_error("write", typed, e))?;
     let real_rel = relative(&ctx.workspace, &real);
@@ -611,9 +633,12 @@ impl Tool for SearchFiles {
                 {
                     continue;
                 }
-                let Ok(bytes) = dir.read(&rel) else {
+                let mut bytes = Vec::new();
+                let read = open_regular(&dir, &rel, cap_std::fs::OpenOptions::new().read(true))
+                    .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut bytes));
+                if read.is_err() {
                     continue;
-                };
+                }
                 if is_binary(&bytes) {
                     continue;
                 }

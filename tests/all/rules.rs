@@ -1170,3 +1170,38 @@ fn git_init_or_clone_from_a_template_the_agent_wrote_is_not_allowed_by_a_rule() 
     assert!(!exists(&env, "pwned"), "{}", run.stdout);
     assert!(!exists(&env, "sub/.git"), "{}", run.stdout);
 }
+
+/// A FIFO in the workspace (or put in place of a file while a search walks) hung the file
+/// tools, and the run with them, for good: not even SIGTERM ended it.
+#[test]
+fn a_fifo_in_the_workspace_does_not_hang_the_file_tools() {
+    let env = Env::new();
+    env.write("a.txt", "needle\n");
+    let turn = |id: &str, name: &str, input: Value| json!({"tool_calls": [{"id": id, "name": name, "input": input}]});
+    let run = env.run_json(
+        json!([
+            turn("m", "run_command", json!({"command": "mkfifo f"})),
+            turn("r", "read_file", json!({"path": "f"})),
+            turn("w", "write_file", json!({"path": "f", "content": "x"})),
+            turn("e", "edit_file", json!({"path": "f", "old_string": "a", "new_string": "b"})),
+            turn("s", "search_files", json!({"pattern": "needle"})),
+            {"text": "done"}
+        ]),
+        &["--approval", "auto"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for id in ["r", "w", "e"] {
+        let r = run.tool_result(id);
+        assert_eq!(r["is_error"], true, "{id}: {r}");
+    }
+    // With no reader, opening the FIFO to write fails at once (ENXIO).
+    for id in ["r", "e"] {
+        let r = text_of_result(run.tool_result(id));
+        assert!(r.contains("regular file"), "{id}: {r}");
+    }
+    assert!(text_of_result(run.tool_result("s")).contains("a.txt:1"));
+}
+
+fn text_of_result(v: &Value) -> String {
+    v["content"].as_str().unwrap_or_default().to_string()
+}

@@ -399,6 +399,62 @@ fn kept_outputs_are_linked_and_nothing_outside_the_run_folder_is_served() {
     }
 }
 
+/// The run's `tmp` is the agent's to write: a folder there flipped to a symlink between the
+/// console's check of a path and its read served a file outside the run folder.
+#[test]
+fn a_symlink_flipped_in_the_runs_temp_folder_serves_nothing_outside_it() {
+    let env = Env::new();
+    let r = env.run_json(json!([{"text": "ok"}]), &[]);
+    let id = r.result()["run_id"].as_str().unwrap().to_string();
+    let tmp = run_dir(&env, &id).join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("x"), "do not serve").unwrap();
+    let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (stop, tmp, target) = (stop.clone(), tmp.clone(), outside.path().to_path_buf());
+        std::thread::spawn(move || {
+            // A folder holding `x` and a symlink to the folder outside trade places (one
+            // atomic rename), over and over.
+            let (d, s) = (tmp.join("d"), tmp.join("s"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("x"), "inside").unwrap();
+            std::os::unix::fs::symlink(&target, &s).unwrap();
+            let (d, s) = (
+                std::ffi::CString::new(d.to_str().unwrap()).unwrap(),
+                std::ffi::CString::new(s.to_str().unwrap()).unwrap(),
+            );
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: renameat2 on two NUL-terminated paths.
+                unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        s.as_ptr(),
+                        libc::AT_FDCWD,
+                        d.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    );
+                }
+            }
+        })
+    };
+    let mut leaked = 0;
+    let mut inside = 0;
+    for _ in 0..1000 {
+        let r = get(&c.addr, &format!("/runs/{id}/files/tmp/d/x"), None);
+        leaked += usize::from(r.body.contains("do not serve"));
+        inside += usize::from(r.body.contains("inside"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().unwrap();
+    assert!(inside > 0, "the file inside is served");
+    assert_eq!(
+        leaked, 0,
+        "a file outside the run folder was served {leaked} times"
+    );
+}
+
 #[test]
 fn a_live_transcript_streams_new_events_until_the_run_ends() {
     let env = Env::new();
