@@ -86,8 +86,6 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
-/// Add a message to the conversation and to the transcript.
-/// Known secrets are redacted first: what the model is sent never holds one.
 /// The output tokens of a response whose provider reported none: a token per 4 bytes.
 fn output_estimate(r: &crate::model::ModelResponse) -> u64 {
     let bytes = r.text.len()
@@ -99,6 +97,8 @@ fn output_estimate(r: &crate::model::ModelResponse) -> u64 {
     (bytes as u64).div_ceil(4)
 }
 
+/// Add a message to the conversation and to the transcript.
+/// Known secrets are redacted first: what the model is sent never holds one.
 pub(crate) fn push(messages: &mut Conversation, message: Message, events: &Events) {
     let message = crate::redact::serde(&message).unwrap_or(message);
     events.emit(Event::Message {
