@@ -15,6 +15,8 @@ use std::os::unix::fs::MetadataExt;
 use axum::extract::connect_info::Connected;
 use axum::serve::IncomingStream;
 
+use crate::tools::sandbox::{parent_of, run_of};
+
 /// Both ends of an accepted connection, as the server sees them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Conn {
@@ -126,12 +128,6 @@ fn comm(pid: i32) -> String {
         .unwrap_or_default()
 }
 
-fn parent(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    rest.split(' ').nth(1)?.parse().ok()
-}
-
 /// Why process `pid` counts as `sup`'s own, if it does.
 fn sups(pid: i32, me: (u64, u64), my_comm: &str) -> Option<String> {
     match std::fs::metadata(format!("/proc/{pid}/exe")) {
@@ -143,10 +139,7 @@ fn sups(pid: i32, me: (u64, u64), my_comm: &str) -> Option<String> {
         }
         Err(_) => {}
     }
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    env.split(|b| *b == 0)
-        .any(|kv| kv.starts_with(b"SUP_RUN_ID="))
-        .then(|| format!("process {pid} started with SUP_RUN_ID"))
+    run_of(pid).map(|_| format!("process {pid} started with SUP_RUN_ID"))
 }
 
 /// Who is on the other end of a connection from `peer` to `ours`.
@@ -190,7 +183,7 @@ pub(crate) fn identify(peer: SocketAddr, ours: SocketAddr) -> Peer {
                     by,
                 };
             }
-            match parent(p) {
+            match parent_of(p) {
                 Some(pp) if pp > 0 && pp != p => p = pp,
                 _ => break,
             }

@@ -1394,12 +1394,16 @@ fn processes() -> Vec<(i32, i32)> {
     };
     dir.filter_map(|e| {
         let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let close = stat.rfind(')')?;
-        let ppid = stat.get(close + 2..)?.split(' ').nth(1)?.parse().ok()?;
-        Some((pid, ppid))
+        Some((pid, parent_of(pid)?))
     })
     .collect()
+}
+
+/// The parent of process `pid`, from `/proc/PID/stat`.
+pub(crate) fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    stat.get(close + 2..)?.split(' ').nth(1)?.parse().ok()
 }
 
 /// The value of `var` in the environment a process started with, if it can be read.
@@ -1412,7 +1416,7 @@ fn env_of(pid: i32, var: &str) -> Option<String> {
 }
 
 /// The `SUP_RUN_ID` a process started with, if it can be read.
-fn run_of(pid: i32) -> Option<String> {
+pub(crate) fn run_of(pid: i32) -> Option<String> {
     env_of(pid, "SUP_RUN_ID")
 }
 
