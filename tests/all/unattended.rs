@@ -776,6 +776,26 @@ fn service_install_writes_a_unit_that_systemd_accepts_and_uninstall_removes_it()
     assert!(!unit_path.exists());
 }
 
+/// What `--print-config` printed, which must exit 0, and the line of each setting by its key.
+fn printed_config(o: std::process::Output) -> (String, impl Fn(&str) -> String) {
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines = text.clone();
+    let line = move |key: &str| {
+        lines
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in {lines}"))
+            .to_string()
+    };
+    (text, line)
+}
+
 #[test]
 fn print_config_shows_each_setting_and_where_it_came_from() {
     let env = Env::new();
@@ -792,19 +812,7 @@ fn print_config_shows_each_setting_and_where_it_came_from() {
         .arg(&file)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let line = |key: &str| {
-        text.lines()
-            .find(|l| l.split_whitespace().next() == Some(key))
-            .unwrap_or_else(|| panic!("no {key} in {text}"))
-            .to_string()
-    };
+    let (text, line) = printed_config(o);
     assert!(line("tries").contains("flag"), "{text}");
     assert!(line("max_steps").contains("goal file"), "{text}");
     assert!(line("model").contains("goal file"), "{text}");
@@ -1348,19 +1356,7 @@ fn print_config_names_the_environment_and_the_user_config() {
         .args(["run", "--print-config", "p"])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let line = |key: &str| {
-        text.lines()
-            .find(|l| l.split_whitespace().next() == Some(key))
-            .unwrap_or_else(|| panic!("no {key} in {text}"))
-            .to_string()
-    };
+    let (text, line) = printed_config(o);
     assert!(line("model").contains("openai:gpt-4o-mini"), "{text}");
     assert!(line("model").ends_with("environment"), "{text}");
     assert!(line("max_steps").contains('9'), "{text}");
