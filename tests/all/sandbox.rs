@@ -548,23 +548,31 @@ fn no_key_reaches_a_command_a_command_tool_a_check_or_an_mcp_server() {
     assert!(!run.stdout.contains(KEY));
 }
 
-#[test]
-fn an_env_pass_that_is_not_a_variable_name_is_exit_2_with_file_and_line() {
-    let env = Env::new();
-    let goal = env.write(
-        "g/goal.toml",
-        "prompt = \"work\"\n\nenv_pass = [\"NOT A NAME\"]\n",
-    );
+/// A goal file of `body` is refused before anything runs: exit 2, naming the file's `line`
+/// and `key`.
+fn refused_at(env: &Env, body: &str, line: usize, key: &str) {
+    let goal = env.write("g/goal.toml", body);
     let run = env.json(
         &["goal", "--file", goal.to_str().unwrap()],
         json!([say("x")]),
         &[],
     );
-    assert_eq!(run.code, 2);
+    assert_eq!(run.code, 2, "{body}: {}", run.stderr);
     assert!(
-        run.stderr.contains(&format!("{}:3", goal.display())) && run.stderr.contains("env_pass"),
-        "{}",
+        run.stderr.contains(&format!("{}:{line}", goal.display())) && run.stderr.contains(key),
+        "{body}: {}",
         run.stderr
+    );
+}
+
+#[test]
+fn an_env_pass_that_is_not_a_variable_name_is_exit_2_with_file_and_line() {
+    let env = Env::new();
+    refused_at(
+        &env,
+        "prompt = \"work\"\n\nenv_pass = [\"NOT A NAME\"]\n",
+        3,
+        "env_pass",
     );
     let run = env.run_json(json!([say("x")]), &["--env-pass", "1BAD"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
@@ -589,18 +597,7 @@ fn bad_sandbox_keys_are_exit_2_with_file_and_line() {
         ("network = \"yes\"\n", "network"),
         ("writable = [\"../no-such-folder\"]\n", "writable"),
     ] {
-        let goal = env.write("g/goal.toml", &format!("prompt = \"work\"\n{body}"));
-        let run = env.json(
-            &["goal", "--file", goal.to_str().unwrap()],
-            json!([say("x")]),
-            &[],
-        );
-        assert_eq!(run.code, 2, "{body}: {}", run.stderr);
-        assert!(
-            run.stderr.contains(&format!("{}:2", goal.display())) && run.stderr.contains(key),
-            "{body}: {}",
-            run.stderr
-        );
+        refused_at(&env, &format!("prompt = \"work\"\n{body}"), 2, key);
     }
     // The same keys with good values are accepted.
     let goal = env.write(
@@ -1028,20 +1025,11 @@ fn mcp_env_pass_passes_the_variable_to_the_server_and_never_to_disk() {
     let files = files_holding(env.home.path(), PASSED);
     assert!(files.is_empty(), "{files:?}");
     // A name that is not a variable name: exit 2 at its line.
-    let goal = env.write(
-        "g/bad.toml",
+    refused_at(
+        &env,
         "prompt = \"work\"\n[[mcp]]\nname = \"x\"\ncommand = [\"true\"]\nenv_pass = [\"NOT A NAME\"]\n",
-    );
-    let run = env.json(
-        &["goal", "--file", goal.to_str().unwrap()],
-        json!([say("x")]),
-        &[],
-    );
-    assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(
-        run.stderr.contains(&format!("{}:5", goal.display())) && run.stderr.contains("env_pass"),
-        "{}",
-        run.stderr
+        5,
+        "env_pass",
     );
 }
 
@@ -1441,20 +1429,11 @@ fn python_checks_ignore_pythonpath() {
 #[test]
 fn a_bad_mcp_sandbox_is_exit_2_with_file_and_line() {
     let env = Env::new();
-    let goal = env.write(
-        "g/goal.toml",
+    refused_at(
+        &env,
         "prompt = \"work\"\n[[mcp]]\nname = \"x\"\ncommand = [\"true\"]\nsandbox = \"jail\"\n",
-    );
-    let run = env.json(
-        &["goal", "--file", goal.to_str().unwrap()],
-        json!([say("x")]),
-        &[],
-    );
-    assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(
-        run.stderr.contains(&format!("{}:5", goal.display())) && run.stderr.contains("sandbox"),
-        "{}",
-        run.stderr
+        5,
+        "sandbox",
     );
 }
 
