@@ -239,17 +239,7 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
                 .stderr(Stdio::null())
                 .kill_on_drop(true);
             // Held, so that no run's sweep ends it.
-            let spawned = {
-                let _spawning = crate::tools::sandbox::spawning();
-                cmd.spawn().map(|c| {
-                    let held = c
-                        .id()
-                        .and_then(|id| i32::try_from(id).ok())
-                        .map(crate::tools::sandbox::Held::new);
-                    (c, held)
-                })
-            };
-            let (mut child, _held) = match spawned {
+            let (mut child, _held) = match crate::tools::sandbox::spawn_held(&mut cmd) {
                 Ok(c) => c,
                 Err(e) => return Attempt::Fatal(format!("cannot start {}: {e}", argv[0])),
             };

@@ -1034,17 +1034,7 @@ pub(crate) async fn goal_action(
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         // Held, so that no run's sweep ends it.
-        let spawned = {
-            let _spawning = crate::tools::sandbox::spawning();
-            cmd.spawn().map(|c| {
-                let held = c
-                    .id()
-                    .and_then(|id| i32::try_from(id).ok())
-                    .map(crate::tools::sandbox::Held::new);
-                (c, held)
-            })
-        };
-        match spawned {
+        match crate::tools::sandbox::spawn_held(&mut cmd) {
             Ok((mut child, held)) => {
                 tokio::spawn(async move {
                     let _ = child.wait().await;

@@ -180,18 +180,11 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
             source,
         })?;
     // Registered as a running leader before any sweep can see it.
-    let (mut child, _held) = {
-        let _spawning = super::sandbox::spawning();
-        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+    let (mut child, _held) =
+        super::sandbox::spawn_held(&mut cmd).map_err(|source| ProcessError::Spawn {
             program: spec.program.clone(),
             source,
         })?;
-        let held = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(super::sandbox::Held::new);
-        (child, held)
-    };
     drop(armed);
     let mut pumps = tokio::task::JoinSet::new();
     if let Some(out) = child.stdout.take() {

@@ -1367,6 +1367,19 @@ pub(crate) fn spawning() -> std::sync::RwLockReadGuard<'static, ()> {
     SPAWN.read().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Spawn `cmd`, held (see `Held`) before any sweep can see it.
+pub(crate) fn spawn_held(
+    cmd: &mut tokio::process::Command,
+) -> std::io::Result<(tokio::process::Child, Option<Held>)> {
+    let _spawning = spawning();
+    let child = cmd.spawn()?;
+    let held = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Held::new);
+    Ok((child, held))
+}
+
 /// A running child the sweep must leave alone, until dropped.
 pub(crate) struct Held(i32);
 
