@@ -7,10 +7,13 @@
 //! With a fleet's store (`--store`) runs, transcripts, approvals and goal figures come from
 //! PostgreSQL, and answers reach waiting runs on any machine.
 
+mod approvals;
 mod auth;
-mod pages;
+mod goals;
+mod layout;
 mod peer;
 mod render;
+mod runs;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -125,19 +128,19 @@ impl Server {
 
 fn router(state: Arc<State>) -> Router {
     Router::new()
-        .route("/", get(pages::index))
-        .route("/runs", get(pages::runs))
-        .route("/runs/{id}", get(pages::run))
-        .route("/runs/{id}/events", get(pages::run_events))
-        .route("/runs/{id}/files/{*path}", get(pages::run_file))
-        .route("/approvals", get(pages::approvals))
-        .route("/approvals/{id}/{verb}", post(pages::answer))
-        .route("/goals", get(pages::goals))
-        .route("/goals/{name}/{verb}", post(pages::goal_action))
+        .route("/", get(layout::index))
+        .route("/runs", get(runs::runs))
+        .route("/runs/{id}", get(runs::run))
+        .route("/runs/{id}/events", get(runs::run_events))
+        .route("/runs/{id}/files/{*path}", get(runs::run_file))
+        .route("/approvals", get(approvals::approvals))
+        .route("/approvals/{id}/{verb}", post(approvals::answer))
+        .route("/goals", get(goals::goals))
+        .route("/goals/{name}/{verb}", post(goals::goal_action))
         .route("/signin", get(auth::signin_page).post(auth::signin))
         .route("/signout", post(auth::signout))
-        .route("/static/style.css", get(pages::style))
-        .route("/static/live.js", get(pages::script))
+        .route("/static/style.css", get(layout::style))
+        .route("/static/live.js", get(layout::script))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::guard,
