@@ -9,7 +9,7 @@ use super::{Ending, Fail, GoalArgs, RunArgs};
 use crate::config::Settings;
 use crate::run::{self, Invocation, RunSpec, Trigger};
 use crate::store::{self, TriggerKind};
-use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
+use crate::trace::{EventSink, HumanTrace, JsonLines, Results, Status};
 
 pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
     let mut inv = invocation(args.settings)?;
@@ -18,7 +18,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
     if args.print_config {
         return Ok(print_config(&spec));
     }
-    execute(spec, args.json, false, TriggerKind::Cli).await
+    execute(spec, args.json, args.quiet, false, TriggerKind::Cli).await
 }
 
 pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
@@ -51,7 +51,7 @@ pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     if args.print_config {
         return Ok(print_config(&spec));
     }
-    execute(spec, args.json, true, TriggerKind::Cli).await
+    execute(spec, args.json, args.quiet, true, TriggerKind::Cli).await
 }
 
 /// `--print-config`: every setting, its effective value and where it came from.
@@ -65,27 +65,92 @@ fn print_config(spec: &RunSpec) -> Ending {
         .map(|(k, s)| (k, s.iter().map(ToString::to_string).collect()))
         .collect();
     for (key, value) in e.settings.shown() {
-        let from = sources
-            .get(key)
-            .map_or_else(|| "default (unset)".to_string(), |s| s.join(" + "));
+        let from = sources.get(key).map(|s| s.join(" + "));
+        let (value, from) = match applied(spec, key, from) {
+            Some(v) => v,
+            None => (value, None),
+        };
+        let from = from
+            .or_else(|| sources.get(key).map(|s| s.join(" + ")))
+            .unwrap_or_else(|| "default (unset)".to_string());
         let _ = writeln!(
             out,
             "{key:<18} {:<40} {from}",
             crate::trace::one_line(&value, 200)
         );
     }
-    let _ = writeln!(
-        out,
-        "{:<18} {:<40} resolved",
-        "price",
-        spec.price
-            .map(|p| format!("{p:?}"))
-            .unwrap_or_else(|| "unknown".into())
+    let price = spec.price.map_or_else(
+        || "unknown".into(),
+        |p| format!("${} in · ${} out per million tokens", p.input, p.output),
     );
+    let _ = writeln!(out, "{:<18} {:<40} resolved", "price", price);
     if let Some(why) = &spec.price_refusal {
         eprintln!("sup: a run with these settings would not start: {why}");
     }
     Ending::Achieved
+}
+
+/// What applies for a key whose setting alone does not say it: the checks and tools a run
+/// has (from `[[check]]`, `--check`, `--check-cmd`, `[[tool]]`), and the approval mode and
+/// sandbox a run with these settings gets when none is set. With where it came from when
+/// that is not the setting's own source.
+fn applied(spec: &RunSpec, key: &str, from: Option<String>) -> Option<(String, Option<String>)> {
+    use crate::verify::check::CheckKind;
+    let list = |items: Vec<String>| {
+        if items.is_empty() {
+            "—".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    match key {
+        "check" => {
+            let checks = spec
+                .goal
+                .checks
+                .iter()
+                .map(|c| match &c.kind {
+                    CheckKind::Script(_) => format!("script {}", c.name),
+                    CheckKind::Command(line) => format!("run {line}"),
+                    CheckKind::Human(q) => format!("human {q}"),
+                })
+                .collect::<Vec<_>>();
+            // The goal file's `[[check]]` tables, then the flags' checks.
+            let flags = checks.len() > spec.effective.settings.check.len();
+            let from = match (from, flags) {
+                (Some(f), true) => Some(format!("{f} + flag")),
+                (None, true) => Some("flag".to_string()),
+                (from, false) => from,
+            };
+            Some((list(checks), from))
+        }
+        "tool" => Some((
+            list(spec.tools.iter().map(|t| t.name.clone()).collect()),
+            None,
+        )),
+        "approval" => Some(match spec.approval {
+            Some(_) => return None,
+            None if crate::approval::Terminal::detect().is_some() => {
+                ("ask".into(), Some("default (a terminal to ask at)".into()))
+            }
+            None => (
+                "never".into(),
+                Some(
+                    "default (no terminal: calls no rule allows are denied; scheduled runs \
+                     queue)"
+                        .into(),
+                ),
+            ),
+        }),
+        "sandbox" => match spec.sandbox.policy {
+            Some(_) => None,
+            None => Some((
+                crate::tools::sandbox::Policy::default().name().to_string(),
+                Some("default".into()),
+            )),
+        },
+        _ => None,
+    }
 }
 
 /// The flags' layer with the environment's.
@@ -120,13 +185,19 @@ pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
 pub(crate) async fn execute(
     spec: RunSpec,
     json: bool,
+    quiet: bool,
     is_goal: bool,
     trigger: TriggerKind,
 ) -> Result<Ending, Fail> {
     let sink: Arc<dyn EventSink> = if json {
         Arc::new(JsonLines::new())
     } else {
-        Arc::new(HumanTrace::new(is_goal))
+        let results = if quiet {
+            Results::Hidden
+        } else {
+            Results::Head
+        };
+        Arc::new(HumanTrace::new(is_goal).with_results(results))
     };
     let cancel = CancellationToken::new();
     watch_signals(cancel.clone())?;

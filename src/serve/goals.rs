@@ -29,6 +29,10 @@ pub(crate) async fn goals(
     Extension(viewer): Extension<Viewer>,
 ) -> Response {
     let dir = state.cfg.goals_dir.clone();
+    if !dir.is_dir() {
+        // Nothing to list (a console started where there is no goals folder): say so.
+        return goals_page(&state, &viewer, &[]);
+    }
     let loaded = match fleet(&state) {
         Some(pg) => fleet_goals(pg, &dir).await,
         None => local_goals(&state, dir).await,
@@ -100,7 +104,10 @@ fn goals_page(state: &State, viewer: &Viewer, rows: &[(Value, u64)]) -> Response
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let body = html! {
         p.meta { "Goal files in " code { (state.cfg.goals_dir.display()) } }
-        @if rows.is_empty() { p.empty { "No goal files." } }
+        @if !state.cfg.goals_dir.is_dir() {
+            p.empty { "There is no goals folder here: start the console with "
+                code { "--goals DIR" } " to show its goals." }
+        } @else if rows.is_empty() { p.empty { "No goal files." } }
         @for (r, paused_skips) in rows {
             @if let Some(e) = r["error"].as_str() {
                 section.goal.broken {

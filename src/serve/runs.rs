@@ -225,7 +225,7 @@ fn kept_files(run: &RunRow, checks: &[(u32, CheckReport)]) -> Vec<String> {
     let mut files = vec!["transcript.jsonl".to_string()];
     files.append(&mut outputs);
     for (_, c) in checks {
-        for p in c.output_path.iter().flat_map(|p| p.split(' ')) {
+        for p in c.output_paths() {
             if let Ok(rel) = FsPath::new(p).strip_prefix(&dir) {
                 let rel = rel.to_string_lossy().into_owned();
                 if !files.contains(&rel) {
