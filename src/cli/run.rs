@@ -16,7 +16,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
     inv.flags.prompt = Some(args.prompt);
     let spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
     if args.print_config {
-        return Ok(print_config(&spec));
+        return Ok(print_config(&spec, false));
     }
     execute(spec, args.json, args.quiet, false, TriggerKind::Cli).await
 }
@@ -47,15 +47,16 @@ pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     for line in &args.check_cmds {
         inv.checks.push(run::command_check(line));
     }
+    let flag_checks = !inv.checks.is_empty();
     let spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
     if args.print_config {
-        return Ok(print_config(&spec));
+        return Ok(print_config(&spec, flag_checks));
     }
     execute(spec, args.json, args.quiet, true, TriggerKind::Cli).await
 }
 
 /// `--print-config`: every setting, its effective value and where it came from.
-fn print_config(spec: &RunSpec) -> Ending {
+fn print_config(spec: &RunSpec, flag_checks: bool) -> Ending {
     use std::io::Write;
     let e = &spec.effective;
     let mut out = std::io::stdout().lock();
@@ -66,7 +67,7 @@ fn print_config(spec: &RunSpec) -> Ending {
         .collect();
     for (key, value) in e.settings.shown() {
         let from = sources.get(key).map(|s| s.join(" + "));
-        let (value, from) = match applied(spec, key, from) {
+        let (value, from) = match applied(spec, key, from, flag_checks) {
             Some(v) => v,
             None => (value, None),
         };
@@ -91,10 +92,15 @@ fn print_config(spec: &RunSpec) -> Ending {
 }
 
 /// What applies for a key whose setting alone does not say it: the checks and tools a run
-/// has (from `[[check]]`, `--check`, `--check-cmd`, `[[tool]]`), and the approval mode and
-/// sandbox a run with these settings gets when none is set. With where it came from when
-/// that is not the setting's own source.
-fn applied(spec: &RunSpec, key: &str, from: Option<String>) -> Option<(String, Option<String>)> {
+/// has (from `[[check]]`, or `--check` and `--check-cmd` instead; `[[tool]]`), and the
+/// approval mode and sandbox a run with these settings gets when none is set; with where
+/// it came from when that is not the setting's own source.
+fn applied(
+    spec: &RunSpec,
+    key: &str,
+    from: Option<String>,
+    flag_checks: bool,
+) -> Option<(String, Option<String>)> {
     use crate::verify::check::CheckKind;
     let list = |items: Vec<String>| {
         if items.is_empty() {
@@ -103,9 +109,17 @@ fn applied(spec: &RunSpec, key: &str, from: Option<String>) -> Option<(String, O
             items.join(", ")
         }
     };
+    let file = || {
+        spec.effective
+            .provenance
+            .iter()
+            .flat_map(|(_, sources)| sources.iter())
+            .find(|s| matches!(s, crate::config::Source::GoalFile(_)))
+            .map(ToString::to_string)
+    };
     match key {
         "check" => {
-            let checks = spec
+            let checks: Vec<String> = spec
                 .goal
                 .checks
                 .iter()
@@ -114,19 +128,17 @@ fn applied(spec: &RunSpec, key: &str, from: Option<String>) -> Option<(String, O
                     CheckKind::Command(line) => format!("run {line}"),
                     CheckKind::Human(q) => format!("human {q}"),
                 })
-                .collect::<Vec<_>>();
-            // The goal file's `[[check]]` tables, then the flags' checks.
-            let flags = checks.len() > spec.effective.settings.check.len();
-            let from = match (from, flags) {
-                (Some(f), true) => Some(format!("{f} + flag")),
-                (None, true) => Some("flag".to_string()),
-                (from, false) => from,
+                .collect();
+            let from = match (checks.is_empty(), flag_checks) {
+                (true, _) => None,
+                (false, true) => Some("flag".to_string()),
+                (false, false) => from.or_else(file),
             };
             Some((list(checks), from))
         }
         "tool" => Some((
             list(spec.tools.iter().map(|t| t.name.clone()).collect()),
-            None,
+            (!spec.tools.is_empty()).then(file).flatten(),
         )),
         "approval" => Some(match spec.approval {
             Some(_) => return None,
@@ -142,13 +154,10 @@ fn applied(spec: &RunSpec, key: &str, from: Option<String>) -> Option<(String, O
                 ),
             ),
         }),
-        "sandbox" => match spec.sandbox.policy {
-            Some(_) => None,
-            None => Some((
-                crate::tools::sandbox::Policy::default().name().to_string(),
-                Some("default".into()),
-            )),
-        },
+        "sandbox" if from.is_none() => Some((
+            spec.sandbox.policy.unwrap_or_default().name().to_string(),
+            Some("default".into()),
+        )),
         _ => None,
     }
 }

@@ -12,6 +12,7 @@ mod fleet;
 mod fleet_history;
 mod inprocess;
 mod mcp;
+mod newuser;
 mod perf;
 mod providers;
 mod reliability;
