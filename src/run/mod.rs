@@ -901,8 +901,44 @@ async fn launch_in(
         error: outcome.error.as_deref(),
         checks: &outcome.checks,
     };
-    match db.finish_run_patiently(&run.id, &ended, PATIENCE).await {
+    // The outcome first, beside the transcript: it is small, and whole or absent; the next
+    // start records it if the store cannot take it now. When the disk is full, what the run
+    // kept besides goes first, with a note, so that the outcome fits.
+    let kept = KeptOutcome::of(&ended);
+    let mut dropped = false;
+    let mut drop_kept = |events: &Events| {
+        if dropped {
+            return false;
+        }
+        dropped = true;
+        let freed = run.drop_kept_outputs();
+        events.emit(Event::Notice {
+            text: format!(
+                "the disk is full: the run's kept outputs (tool and check outputs, its tmp \
+                 folder; {freed} bytes) were dropped so that its outcome is kept"
+            ),
+        });
+        true
+    };
+    let mut file = kept.keep(&run.dir);
+    if matches!(&file, Err(e) if e.kind() == std::io::ErrorKind::StorageFull) && drop_kept(&events)
+    {
+        file = kept.keep(&run.dir);
+    }
+    let mut recorded = db.finish_run_patiently(&run.id, &ended, PATIENCE).await;
+    if matches!(&recorded, Err(e) if crate::store::db::is_full(e)) && drop_kept(&events) {
+        recorded = db.finish_run_patiently(&run.id, &ended, PATIENCE).await;
+    }
+    match recorded {
         Ok(()) => {
+            if file.is_ok()
+                && let Err(e) = std::fs::remove_file(run.dir.join(crate::store::db::OUTCOME_FILE))
+            {
+                tracing::warn!(
+                    "run {}: cannot remove its recorded outcome file: {e}",
+                    run.id
+                );
+            }
             // Built from what was recorded; the outcome is final before anyone is told.
             if !spec.notify.is_empty() {
                 match db.run(&run.id) {
@@ -929,7 +965,7 @@ async fn launch_in(
         }
         // The run's outcome stands whatever the store does: it is kept beside the
         // transcript, and the next start records it.
-        Err(e) => match KeptOutcome::of(&ended).keep(&run.dir) {
+        Err(e) => match &file {
             Ok(path) => tracing::error!(
                 "recording the outcome of run {} failed: {e}; it is kept in {} and the next \
                  `sup` start records it",

@@ -306,6 +306,17 @@ pub(crate) fn is_busy(e: &DbError) -> bool {
     )
 }
 
+/// Whether an error is the disk (or the database) being full.
+pub(crate) fn is_full(e: &DbError) -> bool {
+    matches!(
+        e,
+        DbError::Sqlite {
+            source: rusqlite::Error::SqliteFailure(f, _),
+            ..
+        } if f.code == rusqlite::ErrorCode::DiskFull
+    )
+}
+
 /// One approval request.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ApprovalRow {

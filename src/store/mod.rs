@@ -79,6 +79,36 @@ impl RunDir {
     pub(crate) fn outputs(&self) -> PathBuf {
         self.dir.join("outputs")
     }
+
+    /// Remove what the run kept besides its transcript and outcome — cut tool outputs
+    /// (`outputs/`), check outputs and answers (`try-N/`), the agent's `tmp/` — to make room
+    /// for the outcome on a full disk. Returns the bytes freed.
+    pub(crate) fn drop_kept_outputs(&self) -> u64 {
+        fn size(path: &Path) -> u64 {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.is_dir() => std::fs::read_dir(path)
+                    .map(|d| d.filter_map(Result::ok).map(|e| size(&e.path())).sum())
+                    .unwrap_or(0),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut freed = 0;
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == "outputs" || name == "tmp" || name.starts_with("try-") {
+                let path = entry.path();
+                let n = size(&path);
+                if std::fs::remove_dir_all(&path).is_ok() {
+                    freed += n;
+                }
+            }
+        }
+        freed
+    }
 }
 
 /// The transcript writer: a sink that appends each event as one JSON line with its time.
