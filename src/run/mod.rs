@@ -21,7 +21,7 @@ use crate::model::prices::{Price, Prices};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::notify::{Notice, Notifier, Notify};
-use crate::store::db::{Db, DbError, Ended, KeptOutcome, NewRun, PATIENCE};
+use crate::store::db::{Db, DbError, Ended, KeptOutcome, KeptRun, NewRun, PATIENCE};
 use crate::store::pg::{self, PgError, PgStore};
 use crate::store::{RunDir, StoreError, Transcript, TriggerKind};
 use crate::template::{self, Source as Template};
@@ -804,22 +804,25 @@ async fn launch_in(
             tools.add(t)?;
         }
         let transcript = Transcript::create(&run.transcript())?;
+        let new_run = NewRun {
+            id: &run.id,
+            goal: &spec.goal.name,
+            trigger: trigger.kind,
+            scheduled_for: trigger.scheduled_for,
+            model: model.name(),
+            workspace: &spec.goal.workspace.display().to_string(),
+            dir: &run.dir.display().to_string(),
+        };
+        // As recorded, for a store made again before the run ends.
+        let kept_run = KeptRun::of(&new_run, Utc::now());
         if recorded_model.is_none() {
-            db.start_run(&NewRun {
-                id: &run.id,
-                goal: &spec.goal.name,
-                trigger: trigger.kind,
-                scheduled_for: trigger.scheduled_for,
-                model: model.name(),
-                workspace: &spec.goal.workspace.display().to_string(),
-                dir: &run.dir.display().to_string(),
-            })?;
+            db.start_run(&new_run)?;
         } else if recorded_model.as_deref() != Some(model.name()) {
             db.set_run_model(&run.id, model.name())?;
         }
-        Ok::<_, RunError>(transcript)
+        Ok::<_, RunError>((transcript, kept_run))
     };
-    let transcript = match started() {
+    let (transcript, kept_run) = match started() {
         Ok(t) => t,
         Err(e) => {
             servers.shutdown().await;
@@ -904,7 +907,10 @@ async fn launch_in(
     // The outcome first, beside the transcript: it is small, and whole or absent; the next
     // start records it if the store cannot take it now. When the disk is full, what the run
     // kept besides goes first, with a note, so that the outcome fits.
-    let kept = KeptOutcome::of(&ended);
+    let kept = KeptOutcome {
+        run: Some(kept_run),
+        ..KeptOutcome::of(&ended)
+    };
     let mut dropped = false;
     let mut drop_kept = |events: &Events| {
         if dropped {
@@ -925,9 +931,33 @@ async fn launch_in(
     {
         file = kept.keep(&run.dir);
     }
+    // A store deleted or replaced while the run went on is made again (this connection
+    // writes a file nobody reads), and the run recorded in it whole.
+    if db.is_replaced() {
+        match Db::open(home) {
+            Ok(fresh) => {
+                tracing::warn!(
+                    "the store {} was deleted or replaced during run {}: it is made again",
+                    home.join("sup.db").display(),
+                    run.id
+                );
+                db = fresh;
+            }
+            Err(e) => {
+                tracing::warn!("the store was deleted or replaced and cannot be made again: {e}")
+            }
+        }
+    }
     let mut recorded = db.finish_run_patiently(&run.id, &ended, PATIENCE).await;
     if matches!(&recorded, Err(e) if crate::store::db::is_full(e)) && drop_kept(&events) {
         recorded = db.finish_run_patiently(&run.id, &ended, PATIENCE).await;
+    }
+    if recorded.is_err() && matches!(db.run(&run.id), Err(DbError::NoRun(_))) {
+        match db.adopt(&run.id, &run.dir, &kept) {
+            Ok(true) => recorded = Ok(()),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("run {}: {e}", run.id),
+        }
     }
     match recorded {
         Ok(()) => {

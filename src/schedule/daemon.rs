@@ -435,6 +435,16 @@ impl Daemon {
         }
         // What started outside this transaction is on record already.
         self.launch_pending();
+        // A store deleted or replaced under the daemon is made again, not written unread.
+        if self.db.is_replaced() {
+            match Db::open(&self.cfg.home) {
+                Ok(db) => {
+                    tracing::warn!("the store was deleted or replaced: it is made again");
+                    self.db = db;
+                }
+                Err(e) => tracing::error!("the store was deleted or replaced: {e}"),
+            }
+        }
         if let Err(e) = self.db.conn().execute_batch("BEGIN IMMEDIATE") {
             // Claims never run outside their transaction.
             tracing::error!(

@@ -238,6 +238,34 @@ pub(crate) struct KeptOutcome {
     pub(crate) answer: Option<String>,
     pub(crate) error: Option<String>,
     pub(crate) checks: Vec<Vec<CheckReport>>,
+    /// The run as it was recorded at its start, so that a store made again (deleted or
+    /// replaced under a running `sup`) can record a run it never saw start.
+    #[serde(default)]
+    pub(crate) run: Option<KeptRun>,
+}
+
+/// A run's row as its start recorded it, kept with its outcome.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct KeptRun {
+    pub(crate) goal: String,
+    pub(crate) trigger: TriggerKind,
+    pub(crate) scheduled_for: Option<String>,
+    pub(crate) started_at: String,
+    pub(crate) model: String,
+    pub(crate) workspace: String,
+}
+
+impl KeptRun {
+    pub(crate) fn of(run: &NewRun, started_at: DateTime<Utc>) -> Self {
+        KeptRun {
+            goal: run.goal.to_string(),
+            trigger: run.trigger,
+            scheduled_for: run.scheduled_for.map(stamp),
+            started_at: stamp(started_at),
+            model: run.model.to_string(),
+            workspace: run.workspace.to_string(),
+        }
+    }
 }
 
 /// The file name of a kept outcome inside a run folder.
@@ -258,6 +286,7 @@ impl KeptOutcome {
             answer: end.answer.map(str::to_string),
             error: end.error.map(str::to_string),
             checks: end.checks.to_vec(),
+            run: None,
         }
     }
 
@@ -363,6 +392,14 @@ pub(crate) struct GoalStats {
 pub struct Db {
     conn: Connection,
     path: String,
+    /// The device and inode of the file opened, to tell when it was deleted or replaced.
+    file: Option<(u64, u64)>,
+}
+
+/// The device and inode of a file.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// A count as SQLite keeps it: above `i64::MAX` it is recorded as `i64::MAX`.
@@ -429,7 +466,84 @@ impl Db {
                 .map_err(err)?;
             tx.commit().map_err(err)?;
         }
-        Ok(Db { conn, path: shown })
+        Ok(Db {
+            conn,
+            path: shown,
+            file: identity(&path),
+        })
+    }
+
+    /// Whether the store's file is no longer the one this connection writes: deleted, or
+    /// replaced by another (writes would go to a file nobody reads).
+    pub(crate) fn is_replaced(&self) -> bool {
+        identity(Path::new(&self.path)) != self.file
+    }
+
+    /// Record run `id` (of folder `dir`) whole from its kept outcome, row and end, when the
+    /// store has no row of it (it was made again after the run started).
+    pub(crate) fn adopt(&self, id: &str, dir: &Path, kept: &KeptOutcome) -> Result<bool, DbError> {
+        let Some(run) = &kept.run else {
+            return Ok(false);
+        };
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let added = tx
+            .execute(
+                "INSERT OR IGNORE INTO runs (id, goal, trigger, scheduled_for, status, started_at,
+                     pid, model, workspace, dir)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9)",
+                params![
+                    id,
+                    run.goal,
+                    run.trigger,
+                    run.scheduled_for,
+                    RunStatus::Running,
+                    run.started_at,
+                    run.model,
+                    run.workspace,
+                    dir.display().to_string()
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        if added == 0 {
+            return Ok(false);
+        }
+        Self::write_end(&tx, id, &kept.ended()).map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(true)
+    }
+
+    /// Outcomes kept in run folders under `home/runs` whose runs this store has no row of
+    /// (it was deleted or replaced while they ran) and whose processes are gone: each is
+    /// recorded, and its file goes. Returns how many.
+    fn adopt_kept(&self) -> Result<usize, DbError> {
+        let Some(home) = Path::new(&self.path).parent() else {
+            return Ok(0);
+        };
+        let Ok(dirs) = std::fs::read_dir(home.join("runs")) else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for dir in dirs.filter_map(Result::ok).map(|e| e.path()) {
+            let Some(kept) = KeptOutcome::read(&dir) else {
+                continue;
+            };
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if crate::tools::sandbox::run_alive(&dir) == Some(true) {
+                continue;
+            }
+            if self.adopt(id, &dir, &kept)? {
+                if let Err(e) = std::fs::remove_file(dir.join(OUTCOME_FILE)) {
+                    tracing::warn!(
+                        "recorded the kept outcome of run {id}, but cannot remove it: {e}"
+                    );
+                }
+                tracing::info!("run {id}: recorded the outcome kept in {}", dir.display());
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     fn err(&self, source: rusqlite::Error) -> DbError {
@@ -552,7 +666,15 @@ impl Db {
                 end.cost,
                 end.answer.map(|a| crate::redact::text(a).into_owned())
             ],
-        )?;
+        )
+        .and_then(|n| {
+            // A store made again after the run started has no row of it: not recorded.
+            if n == 0 {
+                Err(rusqlite::Error::QueryReturnedNoRows)
+            } else {
+                Ok(n)
+            }
+        })?;
         for (t, reports) in end.checks.iter().enumerate() {
             for (i, r) in reports.iter().enumerate() {
                 tx.execute(
@@ -599,6 +721,7 @@ impl Db {
                 )
                 .map_err(|e| self.err(e))?;
         }
+        n += self.adopt_kept()?;
         // An occurrence whose run is over is over too: a stale run's occurrence closes
         // with it, so the goal's history and `sup status` do not show it running forever.
         self.conn
