@@ -16,6 +16,7 @@ use super::mounts::{
 };
 use super::policy::{Policy, Sandbox};
 use super::reaper::{GROUPS, Held, LIVE, TOKEN, live_run, lock, spawning, start_time, sweep};
+use super::seccomp::Filter;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr,
     RulesetCreatedAttr, Scope,
@@ -88,6 +89,8 @@ pub struct Jail {
     /// `/dev/pts`), so the terminals of the person (the approval prompt's among them) are not
     /// there to open.
     own_pts: bool,
+    /// The seccomp filter of every jailed process.
+    seccomp: Option<Filter>,
 }
 
 /// What a command needs kept open until it has been spawned.
@@ -121,6 +124,7 @@ impl Jail {
             pinned: Vec::new(),
             goals: None,
             own_pts: false,
+            seccomp: None,
         }
     }
 
@@ -182,6 +186,7 @@ impl Jail {
             pinned: Vec::new(),
             goals: s.goals.as_deref().map(lenient_canonical),
             own_pts: false,
+            seccomp: None,
         };
         if policy == Policy::Off {
             jail.missing
@@ -233,6 +238,15 @@ impl Jail {
         }
         jail.protect(keep_out);
         jail.own_pts = true;
+        if Filter::supported() {
+            jail.seccomp = Some(Filter::new(s.unix_sockets));
+        } else {
+            jail.missing.push(
+                "this kernel has no seccomp filters: unix sockets, io_uring and ptrace are not \
+                 denied"
+                    .into(),
+            );
+        }
         if jail.abi < 3 {
             jail.missing
                 .push("truncating files is not confined (needs Landlock ABI 3)".into());
@@ -422,6 +436,9 @@ impl Jail {
                 s.push_str(&format!("; read-only: {}", shown.join(", ")));
             }
         }
+        if let Some(f) = &self.seccomp {
+            s.push_str(&format!("; {}", f.describe()));
+        }
         if let Some(g) = &self.goals {
             s.push_str(&format!(
                 "; the daemon's goals folder {} is never writable by its runs",
@@ -495,6 +512,7 @@ impl Jail {
             )
         });
         let own_pts = self.own_pts;
+        let seccomp = self.seccomp.clone();
         let pts_access = AccessFs::from_file(ABI::from(self.abi.min(6))).bits();
         let closure = move || -> std::io::Result<()> {
             // Runs in the child between fork and exec: system calls only, no allocation.
@@ -515,6 +533,10 @@ impl Jail {
                 if fd >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // Last: the filter refuses the mounts and namespaces made above.
+            if let Some(f) = &seccomp {
+                f.install()?;
             }
             Ok(())
         };

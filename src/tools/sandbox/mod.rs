@@ -11,11 +11,12 @@ mod jail;
 mod mounts;
 mod policy;
 mod reaper;
+mod seccomp;
 
 pub use hardening::{at_start, hide_in_cmdline};
 pub use jail::{Armed, Jail};
 pub use policy::{Policy, Sandbox};
-pub(crate) use policy::{SandboxSettings, check_env_pass};
+pub(crate) use policy::{SandboxSettings, check_env_pass, goal_path, parse_size};
 pub(crate) use reaper::{parent_of, run_alive, run_of, spawn_held, spawning, sweep_dead_runs};
 
 #[derive(Debug, thiserror::Error)]

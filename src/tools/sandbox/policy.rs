@@ -68,6 +68,56 @@ pub struct Sandbox {
     pub protect: Vec<PathBuf>,
     /// The daemon's goals folder, when a daemon starts the run: never writable by it.
     pub goals: Option<PathBuf>,
+    /// Whether `socket(AF_UNIX)` is allowed (`unix_sockets = true`).
+    pub unix_sockets: bool,
+    /// Paths hidden besides the credential stores (`hidden`), and shown again (`readable`):
+    /// absolute, or `~/…`.
+    pub hidden: Vec<PathBuf>,
+    pub readable: Vec<PathBuf>,
+    /// Processes and bytes of memory a run's jail may use (default 1024, half the machine).
+    pub max_processes: Option<u64>,
+    pub max_memory: Option<u64>,
+}
+
+/// A path of a goal file's `hidden` or `readable`: `~/…` and absolute ones as written, the
+/// rest relative to the goal file's folder.
+pub(crate) fn goal_path(dir: &Path, given: &str) -> String {
+    if given.starts_with("~/") || given == "~" {
+        given.to_string()
+    } else {
+        dir.join(given).display().to_string()
+    }
+}
+
+/// `4G`, `512M`, `64k`, `1.5G`, `1000000` (bytes): a size in bytes, at least 1 MB.
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, unit) = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or((t, ""), |i| t.split_at(i));
+    let mult: u64 = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches(['B', 'I'])
+    {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => 0,
+    };
+    let n: f64 = num.parse().unwrap_or(-1.0);
+    if mult == 0 || n.is_nan() || n < 0.0 || num.is_empty() {
+        return Err(format!(
+            "`{s}` is not a memory size: write bytes or a number with K, M, G or T, e.g. \"4G\""
+        ));
+    }
+    let bytes = (n * mult as f64) as u64;
+    if bytes < 1 << 20 {
+        return Err(format!("`{s}` is less than 1M: no program starts in that"));
+    }
+    Ok(bytes)
 }
 
 /// A name a variable can have: a letter or `_`, then letters, digits or `_`.
@@ -132,6 +182,7 @@ impl SandboxSettings {
             env_pass,
             protect: Vec::new(),
             goals: None,
+            ..Default::default()
         })
     }
 }
