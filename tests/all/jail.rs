@@ -245,3 +245,84 @@ fn bad_jail_keys_are_exit_2_with_file_and_line() {
     refused_at(&format!("{GOAL}max_memory = \"lots\"\n"), 4, "max_memory");
     refused_at(&format!("{GOAL}max_processes = -1\n"), 4, "max_processes");
 }
+
+/// As `goal`, with `vars` set in sup's environment.
+fn goal_env(env: &Env, nobody: bool, body: &str, turns: Value, vars: &[(&str, &str)]) -> Run {
+    let goal = env.write("goal.toml", body);
+    let script = env.script(turns);
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    c.args([
+        "goal",
+        "--file",
+        goal.to_str().unwrap(),
+        "--json",
+        "--model",
+    ])
+    .arg(format!("script:{}", script.display()))
+    .envs(vars.iter().copied());
+    Run::new(c.output().unwrap())
+}
+
+#[test]
+fn the_key_file_credential_stores_hidden_paths_and_other_runs_are_mounted_over() {
+    both(|nobody| {
+        let env = Env::new();
+        let home = tempfile::tempdir().unwrap();
+        let h = home.path();
+        let put = |rel: &str, content: &str| {
+            let p = h.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, content).unwrap();
+        };
+        put(".config/sup/env", "OPENAI_API_KEY=sk-in-the-key-file\n");
+        put(".ssh/id_ed25519", "PRIVATE KEY\n");
+        put(".aws/config", "aws-shown-again\n");
+        env.write("secret.txt", "top secret\n");
+        if nobody {
+            std::process::Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(h)
+                .status()
+                .unwrap();
+        }
+        let vars = [("HOME", h.to_str().unwrap())];
+        // Another run first: its folder is under SUP_HOME too.
+        let first = goal_env(&env, nobody, GOAL, json!([say("done")]), &vars);
+        assert_eq!(first.code, 0, "{}", first.stderr);
+        let run = goal_env(
+            &env,
+            nobody,
+            &format!("{GOAL}hidden = [\"secret.txt\"]\nreadable = [\"~/.aws\"]\n"),
+            json!([
+                cmd(
+                    "read",
+                    "base64 -w0 ~/.config/sup/env; echo; base64 -w0 ~/.ssh/id_ed25519; echo; \
+                     cat secret.txt; cat ~/.aws/config; echo runs=$(ls $SUP_HOME/runs | wc -l)"
+                ),
+                say("done")
+            ]),
+            &vars,
+        );
+        let out = text(run.tool_result("read"));
+        // base64 of "OPENAI_API_KEY=sk-in-the-key-file\n" and of "PRIVATE KEY\n".
+        assert!(
+            !out.contains("T1BFTkFJX0FQSV9LRVk9c2staW4tdGhlLWtleS1maWxlCg"),
+            "{out}"
+        );
+        assert!(!out.contains("UFJJVkFURSBLRVkK"), "{out}");
+        assert!(!out.contains("top secret"), "{out}");
+        assert!(out.contains("aws-shown-again"), "{out}");
+        assert!(out.contains("runs=1"), "{out}");
+        let line = sandbox_line(&run);
+        assert!(
+            line.contains("hidden: ") && line.contains(".config/sup/env"),
+            "{line}"
+        );
+        assert!(!line.contains("MISSING"), "{line}");
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    });
+}

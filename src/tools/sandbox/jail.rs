@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use super::SandboxError;
 use super::hardening::{PROBLEMS, git_explicit_bare, scrubbed_env};
 use super::mounts::{
-    Bind, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts, mount_flags,
+    Bind, Hide, MAX_SHOWN, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts,
+    mount_flags,
 };
 use super::policy::{Policy, Sandbox};
 use super::reaper::{GROUPS, Held, LIVE, TOKEN, live_run, lock, spawning, start_time, sweep};
@@ -91,6 +92,40 @@ pub struct Jail {
     own_pts: bool,
     /// The seccomp filter of every jailed process.
     seccomp: Option<Filter>,
+    /// Paths mounted over with empty ones, and the empty file bound over hidden files.
+    hides: Vec<Hide>,
+    hidden: Vec<PathBuf>,
+    empty: CString,
+}
+
+/// Credential stores hidden from every jailed process, relative to the home folder.
+const CREDENTIALS: &[&str] = &[
+    ".config/sup/env",
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".docker/config.json",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".config/gh",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials.toml",
+];
+
+/// `~/…` under the home folder sup was started with; other paths as they are.
+fn expand_home(p: &Path) -> PathBuf {
+    match (p.strip_prefix("~"), crate::startup::var("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => p.to_path_buf(),
+    }
+}
+
+fn c_path(p: &Path) -> Option<CString> {
+    CString::new(p.as_os_str().as_bytes()).ok()
 }
 
 /// What a command needs kept open until it has been spawned.
@@ -125,6 +160,9 @@ impl Jail {
             goals: None,
             own_pts: false,
             seccomp: None,
+            hides: Vec::new(),
+            hidden: Vec::new(),
+            empty: CString::default(),
         }
     }
 
@@ -187,6 +225,9 @@ impl Jail {
             goals: s.goals.as_deref().map(lenient_canonical),
             own_pts: false,
             seccomp: None,
+            hides: Vec::new(),
+            hidden: Vec::new(),
+            empty: CString::default(),
         };
         if policy == Policy::Off {
             jail.missing
@@ -237,6 +278,7 @@ impl Jail {
             keep_out.push(p.clone());
         }
         jail.protect(keep_out);
+        jail.hide(s, home);
         jail.own_pts = true;
         if Filter::supported() {
             jail.seccomp = Some(Filter::new(s.unix_sockets));
@@ -271,7 +313,14 @@ impl Jail {
                 "{} stay writable by commands (no mount namespace: {e})",
                 exposed.join(", ")
             ));
+            exposed.extend(
+                jail.hidden
+                    .iter()
+                    .map(|p| format!("{} (not hidden)", p.display())),
+            );
             jail.own_pts = false;
+            jail.hides.clear();
+            jail.hidden.clear();
             jail.binds.clear();
             jail.read_only.clear();
             jail.pinned.clear();
@@ -283,6 +332,104 @@ impl Jail {
             }
         }
         jail.finish(s.required)
+    }
+
+    /// Mount over SUP_HOME (but for the run's own folder and the workspace), `/etc/sup`,
+    /// the credential stores and `hidden` with empty ones, apart from `readable`.
+    fn hide(&mut self, s: &Sandbox, home: &Path) {
+        let readable: Vec<PathBuf> = s
+            .readable
+            .iter()
+            .map(|r| lenient_canonical(&expand_home(r)))
+            .collect();
+        let mut list: Vec<PathBuf> = vec![PathBuf::from("/etc/sup"), home.to_path_buf()];
+        list.extend(
+            CREDENTIALS
+                .iter()
+                .map(|c| expand_home(&Path::new("~").join(c))),
+        );
+        list.extend(s.hidden.iter().map(|h| expand_home(h)));
+        let mut hidden: Vec<PathBuf> = list
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|p| !readable.iter().any(|r| p.starts_with(r)))
+            .collect();
+        hidden.sort_by_key(|p| p.components().count());
+        hidden.dedup();
+        let mut keep: Vec<PathBuf> = self.writable.clone();
+        keep.extend([self.run_dir.clone(), self.workspace.clone()]);
+        keep.extend(readable);
+        let keep: Vec<PathBuf> = keep.iter().map(|k| lenient_canonical(k)).collect();
+        let empty = self.run_dir.join("empty");
+        if std::fs::write(&empty, b"").is_err() {
+            self.missing.push(format!(
+                "cannot create {}: no file is hidden",
+                empty.display()
+            ));
+            return;
+        }
+        self.empty = c_path(&lenient_canonical(&empty)).unwrap_or_default();
+        let mut done: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
+        for p in hidden {
+            // Within a folder hidden already, only what is shown again in it needs hiding.
+            if done
+                .iter()
+                .any(|(d, shown)| p.starts_with(d) && !shown.iter().any(|k| p.starts_with(k)))
+            {
+                continue;
+            }
+            // The workspace itself, or a folder holding it that is not SUP_HOME, stays.
+            if self.workspace.starts_with(&p) && p != home {
+                continue;
+            }
+            let dir = p.is_dir();
+            let mut shown: Vec<PathBuf> = keep
+                .iter()
+                .filter(|k| k.starts_with(&p) && **k != p && k.exists())
+                .cloned()
+                .collect();
+            shown.sort_by_key(|k| k.components().count());
+            let mut outer: Vec<PathBuf> = Vec::new();
+            for k in shown {
+                if !outer.iter().any(|o| k.starts_with(o)) {
+                    outer.push(k);
+                }
+            }
+            outer.truncate(MAX_SHOWN);
+            let mut make: Vec<PathBuf> = Vec::new();
+            for k in &outer {
+                let mut ancestors: Vec<PathBuf> = k
+                    .ancestors()
+                    .skip(1)
+                    .take_while(|a| *a != p)
+                    .map(Path::to_path_buf)
+                    .collect();
+                ancestors.reverse();
+                for a in ancestors {
+                    if !make.contains(&a) {
+                        make.push(a);
+                    }
+                }
+            }
+            let (Some(path), Some(make), Some(shown_c)) = (
+                c_path(&p),
+                make.iter().map(|m| c_path(m)).collect::<Option<Vec<_>>>(),
+                outer
+                    .iter()
+                    .map(|k| Some((c_path(k)?, !k.is_dir())))
+                    .collect::<Option<Vec<_>>>(),
+            ) else {
+                continue;
+            };
+            self.hides.push(Hide {
+                path,
+                dir,
+                make,
+                shown: shown_c,
+            });
+            self.hidden.push(p.clone());
+            done.push((p, outer));
+        }
     }
 
     fn is_writable(&self, p: &Path) -> bool {
@@ -436,6 +583,14 @@ impl Jail {
                 s.push_str(&format!("; read-only: {}", shown.join(", ")));
             }
         }
+        if !self.hidden.is_empty() {
+            let shown: Vec<String> = self
+                .hidden
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            s.push_str(&format!("; hidden: {}", shown.join(", ")));
+        }
         if let Some(f) = &self.seccomp {
             s.push_str(&format!("; {}", f.describe()));
         }
@@ -503,6 +658,8 @@ impl Jail {
         let ruleset = self.ruleset().map_err(std::io::Error::other)?;
         let fd = ruleset.as_ref().map_or(-1, |f| f.as_raw_fd());
         let binds = self.binds.clone();
+        let hides = self.hides.clone();
+        let empty = self.empty.clone();
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let maps = (uid != 0).then(|| {
@@ -516,8 +673,8 @@ impl Jail {
         let pts_access = AccessFs::from_file(ABI::from(self.abi.min(6))).bits();
         let closure = move || -> std::io::Result<()> {
             // Runs in the child between fork and exec: system calls only, no allocation.
-            if !binds.is_empty() || own_pts {
-                hide_behind_read_only_mounts(&binds, maps.as_ref(), own_pts)?;
+            if !binds.is_empty() || own_pts || !hides.is_empty() {
+                hide_behind_read_only_mounts(&binds, maps.as_ref(), own_pts, &hides, &empty)?;
             }
             if own_pts && fd >= 0 {
                 // The new terminal folder and its ptmx are other inodes than the rules the

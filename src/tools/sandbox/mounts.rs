@@ -50,6 +50,8 @@ pub(super) fn hide_behind_read_only_mounts(
     binds: &[Bind],
     maps: Option<&(Vec<u8>, Vec<u8>)>,
     own_pts: bool,
+    hides: &[Hide],
+    empty: &std::ffi::CStr,
 ) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error;
     // SAFETY: system calls on NUL-terminated strings that live as long as the closure.
@@ -101,6 +103,7 @@ pub(super) fn hide_behind_read_only_mounts(
                 return Err(err());
             }
         }
+        hide_paths(hides, empty)?;
         if own_pts {
             // A terminal folder of its own: the person's terminals are not in it, so no
             // command opens the one where sup asks for approval to draw over the question,
@@ -226,6 +229,114 @@ unsafe fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> 
         libc::close(fd);
         if n < 0 {
             return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// At most this many paths shown again inside one hidden folder.
+pub(super) const MAX_SHOWN: usize = 16;
+
+/// A path mounted over with an empty one in a command's mount namespace: a folder with an
+/// empty read-only `tmpfs`, in which `shown` (the run's own folder, the workspace, `readable`
+/// paths) are bound again; a file with an empty read-only file.
+#[derive(Clone, Debug)]
+pub(super) struct Hide {
+    pub(super) path: CString,
+    pub(super) dir: bool,
+    /// Folders to make in the `tmpfs`, outer first, then the paths shown again in it
+    /// (`true` for a file, whose mount point is an empty file).
+    pub(super) make: Vec<CString>,
+    pub(super) shown: Vec<(CString, bool)>,
+}
+
+/// In the child, inside its mount namespace: mount each of `hides` over with an empty one;
+/// `empty` is an empty file to bind over hidden files. Only system calls.
+pub(super) fn hide_paths(hides: &[Hide], empty: &std::ffi::CStr) -> std::io::Result<()> {
+    let err = std::io::Error::last_os_error;
+    let none = std::ptr::null::<libc::c_char>();
+    // SAFETY: system calls on NUL-terminated strings owned by `hides`, and on fds opened here.
+    unsafe {
+        for h in hides {
+            let p = h.path.as_ptr();
+            if !h.dir {
+                if libc::mount(empty.as_ptr(), p, none, libc::MS_BIND, std::ptr::null()) != 0 {
+                    return Err(err());
+                }
+                let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+                if libc::mount(none, p, none, ro, std::ptr::null()) != 0 {
+                    return Err(err());
+                }
+                continue;
+            }
+            // What is shown again, cloned (with its own mounts) before it is covered.
+            let mut trees = [-1i32; MAX_SHOWN];
+            for (i, (s, _)) in h.shown.iter().take(MAX_SHOWN).enumerate() {
+                // OPEN_TREE_CLONE | AT_RECURSIVE | OPEN_TREE_CLOEXEC.
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    s.as_ptr(),
+                    1u32 | 0x8000 | libc::O_CLOEXEC as u32,
+                );
+                if fd < 0 {
+                    return Err(err());
+                }
+                trees[i] = fd as i32;
+            }
+            if libc::mount(
+                c"tmpfs".as_ptr(),
+                p,
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=0755,size=64k".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(err());
+            }
+            for m in &h.make {
+                if libc::mkdir(m.as_ptr(), 0o755) != 0 && *libc::__errno_location() != libc::EEXIST
+                {
+                    return Err(err());
+                }
+            }
+            for (i, (s, file)) in h.shown.iter().take(MAX_SHOWN).enumerate() {
+                let made = if *file {
+                    let fd = libc::open(
+                        s.as_ptr(),
+                        libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                        0o644,
+                    );
+                    if fd >= 0 {
+                        libc::close(fd);
+                    }
+                    fd >= 0
+                } else {
+                    libc::mkdir(s.as_ptr(), 0o755) == 0 || *libc::__errno_location() == libc::EEXIST
+                };
+                // MOVE_MOUNT_F_EMPTY_PATH.
+                if !made
+                    || libc::syscall(
+                        libc::SYS_move_mount,
+                        trees[i],
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        s.as_ptr(),
+                        4u32,
+                    ) != 0
+                {
+                    return Err(err());
+                }
+                libc::close(trees[i]);
+            }
+            let ro = libc::MS_BIND
+                | libc::MS_REMOUNT
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV;
+            if libc::mount(none, p, none, ro, std::ptr::null()) != 0 {
+                return Err(err());
+            }
         }
     }
     Ok(())
