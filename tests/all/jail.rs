@@ -326,3 +326,78 @@ fn the_key_file_credential_stores_hidden_paths_and_other_runs_are_mounted_over()
         assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
     });
 }
+
+/// Forks up to 2,000 children that wait, and says how many it got.
+const BOMB: &str = r#"
+import os, sys
+n = 0
+for i in range(2000):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print('refused after', n, os.strerror(e.errno))
+        break
+    if pid == 0:
+        os.pause()
+        os._exit(0)
+    n += 1
+print('forked', n)
+"#;
+
+#[test]
+fn a_fork_bomb_is_contained_and_the_run_goes_on() {
+    both(|nobody| {
+        let env = Env::new();
+        env.write("bomb.py", BOMB);
+        let run = goal(
+            &env,
+            nobody,
+            &format!("{GOAL}max_processes = 64\n"),
+            json!([
+                cmd("bomb", "python3 bomb.py"),
+                cmd("after", "echo still here"),
+                say("done")
+            ]),
+        );
+        let out = text(run.tool_result("bomb"));
+        let forked: usize = out
+            .lines()
+            .find_map(|l| l.strip_prefix("forked "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(forked < 64, "{out}");
+        assert!(out.contains("refused after"), "{out}");
+        assert!(text(run.tool_result("after")).contains("still here"));
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+        let line = sandbox_line(&run);
+        assert!(line.contains("limits: 64 processes"), "{line}");
+    });
+}
+
+#[test]
+fn a_4_gb_allocation_is_killed_with_a_result_that_says_so() {
+    both(|nobody| {
+        let env = Env::new();
+        let run = goal(
+            &env,
+            nobody,
+            &format!("{GOAL}max_memory = \"512M\"\n"),
+            json!([
+                cmd(
+                    "alloc",
+                    "python3 -c 'b = b\"x\" * (4 * 1024 ** 3); print(len(b))'"
+                ),
+                cmd("after", "echo still here"),
+                say("done")
+            ]),
+        );
+        let out = text(run.tool_result("alloc"));
+        assert!(!out.contains("4294967296"), "{out}");
+        assert!(
+            out.contains("killed for memory") && out.contains("max_memory = 512M"),
+            "{out}"
+        );
+        assert!(text(run.tool_result("after")).contains("still here"));
+        assert!(sandbox_line(&run).contains("512M of memory"));
+    });
+}

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use super::SandboxError;
 use super::hardening::{PROBLEMS, git_explicit_bare, scrubbed_env};
+use super::limits::Limits;
 use super::mounts::{
     Bind, Hide, MAX_SHOWN, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts,
     mount_flags,
@@ -96,6 +97,8 @@ pub struct Jail {
     hides: Vec<Hide>,
     hidden: Vec<PathBuf>,
     empty: CString,
+    /// `max_processes` and `max_memory`.
+    limits: Option<Limits>,
 }
 
 /// Credential stores hidden from every jailed process, relative to the home folder.
@@ -163,6 +166,7 @@ impl Jail {
             hides: Vec::new(),
             hidden: Vec::new(),
             empty: CString::default(),
+            limits: None,
         }
     }
 
@@ -228,6 +232,7 @@ impl Jail {
             hides: Vec::new(),
             hidden: Vec::new(),
             empty: CString::default(),
+            limits: None,
         };
         if policy == Policy::Off {
             jail.missing
@@ -279,6 +284,7 @@ impl Jail {
         }
         jail.protect(keep_out);
         jail.hide(s, home);
+        jail.limits = Some(Limits::new(run_id, s.max_processes, s.max_memory));
         jail.own_pts = true;
         if Filter::supported() {
             jail.seccomp = Some(Filter::new(s.unix_sockets));
@@ -594,6 +600,9 @@ impl Jail {
         if let Some(f) = &self.seccomp {
             s.push_str(&format!("; {}", f.describe()));
         }
+        if let Some(l) = &self.limits {
+            s.push_str(&format!("; {}", l.describe()));
+        }
         if let Some(g) = &self.goals {
             s.push_str(&format!(
                 "; the daemon's goals folder {} is never writable by its runs",
@@ -659,6 +668,7 @@ impl Jail {
         let fd = ruleset.as_ref().map_or(-1, |f| f.as_raw_fd());
         let binds = self.binds.clone();
         let hides = self.hides.clone();
+        let limits = self.limits.as_ref().map(Limits::entry);
         let empty = self.empty.clone();
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -673,6 +683,9 @@ impl Jail {
         let pts_access = AccessFs::from_file(ABI::from(self.abi.min(6))).bits();
         let closure = move || -> std::io::Result<()> {
             // Runs in the child between fork and exec: system calls only, no allocation.
+            if let Some(l) = &limits {
+                l.enter()?;
+            }
             if !binds.is_empty() || own_pts || !hides.is_empty() {
                 hide_behind_read_only_mounts(&binds, maps.as_ref(), own_pts, &hides, &empty)?;
             }
@@ -736,6 +749,9 @@ impl Jail {
     pub(crate) fn explain(&self, stderr: &str) -> Option<String> {
         if self.policy == Policy::Off {
             return None;
+        }
+        if let Some(note) = self.limits.as_ref().and_then(|l| l.memory_note(stderr)) {
+            return Some(note);
         }
         let refused = [
             "Permission denied",

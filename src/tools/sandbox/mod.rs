@@ -8,6 +8,7 @@
 
 mod hardening;
 mod jail;
+mod limits;
 mod mounts;
 mod policy;
 mod reaper;
