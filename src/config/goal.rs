@@ -295,6 +295,12 @@ impl GoalFile {
         settings.writable = writable(path, text)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         settings.workspace = settings.workspace.map(|w| dir.join(w));
+        for paths in [&mut settings.hidden, &mut settings.readable] {
+            *paths = paths
+                .iter()
+                .map(|h| crate::tools::sandbox::goal_path(dir, h))
+                .collect();
+        }
         let name = settings.name.clone().unwrap_or_else(|| {
             path.file_stem()
                 .map_or_else(|| "goal".into(), |s| s.to_string_lossy().into_owned())

@@ -254,6 +254,25 @@ settings! {
         /// Leave the agent's background processes alive while checks judge.
         #[arg(skip)]
         pub keep_background: Option<bool>,
+        /// Let the agent's processes open unix sockets (`socket(AF_UNIX)`; default false).
+        #[arg(skip)]
+        pub unix_sockets: Option<bool>,
+        /// Paths hidden from the agent's processes besides the credential stores (relative to
+        /// the goal file, or `~/…`).
+        #[arg(skip)]
+        #[serde(default)]
+        pub hidden: Vec<String>,
+        /// Hidden paths shown again (relative to the goal file, or `~/…`).
+        #[arg(skip)]
+        #[serde(default)]
+        pub readable: Vec<String>,
+        /// Processes a run's jail may hold at once (default 1024).
+        #[arg(skip)]
+        pub max_processes: Option<u64>,
+        /// Memory a run's jail may use: bytes, or `512M`, `4G` (default half the machine's).
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "memory_size")]
+        pub max_memory: Option<u64>,
         /// Pass this secret-named variable (…KEY, …TOKEN, …) to commands, checks and MCP
         /// servers.
         #[arg(long, value_parser = env_pass_name)]
@@ -815,6 +834,22 @@ pub(crate) fn at_least_one<'de, D: serde::Deserializer<'de>>(
         ));
     }
     Ok(n)
+}
+
+/// A memory size of a file: a number of bytes, or a string such as `512M`, `4G`, `1.5G`.
+pub(crate) fn memory_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bytes(u64),
+        Text(String),
+    }
+    Option::<Raw>::deserialize(d)?
+        .map(|r| match r {
+            Raw::Bytes(b) => Ok(b),
+            Raw::Text(t) => crate::tools::sandbox::parse_size(&t).map_err(serde::de::Error::custom),
+        })
+        .transpose()
 }
 
 /// A duration field of a file, through `parse_duration`.

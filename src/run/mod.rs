@@ -224,6 +224,11 @@ impl RunSpec {
                 .chain(config::UserConfig::path())
                 .collect(),
             goals: None,
+            unix_sockets: s.unix_sockets.unwrap_or(false),
+            hidden: s.hidden.iter().map(PathBuf::from).collect(),
+            readable: s.readable.iter().map(PathBuf::from).collect(),
+            max_processes: s.max_processes,
+            max_memory: s.max_memory,
         };
         Ok(RunSpec {
             sandbox,

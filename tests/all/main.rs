@@ -11,6 +11,7 @@ mod daemon;
 mod fleet;
 mod fleet_history;
 mod inprocess;
+mod jail;
 mod mcp;
 mod newuser;
 mod perf;

@@ -1524,57 +1524,6 @@ fn as_an_ordinary_user_the_sandbox_misses_nothing_and_the_goal_file_stays_read_o
 }
 
 #[test]
-#[ignore = "open: Landlock (ABI 7) does not govern connecting to a pathname unix socket, so a \
-            command asks a service of the same user (tmux, screen, systemd --user, docker, a \
-            D-Bus session bus) to run code outside the sandbox. Needs a seccomp filter that \
-            refuses socket(AF_UNIX) (and io_uring_setup) unless the goal allows unix sockets, \
-            or Landlock's pathname-socket right where the kernel has it"]
-fn a_command_cannot_have_a_service_of_the_user_run_code_outside_the_sandbox() {
-    // The person's tmux: its server listens on a pathname socket, and `run-shell` runs what
-    // it is given outside the sandbox (`send-keys` would type into the approval prompt).
-    let env = Env::new();
-    let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
-    let goal = env.write("goal.toml", original);
-    let sock_dir = outside();
-    let sock = sock_dir.path().join("default");
-    let started = std::process::Command::new("tmux")
-        .arg("-S")
-        .arg(&sock)
-        .args(["new-session", "-d"])
-        .status();
-    if !started.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: tmux cannot start here");
-        return;
-    }
-    let run = env.json(
-        &["goal", "--file", goal.to_str().unwrap()],
-        json!([
-            cmd(
-                "tmux",
-                &format!(
-                    "tmux -S {} run-shell 'echo approval = never >> {}'",
-                    sock.display(),
-                    goal.display()
-                )
-            ),
-            say("done")
-        ]),
-        &[],
-    );
-    let _ = std::process::Command::new("tmux")
-        .arg("-S")
-        .arg(&sock)
-        .arg("kill-server")
-        .status();
-    assert_eq!(
-        std::fs::read_to_string(&goal).unwrap(),
-        original,
-        "{}",
-        run.stdout
-    );
-}
-
-#[test]
 fn with_sup_home_in_the_workspace_the_file_tools_cannot_rewrite_the_frozen_check() {
     // The check runs from its copy under SUP_HOME/runs/RUN_ID/checks; SUP_HOME inside the
     // workspace put that copy in reach of write_file (through a symlink, or by its path).

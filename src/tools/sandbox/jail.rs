@@ -1,0 +1,925 @@
+//! The jail of a run: what its processes are started with (policy, Landlock ruleset, the
+//! read-only mounts, the scrubbed environment, a private `TMPDIR`), applied to each command
+//! before exec by `Jail::apply`; its first-trace-line description and the explanations of
+//! a refusal given to the model.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::SandboxError;
+use super::hardening::{PROBLEMS, git_explicit_bare, scrubbed_env};
+use super::limits::Limits;
+use super::mounts::{
+    Bind, Hide, MAX_SHOWN, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts,
+    mount_flags,
+};
+use super::policy::{Policy, Sandbox};
+use super::reaper::{GROUPS, Held, LIVE, TOKEN, live_run, lock, spawning, start_time, sweep};
+use super::seccomp::Filter;
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope,
+};
+
+/// The Landlock ABI of this kernel; 0 without Landlock.
+pub(crate) fn landlock_abi() -> i32 {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    i32::try_from(v).unwrap_or(0).max(0)
+}
+
+/// Device files ordinary tools write.
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// Everything a run's processes are started with: which policy, the scrubbed environment,
+/// the private temp folder; applied to each command by `Jail::apply`.
+#[derive(Debug)]
+pub struct Jail {
+    policy: Policy,
+    network: bool,
+    pub(crate) keep_background: bool,
+    abi: i32,
+    writable: Vec<PathBuf>,
+    binds: Vec<Bind>,
+    /// Read-only paths inside writable folders, for the model's explanations.
+    read_only: Vec<PathBuf>,
+    env: Vec<(OsString, OsString)>,
+    pub(crate) withheld: Vec<String>,
+    /// Protections this run lacks, in words.
+    pub(crate) missing: Vec<String>,
+    pub(crate) tmp: PathBuf,
+    run_id: String,
+    /// A secret of the run in its processes' environment (`SUP_RUN_TOKEN`), which tells them
+    /// from other runs' in the sweep: a sandboxed process cannot read another's environment
+    /// (Landlock denies it), so it cannot claim to belong to another run.
+    token: String,
+    /// Where commands start; relative paths in their messages are relative to it.
+    workspace: PathBuf,
+    /// The run folder, where the lock and the process-group record live.
+    run_dir: PathBuf,
+    /// Held while the run lives: a run whose lock nobody holds is over.
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// The record of the run's process groups, open for appending.
+    groups: Option<Mutex<std::fs::File>>,
+    /// Files and folders the file tools must refuse to write (goal file, user config, the
+    /// daemon's goals folder, SUP_HOME), canonical.
+    pub(crate) protected: Vec<PathBuf>,
+    /// Folders bound onto themselves so they cannot be moved (they hold read-only paths).
+    pinned: Vec<PathBuf>,
+    /// The daemon's goals folder, when a daemon started the run.
+    goals: Option<PathBuf>,
+    /// Whether commands get a terminal folder of their own (a new `devpts` instance on
+    /// `/dev/pts`), so the terminals of the person (the approval prompt's among them) are not
+    /// there to open.
+    own_pts: bool,
+    /// The seccomp filter of every jailed process.
+    seccomp: Option<Filter>,
+    /// Paths mounted over with empty ones, and the empty file bound over hidden files.
+    hides: Vec<Hide>,
+    hidden: Vec<PathBuf>,
+    empty: CString,
+    /// `max_processes` and `max_memory`.
+    limits: Option<Limits>,
+}
+
+/// Credential stores hidden from every jailed process, relative to the home folder.
+const CREDENTIALS: &[&str] = &[
+    ".config/sup/env",
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".docker/config.json",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".config/gh",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials.toml",
+];
+
+/// `~/…` under the home folder sup was started with; other paths as they are.
+fn expand_home(p: &Path) -> PathBuf {
+    match (p.strip_prefix("~"), crate::startup::var("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => p.to_path_buf(),
+    }
+}
+
+fn c_path(p: &Path) -> Option<CString> {
+    CString::new(p.as_os_str().as_bytes()).ok()
+}
+
+/// What a command needs kept open until it has been spawned.
+pub struct Armed {
+    _ruleset: Option<OwnedFd>,
+}
+
+impl Jail {
+    /// No sandbox, but the scrubbed environment (library use and tests).
+    pub fn unconfined() -> Jail {
+        let (env, withheld) = scrubbed_env(&[]);
+        Jail {
+            policy: Policy::Off,
+            network: true,
+            keep_background: false,
+            abi: 0,
+            writable: Vec::new(),
+            binds: Vec::new(),
+            read_only: Vec::new(),
+            env,
+            withheld,
+            missing: Vec::new(),
+            tmp: std::env::temp_dir(),
+            run_id: String::new(),
+            token: String::new(),
+            workspace: PathBuf::new(),
+            run_dir: PathBuf::new(),
+            _lock: None,
+            groups: None,
+            protected: Vec::new(),
+            pinned: Vec::new(),
+            goals: None,
+            own_pts: false,
+            seccomp: None,
+            hides: Vec::new(),
+            hidden: Vec::new(),
+            empty: CString::default(),
+            limits: None,
+        }
+    }
+
+    /// Set up the jail of a run. Besides `s.protect` (goal file, user config), SUP_HOME
+    /// and the check scripts are never writable.
+    pub fn new(
+        s: &Sandbox,
+        workspace: &Path,
+        run_dir: &Path,
+        run_id: &str,
+        home: &Path,
+        checks: &[PathBuf],
+    ) -> Result<Jail, SandboxError> {
+        let tmp = run_dir.join("tmp");
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", tmp.display())))?;
+        let tmp = std::fs::canonicalize(&tmp).unwrap_or(tmp);
+        let (env, withheld) = scrubbed_env(&s.env_pass);
+        let policy = s.policy.unwrap_or_default();
+        let held = lock(run_dir)?;
+        let mut jail = Jail {
+            policy,
+            network: s.network.unwrap_or(true),
+            keep_background: s.keep_background,
+            abi: landlock_abi(),
+            writable: Vec::new(),
+            binds: Vec::new(),
+            read_only: Vec::new(),
+            env,
+            withheld,
+            missing: PROBLEMS.get().cloned().unwrap_or_default(),
+            tmp: tmp.clone(),
+            run_id: run_id.to_string(),
+            token: live_run(),
+            workspace: workspace.to_path_buf(),
+            run_dir: run_dir.to_path_buf(),
+            _lock: Some(held),
+            groups: std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(run_dir.join(GROUPS))
+                .ok()
+                .map(Mutex::new),
+            // The file tools write only beneath the workspace: a goals folder or SUP_HOME (whose
+            // runs hold the frozen checks) that holds the workspace, rather than is or lies in
+            // it, is out of their reach already.
+            protected: s
+                .protect
+                .iter()
+                .map(|p| lenient_canonical(p))
+                .chain(
+                    s.goals
+                        .iter()
+                        .chain(std::iter::once(&home.to_path_buf()))
+                        .map(|g| lenient_canonical(g))
+                        .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
+                )
+                .collect(),
+            pinned: Vec::new(),
+            goals: s.goals.as_deref().map(lenient_canonical),
+            own_pts: false,
+            seccomp: None,
+            hides: Vec::new(),
+            hidden: Vec::new(),
+            empty: CString::default(),
+            limits: None,
+        };
+        if policy == Policy::Off {
+            jail.missing
+                .push("sandbox off: commands can write and connect wherever you can".into());
+            return jail.finish(s.required);
+        }
+        if jail.abi == 0 {
+            jail.missing.push(
+                "this kernel has no Landlock: commands are not confined to the workspace".into(),
+            );
+            jail.policy = Policy::Off;
+            return jail.finish(s.required);
+        }
+        if policy == Policy::WorkspaceWrite {
+            jail.writable.push(workspace.to_path_buf());
+            jail.writable.extend(s.writable.iter().cloned());
+        }
+        jail.writable.push(tmp);
+        let git = workspace.join(".git");
+        let mut keep_out: Vec<PathBuf> = checks.to_vec();
+        keep_out.push(home.to_path_buf());
+        if !s.writable.contains(&git) {
+            keep_out.push(git);
+        }
+        keep_out.extend(s.goals.iter().cloned());
+        // A file sup reads later (the user config) that does not exist yet inside a writable
+        // folder is created empty, so it can be kept read-only like one that exists.
+        for p in &s.protect {
+            if !p.exists() && jail.is_writable(&lenient_canonical(p)) {
+                let made = p
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| {
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .open(p)
+                            .map(drop)
+                    });
+                if let Err(e) = made {
+                    jail.missing.push(format!(
+                        "{} does not exist and could not be created empty ({e}): commands \
+                         could create it",
+                        p.display()
+                    ));
+                }
+            }
+            keep_out.push(p.clone());
+        }
+        jail.protect(keep_out);
+        jail.hide(s, home);
+        jail.limits = Some(Limits::new(run_id, s.max_processes, s.max_memory));
+        jail.own_pts = true;
+        if Filter::supported() {
+            jail.seccomp = Some(Filter::new(s.unix_sockets));
+        } else {
+            jail.missing.push(
+                "this kernel has no seccomp filters: unix sockets, io_uring and ptrace are not \
+                 denied"
+                    .into(),
+            );
+        }
+        if jail.abi < 3 {
+            jail.missing
+                .push("truncating files is not confined (needs Landlock ABI 3)".into());
+        }
+        if !jail.network && jail.abi < 4 {
+            jail.missing
+                .push("network = false is not enforced (needs Landlock ABI 4)".into());
+        }
+        if jail.abi < 6 {
+            jail.missing.push(
+                "signals and abstract unix sockets are not scoped (needs Landlock ABI 6)".into(),
+            );
+        }
+        if let Err(e) = jail.probe() {
+            let mut exposed: Vec<String> = jail
+                .read_only
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            exposed.push("your terminals (/dev/pts)".into());
+            jail.missing.push(format!(
+                "{} stay writable by commands (no mount namespace: {e})",
+                exposed.join(", ")
+            ));
+            exposed.extend(
+                jail.hidden
+                    .iter()
+                    .map(|p| format!("{} (not hidden)", p.display())),
+            );
+            jail.own_pts = false;
+            jail.hides.clear();
+            jail.hidden.clear();
+            jail.binds.clear();
+            jail.read_only.clear();
+            jail.pinned.clear();
+            if let Err(e) = jail.probe() {
+                jail.missing.push(format!(
+                    "Landlock could not be applied ({e}): commands are not confined"
+                ));
+                jail.policy = Policy::Off;
+            }
+        }
+        jail.finish(s.required)
+    }
+
+    /// Mount over SUP_HOME (but for the run's own folder and the workspace), `/etc/sup`,
+    /// the credential stores and `hidden` with empty ones, apart from `readable`.
+    fn hide(&mut self, s: &Sandbox, home: &Path) {
+        let readable: Vec<PathBuf> = s
+            .readable
+            .iter()
+            .map(|r| lenient_canonical(&expand_home(r)))
+            .collect();
+        let mut list: Vec<PathBuf> = vec![PathBuf::from("/etc/sup"), home.to_path_buf()];
+        list.extend(
+            CREDENTIALS
+                .iter()
+                .map(|c| expand_home(&Path::new("~").join(c))),
+        );
+        list.extend(s.hidden.iter().map(|h| expand_home(h)));
+        let mut hidden: Vec<PathBuf> = list
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|p| !readable.iter().any(|r| p.starts_with(r)))
+            .collect();
+        hidden.sort_by_key(|p| p.components().count());
+        hidden.dedup();
+        let mut keep: Vec<PathBuf> = self.writable.clone();
+        keep.extend([self.run_dir.clone(), self.workspace.clone()]);
+        keep.extend(readable);
+        let keep: Vec<PathBuf> = keep.iter().map(|k| lenient_canonical(k)).collect();
+        let empty = self.run_dir.join("empty");
+        if std::fs::write(&empty, b"").is_err() {
+            self.missing.push(format!(
+                "cannot create {}: no file is hidden",
+                empty.display()
+            ));
+            return;
+        }
+        self.empty = c_path(&lenient_canonical(&empty)).unwrap_or_default();
+        let mut done: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
+        for p in hidden {
+            // Within a folder hidden already, only what is shown again in it needs hiding.
+            if done
+                .iter()
+                .any(|(d, shown)| p.starts_with(d) && !shown.iter().any(|k| p.starts_with(k)))
+            {
+                continue;
+            }
+            // The workspace itself, or a folder holding it that is not SUP_HOME, stays.
+            if self.workspace.starts_with(&p) && p != home {
+                continue;
+            }
+            let dir = p.is_dir();
+            let mut shown: Vec<PathBuf> = keep
+                .iter()
+                .filter(|k| k.starts_with(&p) && **k != p && k.exists())
+                .cloned()
+                .collect();
+            shown.sort_by_key(|k| k.components().count());
+            let mut outer: Vec<PathBuf> = Vec::new();
+            for k in shown {
+                if !outer.iter().any(|o| k.starts_with(o)) {
+                    outer.push(k);
+                }
+            }
+            outer.truncate(MAX_SHOWN);
+            let mut make: Vec<PathBuf> = Vec::new();
+            for k in &outer {
+                let mut ancestors: Vec<PathBuf> = k
+                    .ancestors()
+                    .skip(1)
+                    .take_while(|a| *a != p)
+                    .map(Path::to_path_buf)
+                    .collect();
+                ancestors.reverse();
+                for a in ancestors {
+                    if !make.contains(&a) {
+                        make.push(a);
+                    }
+                }
+            }
+            let (Some(path), Some(make), Some(shown_c)) = (
+                c_path(&p),
+                make.iter().map(|m| c_path(m)).collect::<Option<Vec<_>>>(),
+                outer
+                    .iter()
+                    .map(|k| Some((c_path(k)?, !k.is_dir())))
+                    .collect::<Option<Vec<_>>>(),
+            ) else {
+                continue;
+            };
+            self.hides.push(Hide {
+                path,
+                dir,
+                make,
+                shown: shown_c,
+            });
+            self.hidden.push(p.clone());
+            done.push((p, outer));
+        }
+    }
+
+    fn is_writable(&self, p: &Path) -> bool {
+        self.writable.iter().any(|w| p.starts_with(w))
+    }
+
+    /// Keep `paths` (those inside a writable folder) out of reach of commands. Each is
+    /// bind-mounted read-only onto itself. A writable folder inside one of them (the temp
+    /// folder inside SUP_HOME, a workspace inside the daemon's goals folder) is bound writable
+    /// again on top, and a path to protect inside that one read-only again. Every writable
+    /// folder between the outermost writable folder and a read-only mount is bound onto
+    /// itself too: a mount point cannot be renamed or removed (EBUSY), so no rename of a
+    /// parent carries the read-only mount away and puts another file in its place.
+    fn protect(&mut self, paths: Vec<PathBuf>) {
+        let mut ro: Vec<PathBuf> = paths
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|p| self.is_writable(p))
+            .collect();
+        ro.sort();
+        ro.dedup();
+        let reopen: Vec<PathBuf> = self
+            .writable
+            .iter()
+            .filter(|w| !ro.contains(w) && ro.iter().any(|r| w.starts_with(r)))
+            .cloned()
+            .collect();
+        // Whether `p` is writable through the mounts: as the deepest of them at or above it
+        // says; `None` where none is.
+        let writable = |p: &Path| -> Option<bool> {
+            ro.iter()
+                .map(|r| (r, false))
+                .chain(reopen.iter().map(|w| (w, true)))
+                .filter(|(m, _)| p.starts_with(m))
+                .max_by_key(|(m, _)| m.components().count())
+                .map(|(_, w)| w)
+        };
+        let mut binds: Vec<(PathBuf, Mode)> = Vec::new();
+        for r in &ro {
+            if r.parent().and_then(writable) != Some(false) {
+                binds.push((r.clone(), Mode::ReadOnly));
+            }
+        }
+        for w in &reopen {
+            if w.parent().and_then(writable) == Some(false) {
+                binds.push((w.clone(), Mode::Writable));
+            }
+        }
+        let mut pins: Vec<PathBuf> = Vec::new();
+        for (r, _) in binds.iter().filter(|(_, m)| *m == Mode::ReadOnly) {
+            let Some(root) = self
+                .writable
+                .iter()
+                .filter(|w| r.starts_with(w))
+                .min_by_key(|w| w.components().count())
+            else {
+                continue;
+            };
+            for a in r.ancestors().skip(1) {
+                if a == root || !a.starts_with(root) {
+                    break;
+                }
+                if writable(a) != Some(false)
+                    && !reopen.iter().any(|w| w == a)
+                    && !pins.iter().any(|x| x == a)
+                {
+                    pins.push(a.to_path_buf());
+                }
+            }
+        }
+        binds.extend(pins.into_iter().map(|p| (p, Mode::Pin)));
+        // Outer mounts first, so that inner ones lie on top of them.
+        binds.sort_by_key(|(p, _)| p.components().count());
+        for (p, mode) in binds {
+            if self.bind(&p, mode) {
+                match mode {
+                    Mode::ReadOnly => self.read_only.push(p),
+                    Mode::Pin => self.pinned.push(p),
+                    Mode::Writable => {}
+                }
+            }
+        }
+    }
+
+    fn bind(&mut self, p: &Path, mode: Mode) -> bool {
+        let flags = nix::sys::statvfs::statvfs(p)
+            .map(|v| mount_flags(v.flags()))
+            .unwrap_or(0);
+        let Ok(path) = CString::new(p.as_os_str().as_bytes()) else {
+            return false;
+        };
+        self.binds.push(Bind { path, flags, mode });
+        true
+    }
+
+    fn finish(self, required: bool) -> Result<Jail, SandboxError> {
+        if required && !self.missing.is_empty() {
+            return Err(SandboxError::Required(self.missing.join("; ")));
+        }
+        Ok(self)
+    }
+
+    /// Start `true` in the jail once, so a kernel that refuses part of it is known before
+    /// any real command runs.
+    fn probe(&self) -> std::io::Result<()> {
+        let mut cmd = std::process::Command::new("true");
+        // Marked as this run's, so a concurrent run's sweep leaves it alone.
+        cmd.env("SUP_RUN_ID", &self.run_id)
+            .env(TOKEN, &self.token)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let _armed = self.arm(&mut cmd, self.policy)?;
+        let (mut child, _held) = {
+            let _spawning = spawning();
+            let child = cmd.spawn()?;
+            let held = Held::new(child.id() as i32);
+            (child, held)
+        };
+        let status = child.wait()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "the probe ended with {status}"
+            )))
+        }
+    }
+
+    /// One line for the start of the trace: the policy, what is missing, what was withheld.
+    pub fn describe(&self) -> String {
+        let mut s = format!("sandbox: {}", self.policy.name());
+        if self.policy != Policy::Off {
+            s.push_str(if self.network {
+                ", network on"
+            } else {
+                ", network off"
+            });
+            let shown: Vec<String> = self
+                .writable
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            s.push_str(&format!("; writable: {}", shown.join(", ")));
+            if !self.read_only.is_empty() {
+                let shown: Vec<String> = self
+                    .read_only
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                s.push_str(&format!("; read-only: {}", shown.join(", ")));
+            }
+        }
+        if !self.hidden.is_empty() {
+            let shown: Vec<String> = self
+                .hidden
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            s.push_str(&format!("; hidden: {}", shown.join(", ")));
+        }
+        if let Some(f) = &self.seccomp {
+            s.push_str(&format!("; {}", f.describe()));
+        }
+        if let Some(l) = &self.limits {
+            s.push_str(&format!("; {}", l.describe()));
+        }
+        if let Some(g) = &self.goals {
+            s.push_str(&format!(
+                "; the daemon's goals folder {} is never writable by its runs",
+                g.display()
+            ));
+        }
+        if !self.missing.is_empty() {
+            s.push_str(&format!(
+                "; MISSING PROTECTION: {}",
+                self.missing.join("; ")
+            ));
+        }
+        if !self.withheld.is_empty() {
+            s.push_str(&format!(
+                "; withheld from tools: {}",
+                self.withheld.join(", ")
+            ));
+        }
+        s
+    }
+
+    /// Give `cmd` the scrubbed environment (then `extra`, then `TMPDIR`) and, unless the
+    /// policy is off, the sandbox, applied in the child before exec.
+    pub fn apply(
+        &self,
+        cmd: &mut tokio::process::Command,
+        extra: &[(String, String)],
+        policy: Option<Policy>,
+    ) -> Result<Armed, SandboxError> {
+        cmd.env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra.iter().map(|(k, v)| (k, v)))
+            .envs(git_explicit_bare(&self.env))
+            .env("TMPDIR", &self.tmp);
+        if !self.token.is_empty() {
+            cmd.env(TOKEN, &self.token);
+        }
+        // A direct child dies with `sup`, however `sup` ends. It leads a session of its own
+        // (and so a process group, which its timeout kills): without a controlling terminal
+        // it cannot open `/dev/tty`, to type an answer into the approval prompt (TIOCSTI) or
+        // draw over it.
+        // SAFETY: setsid and prctl with integer arguments only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        self.arm(cmd.as_std_mut(), policy.unwrap_or(self.policy))
+            .map_err(|e| SandboxError::Setup(e.to_string()))
+    }
+
+    fn arm(&self, cmd: &mut std::process::Command, policy: Policy) -> std::io::Result<Armed> {
+        if policy == Policy::Off || self.policy == Policy::Off {
+            return Ok(Armed { _ruleset: None });
+        }
+        let ruleset = self.ruleset().map_err(std::io::Error::other)?;
+        let fd = ruleset.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let binds = self.binds.clone();
+        let hides = self.hides.clone();
+        let limits = self.limits.as_ref().map(Limits::entry);
+        let empty = self.empty.clone();
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let maps = (uid != 0).then(|| {
+            (
+                format!("{uid} {uid} 1").into_bytes(),
+                format!("{gid} {gid} 1").into_bytes(),
+            )
+        });
+        let own_pts = self.own_pts;
+        let seccomp = self.seccomp.clone();
+        let pts_access = AccessFs::from_file(ABI::from(self.abi.min(6))).bits();
+        let closure = move || -> std::io::Result<()> {
+            // Runs in the child between fork and exec: system calls only, no allocation.
+            if let Some(l) = &limits {
+                l.enter()?;
+            }
+            if !binds.is_empty() || own_pts || !hides.is_empty() {
+                hide_behind_read_only_mounts(&binds, maps.as_ref(), own_pts, &hides, &empty)?;
+            }
+            if own_pts && fd >= 0 {
+                // The new terminal folder and its ptmx are other inodes than the rules the
+                // ruleset was made with: allow them by themselves.
+                allow_own_pts(fd, pts_access)?;
+            }
+            drop_capabilities()?;
+            // SAFETY: plain system calls on integers and an fd we own.
+            unsafe {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if fd >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // Last: the filter refuses the mounts and namespaces made above.
+            if let Some(f) = &seccomp {
+                f.install()?;
+            }
+            Ok(())
+        };
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure only makes async-signal-safe system calls.
+        unsafe { cmd.pre_exec(closure) };
+        Ok(Armed { _ruleset: ruleset })
+    }
+
+    /// The Landlock ruleset: read everywhere, write in the writable folders and the device
+    /// files, TCP only when the network is on, signals and abstract sockets scoped.
+    fn ruleset(&self) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+        let abi = ABI::from(self.abi.min(6));
+        let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi))?;
+        if !self.network && self.abi >= 4 {
+            ruleset = ruleset.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
+        }
+        if self.abi >= 6 {
+            ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal)?;
+        }
+        let mut created = ruleset.create()?;
+        if let Ok(root) = PathFd::new("/") {
+            created = created.add_rule(PathBeneath::new(root, AccessFs::from_read(abi)))?;
+        }
+        for w in &self.writable {
+            if let Ok(fd) = PathFd::new(w) {
+                created = created.add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))?;
+            }
+        }
+        for d in DEVICES {
+            if let Ok(fd) = PathFd::new(d) {
+                created = created.add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))?;
+            }
+        }
+        Ok(created.into())
+    }
+
+    /// When a command failed and its stderr shows a refusal, say which path the sandbox
+    /// stopped and by which rule, so the model can act on it.
+    pub(crate) fn explain(&self, stderr: &str) -> Option<String> {
+        if self.policy == Policy::Off {
+            return None;
+        }
+        if let Some(note) = self.limits.as_ref().and_then(|l| l.memory_note(stderr)) {
+            return Some(note);
+        }
+        let refused = [
+            "Permission denied",
+            "Read-only file system",
+            "Operation not permitted",
+            "Device or resource busy",
+        ];
+        let mut notes = Vec::new();
+        for line in stderr
+            .lines()
+            .filter(|l| refused.iter().any(|r| l.contains(r)))
+        {
+            let note = if !self.network
+                && (line.contains("connect") || line.contains("/dev/tcp/") || line.contains("bind"))
+            {
+                "the sandbox blocks TCP connections and listening (network = false)".to_string()
+            } else {
+                let Some(path) = path_in(line) else { continue };
+                let path = self.workspace.join(path);
+                format!(
+                    "the sandbox stopped writing {}: {}",
+                    path.display(),
+                    self.rule_for(&path)
+                )
+            };
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+        if notes.is_empty() {
+            return None;
+        }
+        let workspace_read_only = matches!(self.policy, Policy::ReadOnly)
+            || self.goals.as_deref() == Some(self.workspace.as_path());
+        let instead = if workspace_read_only {
+            "Write in $TMPDIR instead (the workspace is read-only in this run)".to_string()
+        } else {
+            format!(
+                "Write inside the workspace ({}) or $TMPDIR instead",
+                self.writable
+                    .first()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            )
+        };
+        Some(format!(
+            "[sandbox {}] {}. {instead}; the sandbox cannot be turned off from inside a run.",
+            self.policy.name(),
+            notes.join("; "),
+        ))
+    }
+
+    fn rule_for(&self, path: &Path) -> String {
+        if let Some(p) = self.pinned.iter().find(|p| *p == path) {
+            return format!(
+                "{} holds files of sup that are read-only to you (goal, check or \
+                 configuration files), so it cannot be moved or removed",
+                p.display()
+            );
+        }
+        if let Some(g) = self.goals.as_ref().filter(|g| path.starts_with(g)) {
+            return format!(
+                "{} is the daemon's goals folder, never writable by its runs",
+                g.display()
+            );
+        }
+        if let Some(p) = self.read_only.iter().find(|p| path.starts_with(p)) {
+            if p.file_name() == Some(OsStr::new(".git")) {
+                return "`.git` is read-only (a goal can allow it with writable = [\".git\"])"
+                    .into();
+            }
+            return format!(
+                "{} is a goal, check or configuration file of sup, never writable by the agent",
+                p.display()
+            );
+        }
+        match self.policy {
+            Policy::ReadOnly => "policy read-only: nothing but $TMPDIR is writable".into(),
+            _ => {
+                let shown: Vec<String> = self
+                    .writable
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                format!(
+                    "policy workspace-write: only {} are writable",
+                    shown.join(", ")
+                )
+            }
+        }
+    }
+
+    /// End every process this run left behind: its orphans (background jobs, `setsid`,
+    /// `nohup` and double-fork escapes, which the subreaper brought back to `sup`) and all
+    /// their descendants. Processes of other live runs of this `sup` (told by their
+    /// `SUP_RUN_TOKEN`), running tool processes and MCP servers are left alone.
+    pub(crate) fn sweep(&self) -> usize {
+        sweep(&self.token)
+    }
+
+    /// Note a process group this run started, with its start time, so that a later `sup`
+    /// can end it should this one be killed.
+    pub(crate) fn record(&self, pid: i32) {
+        let Some(groups) = &self.groups else { return };
+        let Some(start) = start_time(pid) else { return };
+        use std::io::Write;
+        if let Ok(mut f) = groups.lock() {
+            // One write per line, so a reader never sees half of one.
+            let _ = f.write_all(format!("{pid} {start}\n").as_bytes());
+        }
+    }
+}
+
+impl Drop for Jail {
+    /// A run that ends normally leaves nothing to sweep after it.
+    fn drop(&mut self) {
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|t| *t != self.token);
+        }
+        if !self.run_dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(self.run_dir.join(GROUPS));
+        }
+    }
+}
+
+/// `p` made absolute and free of links as far as it exists; the rest as written.
+fn lenient_canonical(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        let here = if cur.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            cur
+        };
+        if let Ok(mut out) = std::fs::canonicalize(here) {
+            out.extend(rest.iter().rev());
+            return out;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
+}
+
+/// The path a refusal message names: quoted (`'x'`, `‘x’`, `"x"`), or the field before the
+/// reason (`bash: line 1: x: Permission denied`).
+fn path_in(line: &str) -> Option<PathBuf> {
+    for (open, close) in [('\'', '\''), ('‘', '’'), ('"', '"')] {
+        if let Some(start) = line.find(open) {
+            let rest = &line[start + open.len_utf8()..];
+            if let Some(end) = rest.find(close) {
+                let p = &rest[..end];
+                if !p.is_empty() {
+                    return Some(PathBuf::from(p));
+                }
+            }
+        }
+    }
+    let fields: Vec<&str> = line.split(": ").collect();
+    fields
+        .len()
+        .checked_sub(2)
+        .map(|i| fields[i].trim())
+        .filter(|p| !p.is_empty() && !p.contains(' '))
+        .map(PathBuf::from)
+}

@@ -1,0 +1,403 @@
+//! The jail of a run, tried as a hostile model would, as root and as uid 65534: the seccomp
+//! filter (no unix sockets to a service of the user, no io_uring, ptrace or namespaces), the
+//! hidden credential files, the limits on processes and memory.
+
+use crate::common;
+
+use common::{Env, Run};
+use serde_json::{Value, json};
+
+fn cmd(id: &str, command: &str) -> Value {
+    json!({"tool_calls": [{"id": id, "name": "run_command", "input": {"command": command}}]})
+}
+
+fn say(text: &str) -> Value {
+    json!({"text": text})
+}
+
+fn text(v: &Value) -> String {
+    v["content"].as_str().unwrap_or_default().to_string()
+}
+
+fn root() -> bool {
+    nix::unistd::getuid().is_root()
+}
+
+/// Each test once as the user the tests run as, and, when that is root, once more as 65534.
+fn both(test: impl Fn(bool)) {
+    test(false);
+    if root() {
+        test(true);
+    }
+}
+
+/// `sup goal --file goal.toml --json --model script:…` with `body` as the goal file, as
+/// 65534 when `nobody`.
+fn goal(env: &Env, nobody: bool, body: &str, turns: Value) -> Run {
+    let goal = env.write("goal.toml", body);
+    let script = env.script(turns);
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    c.args([
+        "goal",
+        "--file",
+        goal.to_str().unwrap(),
+        "--json",
+        "--model",
+    ])
+    .arg(format!("script:{}", script.display()));
+    Run::new(c.output().unwrap())
+}
+
+/// The trace line that describes the sandbox.
+fn sandbox_line(run: &Run) -> String {
+    run.of_type("notice")
+        .into_iter()
+        .map(|n| n["text"].as_str().unwrap_or_default().to_string())
+        .find(|t| t.starts_with("sandbox: "))
+        .unwrap_or_else(|| panic!("no sandbox notice: {}", run.stdout))
+}
+
+/// A program the test needs, or a panic that says how to install it.
+fn need(program: &str, package: &str) {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "this test needs `{program}`: install it with `apt-get install -y {package}`"
+    );
+}
+
+/// `command` as 65534 when `nobody` (through setpriv), else as is.
+fn as_user(nobody: bool, program: &str) -> std::process::Command {
+    if nobody {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", program]);
+        c
+    } else {
+        std::process::Command::new(program)
+    }
+}
+
+const GOAL: &str = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
+
+#[test]
+fn a_command_cannot_have_a_service_of_the_user_run_code_outside_the_sandbox() {
+    // The person's tmux: its server listens on a pathname socket, and `run-shell` runs what
+    // it is given outside the sandbox (`send-keys` would type into the approval prompt).
+    need("tmux", "tmux");
+    both(|nobody| {
+        let env = Env::new();
+        let sock_dir = tempfile::tempdir().unwrap();
+        let witness = sock_dir.path().join("escaped");
+        if nobody {
+            std::process::Command::new("chown")
+                .arg("65534:65534")
+                .arg(sock_dir.path())
+                .status()
+                .unwrap();
+        }
+        let sock = sock_dir.path().join("default");
+        let started = as_user(nobody, "tmux")
+            .arg("-S")
+            .arg(&sock)
+            .args(["new-session", "-d"])
+            .status()
+            .unwrap();
+        assert!(started.success(), "tmux did not start");
+        let run = goal(
+            &env,
+            nobody,
+            GOAL,
+            json!([
+                cmd(
+                    "tmux",
+                    &format!(
+                        "tmux -S {} run-shell 'touch {}'",
+                        sock.display(),
+                        witness.display()
+                    )
+                ),
+                say("done")
+            ]),
+        );
+        let _ = as_user(nobody, "tmux")
+            .arg("-S")
+            .arg(&sock)
+            .arg("kill-server")
+            .status();
+        let said = text(run.tool_result("tmux"));
+        assert!(!witness.exists(), "tmux ran code outside: {said}");
+        assert!(said.contains("Operation not permitted"), "{said}");
+        assert!(
+            sandbox_line(&run).contains("seccomp denies socket(AF_UNIX)"),
+            "{}",
+            sandbox_line(&run)
+        );
+    });
+}
+
+/// Tries each refused call and prints `NAME RESULT` per line.
+#[cfg(target_arch = "x86_64")]
+const CALLS: &str = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def t(name, f):
+    try:
+        f()
+        print(name, 'allowed')
+    except OSError as e:
+        print(name, os.strerror(e.errno))
+def sc(nr, *a):
+    if libc.syscall(nr, *a) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+buf = ctypes.create_string_buffer(256)
+t('unix', lambda: socket.socket(socket.AF_UNIX))
+t('pair', lambda: socket.socketpair())
+t('io_uring', lambda: sc(425, 4, buf))
+t('ptrace', lambda: sc(101, 0, 0, 0, 0))
+t('vm_writev', lambda: sc(311, os.getppid(), buf, 1, buf, 1, 0))
+t('bpf', lambda: sc(321, 0, buf, 64))
+t('perf', lambda: sc(298, buf, 0, -1, -1, 0))
+t('keyctl', lambda: sc(250, 0, 0, 0, 0))
+t('add_key', lambda: sc(248, b'user', b'k', b'v', 1, -2))
+t('unshare', lambda: sc(272, 0x20000))
+t('mount', lambda: sc(165, b'none', b'/tmp', b'tmpfs', 0, 0))
+"#;
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn jailed_processes_get_eperm_for_unix_sockets_io_uring_ptrace_keys_and_namespaces() {
+    both(|nobody| {
+        let env = Env::new();
+        env.write("calls.py", CALLS);
+        let run = goal(
+            &env,
+            nobody,
+            GOAL,
+            json!([cmd("calls", "python3 calls.py"), say("done")]),
+        );
+        let out = text(run.tool_result("calls"));
+        for name in [
+            "unix",
+            "io_uring",
+            "ptrace",
+            "vm_writev",
+            "bpf",
+            "perf",
+            "keyctl",
+            "add_key",
+            "unshare",
+            "mount",
+        ] {
+            assert!(
+                out.contains(&format!("{name} Operation not permitted")),
+                "{name}: {out}"
+            );
+        }
+        assert!(out.contains("pair allowed"), "{out}");
+        let line = sandbox_line(&run);
+        for word in ["io_uring", "ptrace", "bpf", "keyctl", "new namespaces"] {
+            assert!(line.contains(word), "{line}");
+        }
+        // The goal key lifts the denial of unix sockets, and only that.
+        let env = Env::new();
+        env.write("calls.py", CALLS);
+        let run = goal(
+            &env,
+            nobody,
+            &format!("{GOAL}unix_sockets = true\n"),
+            json!([cmd("calls", "python3 calls.py"), say("done")]),
+        );
+        let out = text(run.tool_result("calls"));
+        assert!(out.contains("unix allowed"), "{out}");
+        assert!(out.contains("ptrace Operation not permitted"), "{out}");
+        assert!(!sandbox_line(&run).contains("socket(AF_UNIX)"));
+    });
+}
+
+/// The goal file `body` is refused with exit 2, naming its line and `key`.
+fn refused_at(body: &str, line: usize, key: &str) {
+    let env = Env::new();
+    let run = goal(&env, false, body, json!([say("x")]));
+    let path = env.ws().join("goal.toml");
+    assert_eq!(run.code, 2, "{body}: {}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("{}:{line}", path.display())) && run.stderr.contains(key),
+        "{body}: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn bad_jail_keys_are_exit_2_with_file_and_line() {
+    refused_at(
+        &format!("{GOAL}unix_sockets = \"maybe\"\n"),
+        4,
+        "unix_sockets",
+    );
+    refused_at(&format!("{GOAL}max_memory = \"lots\"\n"), 4, "max_memory");
+    refused_at(&format!("{GOAL}max_processes = -1\n"), 4, "max_processes");
+}
+
+/// As `goal`, with `vars` set in sup's environment.
+fn goal_env(env: &Env, nobody: bool, body: &str, turns: Value, vars: &[(&str, &str)]) -> Run {
+    let goal = env.write("goal.toml", body);
+    let script = env.script(turns);
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    c.args([
+        "goal",
+        "--file",
+        goal.to_str().unwrap(),
+        "--json",
+        "--model",
+    ])
+    .arg(format!("script:{}", script.display()))
+    .envs(vars.iter().copied());
+    Run::new(c.output().unwrap())
+}
+
+#[test]
+fn the_key_file_credential_stores_hidden_paths_and_other_runs_are_mounted_over() {
+    both(|nobody| {
+        let env = Env::new();
+        let home = tempfile::tempdir().unwrap();
+        let h = home.path();
+        let put = |rel: &str, content: &str| {
+            let p = h.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, content).unwrap();
+        };
+        put(".config/sup/env", "OPENAI_API_KEY=sk-in-the-key-file\n");
+        put(".ssh/id_ed25519", "PRIVATE KEY\n");
+        put(".aws/config", "aws-shown-again\n");
+        env.write("secret.txt", "top secret\n");
+        if nobody {
+            std::process::Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(h)
+                .status()
+                .unwrap();
+        }
+        let vars = [("HOME", h.to_str().unwrap())];
+        // Another run first: its folder is under SUP_HOME too.
+        let first = goal_env(&env, nobody, GOAL, json!([say("done")]), &vars);
+        assert_eq!(first.code, 0, "{}", first.stderr);
+        let run = goal_env(
+            &env,
+            nobody,
+            &format!("{GOAL}hidden = [\"secret.txt\"]\nreadable = [\"~/.aws\"]\n"),
+            json!([
+                cmd(
+                    "read",
+                    "base64 -w0 ~/.config/sup/env; echo; base64 -w0 ~/.ssh/id_ed25519; echo; \
+                     cat secret.txt; cat ~/.aws/config; echo runs=$(ls $SUP_HOME/runs | wc -l)"
+                ),
+                say("done")
+            ]),
+            &vars,
+        );
+        let out = text(run.tool_result("read"));
+        // base64 of "OPENAI_API_KEY=sk-in-the-key-file\n" and of "PRIVATE KEY\n".
+        assert!(
+            !out.contains("T1BFTkFJX0FQSV9LRVk9c2staW4tdGhlLWtleS1maWxlCg"),
+            "{out}"
+        );
+        assert!(!out.contains("UFJJVkFURSBLRVkK"), "{out}");
+        assert!(!out.contains("top secret"), "{out}");
+        assert!(out.contains("aws-shown-again"), "{out}");
+        assert!(out.contains("runs=1"), "{out}");
+        let line = sandbox_line(&run);
+        assert!(
+            line.contains("hidden: ") && line.contains(".config/sup/env"),
+            "{line}"
+        );
+        assert!(!line.contains("MISSING"), "{line}");
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    });
+}
+
+/// Forks up to 2,000 children that wait, and says how many it got.
+const BOMB: &str = r#"
+import os, sys
+n = 0
+for i in range(2000):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print('refused after', n, os.strerror(e.errno))
+        break
+    if pid == 0:
+        os.pause()
+        os._exit(0)
+    n += 1
+print('forked', n)
+"#;
+
+#[test]
+fn a_fork_bomb_is_contained_and_the_run_goes_on() {
+    both(|nobody| {
+        let env = Env::new();
+        env.write("bomb.py", BOMB);
+        let run = goal(
+            &env,
+            nobody,
+            &format!("{GOAL}max_processes = 64\n"),
+            json!([
+                cmd("bomb", "python3 bomb.py"),
+                cmd("after", "echo still here"),
+                say("done")
+            ]),
+        );
+        let out = text(run.tool_result("bomb"));
+        let forked: usize = out
+            .lines()
+            .find_map(|l| l.strip_prefix("forked "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(forked < 64, "{out}");
+        assert!(out.contains("refused after"), "{out}");
+        assert!(text(run.tool_result("after")).contains("still here"));
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+        let line = sandbox_line(&run);
+        assert!(line.contains("limits: 64 processes"), "{line}");
+    });
+}
+
+#[test]
+fn a_4_gb_allocation_is_killed_with_a_result_that_says_so() {
+    both(|nobody| {
+        let env = Env::new();
+        let run = goal(
+            &env,
+            nobody,
+            &format!("{GOAL}max_memory = \"512M\"\n"),
+            json!([
+                cmd(
+                    "alloc",
+                    "python3 -c 'b = b\"x\" * (4 * 1024 ** 3); print(len(b))'"
+                ),
+                cmd("after", "echo still here"),
+                say("done")
+            ]),
+        );
+        let out = text(run.tool_result("alloc"));
+        assert!(!out.contains("4294967296"), "{out}");
+        assert!(
+            out.contains("killed for memory") && out.contains("max_memory = 512M"),
+            "{out}"
+        );
+        assert!(text(run.tool_result("after")).contains("still here"));
+        assert!(sandbox_line(&run).contains("512M of memory"));
+    });
+}
