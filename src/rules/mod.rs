@@ -20,6 +20,7 @@
 //! Below both `approval` (which decides with the rules) and `tools` (whose built-ins refuse
 //! what a deny rule names).
 
+mod scripts;
 mod shell;
 mod wrappers;
 
@@ -76,6 +77,12 @@ impl Rule {
                 why: "no tool name".into(),
             });
         }
+        if let Some(why) = pattern.and_then(|p| never_matches(tool.trim(), p)) {
+            return Err(RuleError {
+                rule: text.into(),
+                why: format!("it can never match: {why}"),
+            });
+        }
         Ok(Rule {
             text: t.to_string(),
             tool: glob(tool.trim(), text)?,
@@ -86,6 +93,42 @@ impl Rule {
     fn matches(&self, tool: &str, part: &str) -> bool {
         self.tool.is_match(tool) && self.pattern.as_ref().is_none_or(|p| p.is_match(part))
     }
+}
+
+/// The tools whose rules match a workspace-relative path.
+const FILE_TOOLS: &[&str] = &[
+    "read_file",
+    "write_file",
+    "edit_file",
+    "list_files",
+    "search_files",
+];
+
+/// Why a pattern can match no argument of `tool`, if so.
+fn never_matches(tool: &str, pattern: &str) -> Option<String> {
+    if pattern.is_empty() {
+        return Some(
+            "the pattern is empty, and no call's argument is; write `tool` alone to match \
+             every call of it"
+                .into(),
+        );
+    }
+    if pattern.starts_with(char::is_whitespace) {
+        return Some("the pattern starts with a space, and no argument does".into());
+    }
+    let path_rule = FILE_TOOLS.contains(&tool);
+    if path_rule
+        && (pattern.starts_with('/')
+            || pattern.starts_with("./")
+            || pattern.split('/').any(|c| c == ".."))
+    {
+        return Some(
+            "paths are matched relative to the workspace and normalized, so none starts \
+             with `/` or `./` or holds `..`"
+                .into(),
+        );
+    }
+    None
 }
 
 /// The allow, ask and deny rules of a run, from every source.
@@ -232,6 +275,25 @@ mod tests {
         let rm = rules(&[], &[], &["run_command(rm *)"]);
         let ask = rules(&[], &["run_command(rm *)"], &[]);
         let git_any = rules(&["run_command(git *)"], &[], &[]);
+        let push = rules(&[], &[], &["run_command(git push*)"]);
+        let scripts = rules(
+            &[
+                "run_command(sed *)",
+                "run_command(awk *)",
+                "run_command(gawk *)",
+                "run_command(mawk *)",
+                "run_command(perl *)",
+                "run_command(ruby *)",
+                "run_command(python3 *)",
+                "run_command(node *)",
+                "run_command(php *)",
+                "run_command(vim *)",
+                "run_command(less *)",
+                "run_command(ed *)",
+            ],
+            &[],
+            &[],
+        );
         let tools = rules(
             &[
                 "run_command(tar *)",
@@ -323,7 +385,93 @@ mod tests {
             (&git_any, "git init --templ=t sub", "mode"),
             (&git_any, "git clone --templa=t a b", "mode"),
             (&git_any, "git fetch --upload-pa=id origin", "mode"),
-            (&git_any, "git init sub", "allow"),
+            (&git_any, "git init sub", "mode"),
+            // Issue 25: what makes a repository, and git's global options.
+            (&git_any, "git init -q --separate-git-dir gd sub", "mode"),
+            (&git_any, "git clone a b", "mode"),
+            (&git_any, "git worktree add ../w", "mode"),
+            (&git_any, "git worktree list", "allow"),
+            (&git_any, "git submodule update --init", "mode"),
+            (&git_any, "git --bare status", "mode"),
+            (&git_any, "git -C sub status", "allow"),
+            (&push, "git push origin", "deny"),
+            (&push, "git -C . push", "deny"),
+            (&push, "git --no-pager push", "deny"),
+            (&push, "git -P push", "deny"),
+            (&push, "git -p push", "deny"),
+            (&push, "git --git-dir .git push", "deny"),
+            (&push, "git --work-tree . push", "deny"),
+            (&push, "git --namespace n push", "deny"),
+            (&push, "git --bare push", "deny"),
+            (&push, "git -c a.b=c push", "deny"),
+            (&push, "git -C . status", "mode"),
+            // Issue 25: wrappers.
+            (&rm, "setarch x86_64 rm x", "deny"),
+            (&rm, "setarch x86_64 -R rm x", "deny"),
+            (&rm, "linux64 rm x", "deny"),
+            (&rm, "prlimit --nofile=10 rm x", "deny"),
+            (&rm, "valgrind --tool=none rm x", "deny"),
+            (&rm, "strace rm x", "deny"),
+            (&rm, "ltrace -f rm x", "deny"),
+            (&rm, "gdb --args rm x", "deny"),
+            (&rm, "gdb -batch -ex 'shell id'", "deny"),
+            (&rm, "chroot / rm x", "deny"),
+            (&rm, "flock /tmp/l rm x", "deny"),
+            (&rm, "stdbuf -oL rm x", "deny"),
+            (&rm, "taskset -c 0 rm x", "deny"),
+            (&rm, "taskset 1 rm x", "deny"),
+            (&rm, "ionice -c 3 rm x", "deny"),
+            (&rm, "chrt -f 1 rm x", "deny"),
+            (&rm, "numactl -C 0 rm x", "deny"),
+            (&rm, "nsenter -t 1 -m rm x", "deny"),
+            (&rm, "unshare -r rm x", "deny"),
+            (&rm, "firejail rm x", "deny"),
+            (&rm, "bwrap --bind / / rm x", "deny"),
+            (&rm, "doas -u root rm x", "deny"),
+            (&rm, "pkexec rm x", "deny"),
+            (&rm, "xvfb-run -a rm x", "deny"),
+            (&rm, "catchsegv rm x", "deny"),
+            (&rm, "sup-no-such-wrapper -q rm x", "deny"),
+            (&rm, "./run.sh rm x", "deny"),
+            (&rm, "echo rm x", "mode"),
+            // Issue 25: programs whose scripts run code or write files.
+            (&scripts, "sed -n '1e id > F' f", "mode"),
+            (&scripts, "sed 's/a/b/' f", "allow"),
+            (&scripts, "sed -n '/x/p; s,a,b,g' f", "allow"),
+            (&scripts, "sed 'w out' f", "mode"),
+            (&scripts, "sed -n 'W out' f", "mode"),
+            (&scripts, "sed '1r /etc/passwd' f", "mode"),
+            (&scripts, "sed 1R f", "mode"),
+            (&scripts, "sed 's/x/y/e' f", "mode"),
+            (&scripts, "sed 's/x/y/w out' f", "mode"),
+            (&scripts, "sed -i 's/a/b/' f", "mode"),
+            (&scripts, "sed --in-place=.bak 's/a/b/' f", "mode"),
+            (&scripts, "sed -f s.sed f", "mode"),
+            (&scripts, "awk '{print $1}' f", "allow"),
+            (&scripts, "awk 'BEGIN{system(\"id\")}'", "mode"),
+            (&scripts, "awk '{print > \"f\"}' x", "mode"),
+            (&scripts, "awk '{print | \"sh\"}' x", "mode"),
+            (&scripts, "gawk 'BEGIN{\"id\" | getline x}'", "mode"),
+            (&scripts, "mawk 'BEGIN{system(\"id\")}'", "mode"),
+            (&scripts, "gawk -f p.awk f", "mode"),
+            (&scripts, "perl x.pl", "allow"),
+            (&scripts, "perl -e 'print 1'", "mode"),
+            (&scripts, "perl -pi -e 's/a/b/' f", "mode"),
+            (&scripts, "ruby -e 'puts 1'", "mode"),
+            (&scripts, "python3 -c 'print(1)'", "mode"),
+            (&scripts, "python3 -m http.server", "mode"),
+            (&scripts, "node -e 1", "mode"),
+            (&scripts, "node --require ./x.js y.js", "mode"),
+            (&scripts, "php -r 'echo 1;'", "mode"),
+            (&scripts, "php -R 'echo 1;'", "mode"),
+            (&scripts, "vim -c '!id' -c q f", "mode"),
+            (&scripts, "vim '+!id' f", "mode"),
+            (&scripts, "less '+!id' f", "mode"),
+            (&scripts, "less f", "allow"),
+            (&scripts, "ed -s f", "mode"),
+            (&rm, "sed -n '1e rm x' f", "deny"),
+            (&rm, "awk 'BEGIN{system(\"rm x\")}'", "deny"),
+            (&rm, "sed 's/a/b/' f", "mode"),
             (&git_any, "git send-email --smtp-server=./x p.patch", "mode"),
             (&git_any, "git log --exit-code", "allow"),
             (&rm, "git -C . -c alias.x='!rm x' x", "deny"),
@@ -439,6 +587,33 @@ mod tests {
     fn bad_rules_say_how_to_write_one() {
         let e = Rule::parse("run_command(cargo").unwrap_err().to_string();
         assert!(e.contains("tool(pattern)"), "{e}");
+        for never in [
+            "run_command()",
+            "run_command( rm *)",
+            "write_file(/etc/*)",
+            "read_file(./src/*)",
+            "edit_file(src/../x)",
+        ] {
+            let e = Rule::parse(never).unwrap_err().to_string();
+            assert!(e.contains("can never match"), "{never}: {e}");
+        }
+        assert!(Rule::parse("run_command(git push*)").is_ok());
+    }
+
+    /// Every entry of the table of programs whose scripts run code or write files keeps its
+    /// example from being allowed by a rule that names the program.
+    #[test]
+    fn every_scripted_program_has_a_line_no_rule_allows() {
+        for s in scripts::SCRIPTED {
+            let name = s.example.split(' ').next().unwrap();
+            assert!(
+                s.names.iter().any(|n| scripts::versioned(name, n)),
+                "{}",
+                s.example
+            );
+            let allow = rules(&[&format!("run_command({name} *)")], &[], &[]);
+            assert_eq!(verdict(&allow, s.example), "mode", "{}", s.example);
+        }
     }
 
     proptest::proptest! {

@@ -6,6 +6,7 @@
 use brush_parser::ast;
 use brush_parser::word::WordPiece;
 
+use super::scripts::{Danger, interpreter, scripted, versioned};
 use super::wrappers::{
     ELSEWHERE, INTERPRETERS, SHELLS, runs_with_option, short_flag, starts, wrapper,
 };
@@ -585,6 +586,15 @@ impl Line {
         }
         if let Some((with_value, operands)) = wrapper(name) {
             self.never(format!("`{name}`, which runs a command"));
+            let gdb_commands = ["-ex", "-x", "-iex", "-ix", "--eval-command", "--command"];
+            if name == "gdb"
+                && args.iter().any(|a| {
+                    let flag = a.split_once('=').map_or(*a, |(f, _)| f);
+                    gdb_commands.contains(&flag)
+                })
+            {
+                self.hide("`gdb` given commands, which can run any command");
+            }
             if name == "watch" {
                 return self.parse(&args.join(" "), depth + 1);
             }
@@ -648,24 +658,19 @@ impl Line {
             }
             return;
         }
-        let interpreter = INTERPRETERS.iter().any(|i| {
-            name == *i
-                || name.strip_prefix(i).is_some_and(|v| {
-                    v.starts_with(['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '.', '-'])
-                })
-        });
-        if interpreter {
-            let gives_code = name.ends_with("awk")
-                || args.iter().any(|a| {
-                    ["--eval", "--exec", "--command", "-r", "-p", "--print"].contains(a)
-                        || (a.starts_with('-')
-                            && !a.starts_with("--")
-                            && a.contains(['c', 'e', 'E']))
-                });
-            if gives_code {
-                self.hide(format!("`{name}` given code to run"));
-            } else if args.contains(&"-") || (self.fed && args.iter().all(|a| a.starts_with('-'))) {
-                self.hide(format!("`{name}` reading code from its standard input"));
+        if let Some(s) = scripted(name) {
+            match s.judge(name, &args, self.fed) {
+                Some(Danger::Runs(why)) => self.hide(why),
+                Some(Danger::Writes(why)) => self.never(why),
+                None => {}
+            }
+            return;
+        }
+        if INTERPRETERS.iter().any(|i| versioned(name, i)) {
+            if let Some(Danger::Runs(why) | Danger::Writes(why)) =
+                interpreter(name, &args, self.fed)
+            {
+                self.hide(why);
             }
             return;
         }
@@ -715,7 +720,7 @@ impl Line {
                 "`{name}`, which runs commands the rules cannot read (possibly outside the \
                  sandbox)"
             )),
-            _ => {}
+            _ => self.unknown_wrapper(name, &args),
         }
     }
 }

@@ -71,6 +71,43 @@ pub(super) fn wrapper(name: &str) -> Option<(&'static [&'static str], usize)> {
         "stdbuf" => (&["-i", "-o", "-e"], 0),
         "chrt" | "taskset" | "flock" | "chroot" | "sg" => (&["-c", "-w", "-E"], 1),
         "watch" => (&["-n", "-d", "--interval"], 0),
+        "setarch" => (&[], 1),
+        "linux32" | "linux64" | "i386" | "x86_64" | "catchsegv" | "valgrind" => (&[], 0),
+        "prlimit" => (&["-p", "--pid", "-o", "--output"], 0),
+        "gdb" => (&["-ex", "-x", "-iex", "-ix", "-p", "--pid", "-cd", "-d"], 0),
+        "numactl" => (
+            &[
+                "-i",
+                "-m",
+                "-N",
+                "-C",
+                "-p",
+                "-P",
+                "--interleave",
+                "--membind",
+                "--cpunodebind",
+                "--physcpubind",
+                "--preferred",
+            ],
+            0,
+        ),
+        "xvfb-run" => (
+            &[
+                "-n",
+                "-s",
+                "-f",
+                "-e",
+                "-p",
+                "-w",
+                "--server-num",
+                "--server-args",
+                "--auth-file",
+                "--error-file",
+                "--xauth-protocol",
+                "--wait",
+            ],
+            0,
+        ),
         "runuser" | "su" => (&["-u", "-g", "-G", "-s", "--shell", "--group"], 0),
         _ => return None,
     };
@@ -262,10 +299,31 @@ impl Line {
             {
                 self.hide(format!("`git {a}`, which can run any command"));
             }
+            if flag == "--bare" {
+                self.hide(
+                    "`git --bare`, which takes a folder the agent may have filled for a repository",
+                );
+            }
             i += if VALUED.contains(a) { 2 } else { 1 };
         }
         let sub = args.get(i).copied().unwrap_or_default();
         let rest = args.get(i + 1..).unwrap_or_default();
+        // Deny rules see the subcommand without the global options before it.
+        if i > 0 {
+            self.seen.push(
+                std::iter::once("git")
+                    .chain(args.get(i..).unwrap_or_default().iter().copied())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+        }
+        // A repository other than the one sup protects is never made by a rule's leave.
+        let makes = ["init", "clone", "submodule"].contains(&sub)
+            || (sub == "worktree" && rest.first() == Some(&"add"))
+            || args.iter().any(|a| git_names(a, "--separate-git-dir"));
+        if makes {
+            self.never(format!("`git {sub}`, which makes a repository"));
+        }
         let has = |opts: &[&str]| rest.iter().any(|a| opts.iter().any(|o| git_names(a, o)));
         let runs = match sub {
             // send-email runs `--sendmail-cmd`, `--smtp-server=PROGRAM`, `--to-cmd` …;
@@ -308,5 +366,199 @@ fn git_names(arg: &str, opt: &str) -> bool {
     } else {
         let short = opt.trim_start_matches('-');
         !arg.starts_with("--") && arg.len() > 1 && arg.starts_with('-') && arg[1..].contains(short)
+    }
+}
+
+/// Programs known not to run the programs their arguments name: in front of anything else,
+/// a word naming a program may be a command it runs (an unknown wrapper).
+const PLAIN: &[&str] = &[
+    "cat",
+    "ls",
+    "echo",
+    "printf",
+    "grep",
+    "egrep",
+    "fgrep",
+    "rg",
+    "ag",
+    "head",
+    "tail",
+    "wc",
+    "sort",
+    "uniq",
+    "cut",
+    "tr",
+    "paste",
+    "join",
+    "comm",
+    "fold",
+    "fmt",
+    "nl",
+    "tac",
+    "rev",
+    "diff",
+    "cmp",
+    "file",
+    "stat",
+    "which",
+    "whereis",
+    "type",
+    "man",
+    "info",
+    "whatis",
+    "apropos",
+    "touch",
+    "mkdir",
+    "rmdir",
+    "rm",
+    "cp",
+    "mv",
+    "ln",
+    "chmod",
+    "chown",
+    "chgrp",
+    "install",
+    "readlink",
+    "realpath",
+    "basename",
+    "dirname",
+    "pwd",
+    "cd",
+    "date",
+    "sleep",
+    "true",
+    "false",
+    "test",
+    "[",
+    "expr",
+    "seq",
+    "yes",
+    "tee",
+    "du",
+    "df",
+    "tar",
+    "gzip",
+    "gunzip",
+    "zcat",
+    "bzip2",
+    "xz",
+    "unzip",
+    "zip",
+    "sha256sum",
+    "sha1sum",
+    "md5sum",
+    "base64",
+    "od",
+    "hexdump",
+    "xxd",
+    "strings",
+    "jq",
+    "git",
+    "cargo",
+    "rustc",
+    "rustup",
+    "rustfmt",
+    "npm",
+    "yarn",
+    "pnpm",
+    "go",
+    "make",
+    "cmake",
+    "ninja",
+    "pip",
+    "pip3",
+    "mkfifo",
+    "kill",
+    "pkill",
+    "pgrep",
+    "killall",
+    "ps",
+    "id",
+    "whoami",
+    "uname",
+    "hostname",
+    "mktemp",
+    "truncate",
+    "dd",
+    "sync",
+    "shuf",
+    "split",
+    "column",
+    "printenv",
+    "tree",
+    "curl",
+    "wget",
+    "patch",
+    "wait",
+    "read",
+    "exit",
+    "return",
+    "set",
+    "unset",
+    "shift",
+    "help",
+    "jobs",
+    "umask",
+    "ulimit",
+    "shopt",
+    "hash",
+    "apt",
+    "apt-get",
+    "dpkg",
+    "apt-cache",
+    "mkfs",
+    "sha512sum",
+    "cksum",
+];
+
+/// Whether `word` names a program: one of the tables', or an executable on `PATH` (or at the
+/// path it names).
+fn names_a_program(word: &str) -> bool {
+    let base = super::shell::basename(word);
+    let plain = !base.is_empty()
+        && base
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c));
+    if !plain {
+        return false;
+    }
+    if SHELLS.contains(&base)
+        || ELSEWHERE.contains(&base)
+        || wrapper(base).is_some()
+        || super::scripts::scripted(base).is_some()
+        || INTERPRETERS
+            .iter()
+            .any(|i| super::scripts::versioned(base, i))
+    {
+        return true;
+    }
+    let executable = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if word.contains('/') {
+        return executable(std::path::Path::new(word));
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(base))))
+}
+
+impl Line {
+    /// A program sup does not know with a word naming a program among its arguments: it may
+    /// be a wrapper that runs it, so it counts as unseen code (every deny rule matches). An
+    /// allow rule that names the program still allows it.
+    pub(super) fn unknown_wrapper(&mut self, name: &str, args: &[&str]) {
+        if PLAIN.contains(&name) {
+            return;
+        }
+        if let Some(a) = args
+            .iter()
+            .find(|a| !a.starts_with('-') && names_a_program(a))
+            && self.hidden.is_none()
+        {
+            self.hidden = Some(format!(
+                "`{name}`, a program sup does not know, in front of `{a}`, which it may run"
+            ));
+        }
     }
 }
