@@ -21,9 +21,10 @@ const NO_REPOSITORY: &str = "/dev/null";
 const EMPTY_TREE_SHA1: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 const EMPTY_TREE_SHA256: &str = "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321";
 
-/// An external diff program is replaced by git's own diff of the same two files.
-const OWN_DIFF: &str =
-    "f() { git --no-pager diff --no-ext-diff --no-index -- \"$2\" \"$5\"; true; }; f";
+/// An external diff program is replaced by git's own diff of the same two files (git calls
+/// it with the path, then the old file, hex and mode, then the new), the temporary files'
+/// names in its header replaced by the path.
+const OWN_DIFF: &str = r#"f() { git --no-pager diff --no-ext-diff --no-index -- "$2" "$5" | awk -v o="${2#/}" -v w="${5#/}" -v n="$1" 'NR <= 4 { for (k = 0; k < 2; k++) { s = k ? w : o; i = index($0, s); if (i && s != n && s != "dev/null") $0 = substr($0, 1, i - 1) n substr($0, i + length(s)) } } { print }'; true; }; f"#;
 
 /// Configuration that turns off what runs programs, as command-line settings.
 const NEUTRAL: &[(&str, &str)] = &[

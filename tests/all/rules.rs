@@ -1612,3 +1612,99 @@ fn sup_approvals_and_sup_show_escape_and_flag_blank_looking_letters() {
     assert_blanks_escaped(&shown);
     assert!(shown.contains("invisible Unicode"), "{shown}");
 }
+
+/// Issue 25: configuration keys that run programs are neutralised by command-line settings
+/// that win over any file the agent could write. Here the user keeps git's global
+/// configuration in the workspace (`XDG_CONFIG_HOME`), so the agent can write one: an
+/// fsmonitor, an external diff, a diff driver and a clean filter chosen by `.gitattributes`,
+/// an ssh command, editors. With `allow run_command(git *)` none of them runs.
+#[test]
+fn git_config_the_agent_wrote_runs_no_program() {
+    let config = "[user]\n\tname = a\n\temail = a@a\n\
+        [core]\n\tfsmonitor = \"id > PWNED.txt; false\"\n\tsshCommand = \"id > PWNED.txt; false\"\n\teditor = \"id > PWNED.txt; false\"\n\
+        [sequence]\n\teditor = \"id > PWNED.txt; false\"\n\
+        [diff]\n\texternal = \"id > PWNED.txt; false\"\n\
+        [diff \"x\"]\n\tcommand = \"id > PWNED.txt; false\"\n\ttextconv = \"id > PWNED.txt; cat\"\n\
+        [filter \"x\"]\n\tclean = \"id > PWNED.txt; cat\"\n\tsmudge = \"id > PWNED.txt; cat\"\n";
+    for nobody in [false, true] {
+        let env = Env::new();
+        env.write("tracked.txt", "one\n");
+        git_in(env.ws.path(), &["init", "-q"]);
+        git_in(env.ws.path(), &["add", "tracked.txt"]);
+        git_in(env.ws.path(), &["commit", "-qm", "one"]);
+        let lines = vec![
+            (
+                "cfg".to_string(),
+                "write_file".to_string(),
+                json!({"path": "xdg/git/config", "content": config}),
+            ),
+            (
+                "attr".to_string(),
+                "write_file".to_string(),
+                json!({"path": ".gitattributes", "content": "* diff=x filter=x\n"}),
+            ),
+            (
+                "edit".to_string(),
+                "write_file".to_string(),
+                json!({"path": "tracked.txt", "content": "two\n"}),
+            ),
+            command("status", "git status --short"),
+            command("diff", "git diff"),
+            command("add", "git add -A"),
+            command("commit", "git commit"),
+            command("commit2", "git commit -qm two"),
+            command("rebase", "git rebase -i HEAD"),
+            command("ssh", "git ls-remote ssh://127.0.0.1:1/x"),
+        ];
+        let xdg = env.ws.path().join("xdg");
+        let list: Vec<(&str, &str, Value)> = lines
+            .iter()
+            .map(|(a, b, c)| (a.as_str(), b.as_str(), c.clone()))
+            .collect();
+        let script = env.script(calls(&list));
+        // `.git` writable, so that commits (and their editors and hooks) happen at all.
+        let goal = env.home.path().join("commit.toml");
+        std::fs::write(
+            &goal,
+            format!(
+                "prompt = \"work\"\nworkspace = \"{ws}\"\nwritable = [\"{ws}/.git\"]\n\
+                 approval = \"never\"\n[approval_rules]\nallow = [\"write_file\", \"run_command(git *)\"]\n",
+                ws = env.ws.path().display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = if nobody {
+            env.sup_as_nobody()
+        } else {
+            env.sup()
+        };
+        let out = cmd
+            .env("XDG_CONFIG_HOME", &xdg)
+            .args(["goal", "--json", "--file"])
+            .arg(&goal)
+            .arg("--model")
+            .arg(format!("script:{}", script.display()))
+            .output()
+            .unwrap();
+        let run = Run::new(out);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let results: Vec<String> = [
+            "status", "diff", "add", "commit", "commit2", "rebase", "ssh",
+        ]
+        .iter()
+        .map(|id| format!("{id}: {}", text_of_result(run.tool_result(id))))
+        .collect();
+        assert!(
+            pwned(&env).is_empty(),
+            "nobody={nobody}: a program the agent configured ran:\n{}",
+            results.join("\n")
+        );
+        // git itself still works: the diff is git's own, the commit is made.
+        assert!(results[1].contains("+two"), "{}", results.join("\n"));
+        assert!(
+            text_of_result(run.tool_result("commit2")).contains("exit 0"),
+            "{}",
+            results.join("\n")
+        );
+    }
+}
