@@ -5,7 +5,7 @@
 use crate::store::ApprovalStatus;
 use crate::store::db::{Db, DbError};
 
-pub(crate) use super::terminal::describe;
+pub(crate) use super::terminal::{describe, target};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AnswerError {

@@ -182,6 +182,27 @@ pub(crate) fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
     format!("{warning}{}", escape(&text))
 }
 
+/// Where a file tool's call really leads, workspace-relative with symlinks resolved; `None`
+/// for calls without a path.
+pub(crate) fn target(tool: &str, input: &Value, workspace: &Path) -> Option<String> {
+    if !["write_file", "edit_file", "read_file"].contains(&tool) {
+        return None;
+    }
+    let path = input.get("path")?.as_str()?;
+    Some(crate::tools::paths::rule_path(workspace, path))
+}
+
+/// A path as a person must see it: `notes.txt → ci/deploy.sh` when it is, or passes through,
+/// a symlink; else as typed.
+pub(crate) fn shown_path(path: &str, workspace: &Path) -> String {
+    let real = crate::tools::paths::rule_path(workspace, path);
+    if real == crate::tools::paths::normalize(path) {
+        path.to_string()
+    } else {
+        format!("{path} → {real}")
+    }
+}
+
 fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
     let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or("");
     let current = |p: &str| {
@@ -195,8 +216,13 @@ fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
             let old = current(path);
             let what = if old.is_some() { "overwrite" } else { "create" };
             format!(
-                "\n⚠ write_file wants to {what} {path}:\n{}",
-                diff(path, &old.unwrap_or_default(), field("content"))
+                "\n⚠ write_file wants to {what} {}:\n{}",
+                shown_path(path, workspace),
+                diff(
+                    &crate::tools::paths::rule_path(workspace, path),
+                    &old.unwrap_or_default(),
+                    field("content")
+                )
             )
         }
         "edit_file" => {
@@ -204,8 +230,9 @@ fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
             let old = current(path).unwrap_or_default();
             let new = old.replacen(field("old_string"), field("new_string"), 1);
             format!(
-                "\n⚠ edit_file wants to change {path}:\n{}",
-                diff(path, &old, &new)
+                "\n⚠ edit_file wants to change {}:\n{}",
+                shown_path(path, workspace),
+                diff(&crate::tools::paths::rule_path(workspace, path), &old, &new)
             )
         }
         "run_command" => format!(

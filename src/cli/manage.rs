@@ -245,6 +245,16 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
     if full {
         kept_outputs(&mut out, Path::new(&run.dir));
     }
+    let hidden = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|v| holds_hidden(&v));
+    if hidden {
+        let _ = writeln!(
+            out,
+            "⚠ this run holds control characters or invisible Unicode, shown escaped above"
+        );
+    }
     if !checks.is_empty() {
         let _ = writeln!(out, "\nchecks:");
         for (t, c) in &checks {
@@ -386,20 +396,58 @@ pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail
 }
 
 pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
-    let rows = db()?.pending_approvals()?;
+    let db = db()?;
+    let rows = db.pending_approvals()?;
+    // Where each file call really leads (symlinks resolved in its run's workspace).
+    let targets: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| {
+            let workspace = std::path::PathBuf::from(db.run(&r.run_id).ok()?.workspace);
+            let input = serde_json::from_str(&r.input).ok()?;
+            crate::approval::answer::target(&r.tool, &input, &workspace)
+        })
+        .collect();
     let mut out = std::io::stdout().lock();
     if json_out {
-        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
+        let listed: Vec<serde_json::Value> = rows
+            .iter()
+            .zip(&targets)
+            .map(|(r, t)| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("target".into(), t.clone().into());
+                }
+                v
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&listed).unwrap_or_default()
+        );
         return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no approval requests are waiting");
     }
-    for r in rows {
+    for (r, target) in rows.into_iter().zip(targets) {
+        let path = serde_json::from_str::<serde_json::Value>(&r.input)
+            .ok()
+            .and_then(|v| v.get("path")?.as_str().map(str::to_string));
+        let leads = match (path, target) {
+            (Some(p), Some(t)) if crate::tools::paths::normalize(&p) != t => {
+                format!("{p} → {t} ")
+            }
+            _ => String::new(),
+        };
         let what = if r.kind == ApprovalKind::Check {
             format!("human check: {}", r.input)
         } else {
-            format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
+            format!(
+                "{} {leads}{}",
+                r.tool,
+                crate::trace::one_line(&r.input, 200)
+            )
         };
         // Inputs are stored as JSON, where control characters are already escaped: look at
         // the strings themselves.

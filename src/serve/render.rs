@@ -9,18 +9,14 @@ use crate::trace::{Event, HumanTrace};
 /// The most of one detail shown on the page (the whole output stays in the run folder).
 const DETAIL_CAP: usize = 64 * 1024;
 
-/// Control characters (but newline and tab) as visible escapes, as the terminal shows them.
+/// Control characters (but newline and tab), bidirectional controls and invisible or
+/// blank-looking Unicode as visible escapes: the terminal's own escaping.
 pub(crate) fn clean(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() && c != '\n' && c != '\t' {
-            out.push_str(&c.escape_unicode().to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::trace::escape(s)
 }
+
+/// The flag beside text that held what `clean` escaped.
+const FLAGGED: &str = "⚠ holds control characters or invisible Unicode, shown escaped";
 
 fn capped(s: &str) -> String {
     if s.len() <= DETAIL_CAP {
@@ -86,8 +82,13 @@ fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
 pub(crate) fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
     let line = trace.line(event)?;
     let (class, detail) = parts(event);
+    let hidden = crate::trace::has_hidden(&line)
+        || detail
+            .as_ref()
+            .is_some_and(|(_, t)| crate::trace::has_hidden(t));
     Some(html! {
         div class={ "ev " (class) } {
+            @if hidden { p.flagged { (FLAGGED) } }
             pre.line { (clean(&line)) }
             @if let Some((label, text)) = detail {
                 details { summary { (label) } pre { (capped(&text)) } }
@@ -117,6 +118,7 @@ mod tests {
         assert!(!html.contains("<script>"), "{html}");
         assert!(html.contains("&lt;script&gt;"), "{html}");
         assert!(!html.contains('\u{1b}'), "{html}");
-        assert!(html.contains("\\u{1b}"), "{html}");
+        assert!(html.contains("\\x1b"), "{html}");
+        assert!(html.contains("invisible Unicode"), "{html}");
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub(crate) mod command;
+pub(crate) mod git_env;
 pub(crate) mod mcp;
 pub(crate) mod page;
 pub(crate) mod paths;

@@ -40,7 +40,7 @@ pub(crate) fn rule_path(workspace: &Path, rel: &str) -> String {
 }
 
 /// `./a/../b//c` → `b/c`, so a pattern sees one spelling of a path.
-fn normalize(path: &str) -> String {
+pub(crate) fn normalize(path: &str) -> String {
     let mut out: Vec<&str> = Vec::new();
     for part in path.split('/') {
         match part {

@@ -100,13 +100,19 @@ impl HumanTrace {
     }
 }
 
-/// Characters that change what a terminal shows without showing themselves: bidirectional
-/// overrides, zero-width characters, tag characters and the like.
+/// Characters that change what a terminal shows without showing themselves, or look blank
+/// while being letters or odd spaces: bidirectional controls, zero-width and format
+/// characters, the Hangul fillers, the Braille blank, the Khmer inherent vowels, the
+/// combining grapheme joiner, variation selectors, the spaces U+2000–U+200A, U+3000 and the
+/// like, and the tag characters.
 fn invisible(c: char) -> bool {
     matches!(c,
-        '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
-        | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}'
-        | '\u{e0000}'..='\u{e007f}')
+        '\u{00a0}' | '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}'
+        | '\u{1680}' | '\u{17b4}' | '\u{17b5}' | '\u{180b}'..='\u{180f}'
+        | '\u{2000}'..='\u{200f}' | '\u{2028}'..='\u{202f}' | '\u{205f}'..='\u{206f}'
+        | '\u{2800}' | '\u{3000}' | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}'
+        | '\u{ffa0}' | '\u{fff9}'..='\u{fffb}' | '\u{1d159}' | '\u{1d173}'..='\u{1d17a}'
+        | '\u{e0000}'..='\u{e007f}' | '\u{e0100}'..='\u{e01ef}')
 }
 
 /// Whether text holds control characters (other than newline and tab) or invisible Unicode.
@@ -395,5 +401,30 @@ mod tests {
         assert_eq!(super::escape(text), "a\\r\\x1b[2K\\u{202e}b\nc\t\\x7f");
         assert!(super::has_hidden(text));
         assert!(!super::has_hidden("plain\ttext\n"));
+    }
+
+    #[test]
+    fn blank_looking_letters_and_odd_spaces_are_escaped() {
+        for c in [
+            '\u{3164}',
+            '\u{115f}',
+            '\u{ffa0}',
+            '\u{2800}',
+            '\u{17b4}',
+            '\u{17b5}',
+            '\u{034f}',
+            '\u{2000}',
+            '\u{2005}',
+            '\u{200a}',
+            '\u{200b}',
+            '\u{3000}',
+            '\u{e0041}',
+            '\u{2066}',
+        ] {
+            let text = format!("a{c}b");
+            assert!(super::has_hidden(&text), "{:x}", c as u32);
+            assert_eq!(super::escape(&text), format!("a\\u{{{:x}}}b", c as u32));
+        }
+        assert!(!super::has_hidden("循环 é ü"));
     }
 }

