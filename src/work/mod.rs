@@ -63,6 +63,8 @@ pub struct Work<'a> {
     pub output_dir: PathBuf,
     /// Files the agent must not change (check scripts).
     pub protected: Arc<Vec<PathBuf>>,
+    /// What the goal protects (`protect` globs, `.git`).
+    pub guarded: Arc<crate::tools::Protected>,
     /// Environment given to every process a tool starts.
     pub env: Arc<Vec<(String, String)>>,
     /// The sandbox of every process a tool starts.
@@ -436,6 +438,7 @@ impl Work<'_> {
             output_cap: self.limits.output_cap,
             output_name: self.output_name(call),
             protected: self.protected.clone(),
+            guarded: self.guarded.clone(),
             env: self.env.clone(),
             rules: Arc::new(self.gate.map(|g| g.rules().clone()).unwrap_or_default()),
             jail: self.jail.clone(),
