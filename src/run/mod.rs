@@ -505,6 +505,7 @@ fn gate(
         _ => queue.clone(),
     };
     Gate::new(mode, spec.rules.clone(), calls, terminal.unwrap_or(queue))
+        .watching(spec.goal.workspace.clone())
 }
 
 /// The goal as this run sees it at `now`: templates rendered, the price and the cost cap set

@@ -428,6 +428,9 @@ impl Work<'_> {
 
     /// Run one prepared call to a result: timeout, cancellation, output cap.
     async fn call(&self, step: u32, call: &ToolCall, prepared: Prepared) -> ToolResult {
+        if let Some(why) = self.gate.and_then(|g| g.changed_since_approved(&call.id)) {
+            return self.unrun(step, call, &why);
+        }
         let started_ms = self.ms();
         let timeout = prepared.timeout.unwrap_or(self.limits.tool_timeout);
         let ctx = ToolContext {

@@ -374,3 +374,107 @@ fn bad_protect_globs_are_exit_2_with_file_and_line() {
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
+
+/// The pending approval requests, once there are `n`.
+fn pending(env: &Env, nobody: bool, n: usize) -> Vec<Value> {
+    crate::common::eventually(
+        std::time::Duration::from_secs(30),
+        "pending approvals",
+        || {
+            let mut c = if nobody {
+                env.sup_as_nobody()
+            } else {
+                env.sup()
+            };
+            let out = c.args(["approvals", "--json"]).output().unwrap();
+            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let rows = v.as_array()?.clone();
+            (rows.len() >= n).then_some(rows)
+        },
+    )
+}
+
+fn approve(env: &Env, nobody: bool, id: &str) {
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let out = c.args(["approve", id]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+fn approved_script_changes(nobody: bool) {
+    let env = Env::new();
+    env.write("fix.sh", "echo fixed > fixed.txt\n");
+    let script = env.script(json!([
+        // A job of the agent's that rewrites the script once the person has read it (`go`
+        // only times it: the test makes it after the request is shown).
+        cmd(
+            "job",
+            "nohup sh -c 'while [ ! -f go ]; do sleep 0.05; done; \
+             echo \"echo pwned > pwned.txt\" > fix.sh' >/dev/null 2>&1 &"
+        ),
+        cmd("run", "bash ./fix.sh"),
+        say("done")
+    ]));
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let child = c
+        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rows = pending(&env, nobody, 1);
+    approve(&env, nobody, rows[0]["id"].as_str().unwrap());
+    let rows = crate::common::eventually(
+        std::time::Duration::from_secs(30),
+        "the request for bash ./fix.sh",
+        || {
+            let rows = pending(&env, nobody, 1);
+            rows.into_iter()
+                .find(|r| r["input"].as_str().unwrap_or("").contains("bash ./fix.sh"))
+        },
+    );
+    // The person is shown what the file says.
+    let shown = rows["input"].as_str().unwrap();
+    assert!(
+        shown.contains("first_lines") && shown.contains("echo fixed > fixed.txt"),
+        "{shown}"
+    );
+    std::fs::write(env.ws().join("go"), "").unwrap();
+    crate::common::eventually(
+        std::time::Duration::from_secs(30),
+        "fix.sh rewritten",
+        || {
+            std::fs::read_to_string(env.ws().join("fix.sh"))
+                .ok()
+                .filter(|s| s.contains("pwned"))
+        },
+    );
+    approve(&env, nobody, rows["id"].as_str().unwrap());
+    let run = Run::new(child.wait_with_output().unwrap());
+    let result = run.tool_result("run");
+    assert_eq!(result["is_error"], true, "{}", run.stdout);
+    assert!(
+        text(result).contains("fix.sh changed since it was approved"),
+        "{result}"
+    );
+    assert!(!env.ws().join("pwned.txt").exists());
+    assert!(!env.ws().join("fixed.txt").exists());
+}
+
+#[test]
+fn an_approved_script_that_changed_before_it_runs_is_refused() {
+    approved_script_changes(false);
+}
+
+#[test]
+fn as_an_ordinary_user_an_approved_script_that_changed_is_refused() {
+    approved_script_changes(true);
+}
