@@ -156,6 +156,11 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
     for text in protect::notices(goal) {
         rt.events.emit(Event::Notice { text });
     }
+    let toolchain = if goal.workspace_toolchain || goal.checks.is_empty() {
+        check::Toolchain::default()
+    } else {
+        check::Toolchain::pin(&goal.workspace, &rt.run.dir.join("bin"))
+    };
     let tries = goal.tries.max(1);
     for attempt in 1..=tries {
         out.tries = attempt;
@@ -216,6 +221,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
                     cancel: rt.cancel,
                     gate: rt.gate,
                     events: rt.events,
+                    toolchain: &toolchain,
                 },
                 |r| {
                     rt.events.emit(Event::Check {

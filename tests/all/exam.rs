@@ -478,3 +478,89 @@ fn an_approved_script_that_changed_before_it_runs_is_refused() {
 fn as_an_ordinary_user_an_approved_script_that_changed_is_refused() {
     approved_script_changes(true);
 }
+
+/// A check that validates `config.toml` with `tomllib`, and skips where that module is missing
+/// (Python before 3.11), as checks that need a newer Python often do.
+const TOML_CHECK: &str = "import sys\ntry:\n    import tomllib\nexcept ImportError:\n    \
+                          print('skipped: no tomllib')\n    sys.exit(0)\n\
+                          tomllib.loads(open('config.toml').read())\n";
+
+/// Whether `python3` on PATH is a pyenv shim with 3.8 installed beside the default version, for
+/// the user the test runs `sup` as.
+fn pyenv_with_3_8(nobody: bool) -> bool {
+    let mut c = if nobody && nix::unistd::getuid().is_root() {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "pyenv"]);
+        c
+    } else {
+        std::process::Command::new("pyenv")
+    };
+    c.args(["prefix", "3.8.18"])
+        .current_dir("/")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn chosen_interpreter(nobody: bool) {
+    if !pyenv_with_3_8(nobody) {
+        eprintln!("skipped: no pyenv with Python 3.8 usable here");
+        return;
+    }
+    let env = Env::new();
+    env.write("checks/config_ok.py", TOML_CHECK);
+    let check = env.ws().join("checks/config_ok.py");
+    let script = env.script(json!([
+        write("w", "config.toml", "this is = = not toml\n"),
+        write("v", ".python-version", "3.8.18\n"),
+        cmd("p", "python3 --version"),
+        say("done")
+    ]));
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let out = c
+        .args(["goal", "write config.toml", "--check"])
+        .arg(&check)
+        .args(["--tries", "1", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    // The agent's own commands do get its Python; the check does not.
+    assert!(text(run.tool_result("p")).contains("3.8"), "{}", run.stdout);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let tail = run.result()["checks"][0][0]["output_tail"]
+        .as_str()
+        .unwrap();
+    assert!(tail.contains("TOMLDecodeError"), "{tail}");
+    if nobody {
+        return;
+    }
+    // A goal that asks for the workspace's own toolchain gets the agent's Python, and the
+    // check skips: what the key gives up.
+    let goal = env.write(
+        "goal.toml",
+        &format!(
+            "prompt = \"x\"\nworkspace = \".\"\nworkspace_toolchain = true\ntries = 1\n\
+             [[check]]\nscript = \"{}\"\n",
+            check.display()
+        ),
+    );
+    let run = env.json(
+        &["goal", "--file", goal.to_str().unwrap()],
+        json!([say("done")]),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let tail = run.result()["checks"][0][0]["output_tail"]
+        .as_str()
+        .unwrap();
+    assert!(tail.contains("skipped: no tomllib"), "{tail}");
+}
+
+#[test]
+fn a_python_version_written_by_the_agent_does_not_choose_the_checks_interpreter() {
+    chosen_interpreter(false);
+}
