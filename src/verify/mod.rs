@@ -152,7 +152,12 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
     };
     let mut reports: Vec<String> = Vec::new();
     let guarded = &goal.protect;
-    let mut snapshot = protect::take(&goal.workspace, guarded, &Default::default());
+    // Only checks compare it: a run without them takes none.
+    let mut snapshot = if goal.checks.is_empty() {
+        protect::Snapshot::default()
+    } else {
+        protect::take(&goal.workspace, guarded, &Default::default())
+    };
     for text in protect::notices(goal) {
         rt.events.emit(Event::Notice { text });
     }
@@ -199,42 +204,42 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         let mut check_env = env.clone();
         check_env.push(("SUP_TRY".into(), attempt.to_string()));
         check_env.push(("SUP_ANSWER".into(), answer_file.display().to_string()));
-        let results = if !changes.is_empty() {
-            // A try that changed what the checks read is judged by none of them.
+        // A try that changed what the checks read is judged by none of them.
+        let judged: &[Check] = if changes.is_empty() { &frozen } else { &[] };
+        let mut results = check::run_all(
+            judged,
+            &check::CheckRun {
+                workspace: &goal.workspace,
+                jail: &rt.jail,
+                env: &check_env,
+                dir: &rt.run.dir.join(format!("try-{attempt}")),
+                answer: w.answer.as_deref().unwrap_or(""),
+                answer_file: &answer_file,
+                feedback_cap: goal.feedback_cap,
+                cancel: rt.cancel,
+                gate: rt.gate,
+                events: rt.events,
+                toolchain: &toolchain,
+            },
+            |r| {
+                rt.events.emit(Event::Check {
+                    r#try: attempt,
+                    report: r.clone(),
+                })
+            },
+        )
+        .await;
+        if changes.is_empty() {
+            // What the checks wrote (caches, coverage) is not the agent's doing.
+            snapshot = protect::take(&goal.workspace, guarded, &now);
+        } else {
             let report = protect::report(&changes, guarded);
             rt.events.emit(Event::Check {
                 r#try: attempt,
                 report: report.clone(),
             });
-            vec![report]
-        } else {
-            let results = check::run_all(
-                &frozen,
-                &check::CheckRun {
-                    workspace: &goal.workspace,
-                    jail: &rt.jail,
-                    env: &check_env,
-                    dir: &rt.run.dir.join(format!("try-{attempt}")),
-                    answer: w.answer.as_deref().unwrap_or(""),
-                    answer_file: &answer_file,
-                    feedback_cap: goal.feedback_cap,
-                    cancel: rt.cancel,
-                    gate: rt.gate,
-                    events: rt.events,
-                    toolchain: &toolchain,
-                },
-                |r| {
-                    rt.events.emit(Event::Check {
-                        r#try: attempt,
-                        report: r.clone(),
-                    })
-                },
-            )
-            .await;
-            // What the checks wrote (caches, coverage) is not the agent's doing.
-            snapshot = protect::take(&goal.workspace, guarded, &now);
-            results
-        };
+            results.push(report);
+        }
         // Kept check output holds no known secret.
         crate::redact::tree(&rt.run.dir.join(format!("try-{attempt}")), &[]);
         let passed = results.iter().all(|r| r.passed);
