@@ -80,6 +80,7 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         workspace: dir.to_path_buf(),
         output_dir: dir.join("outputs"),
         protected: Arc::new(Vec::new()),
+        guarded: Default::default(),
         env: Arc::new(Vec::new()),
         jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
         started: Instant::now(),

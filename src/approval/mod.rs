@@ -7,6 +7,7 @@
 //! on a prompt.
 
 pub(crate) mod answer;
+mod files;
 pub(crate) mod queue;
 mod terminal;
 
@@ -272,6 +273,12 @@ pub struct Gate {
     calls: Arc<dyn Approver>,
     /// Asked as a check.
     checks: Arc<dyn Approver>,
+    /// Where the files an approved command line runs are, when they are watched.
+    workspace: Option<PathBuf>,
+    /// The workspace files each approved call runs, as the person was shown them: by call id
+    /// until it runs, and by `always` subject.
+    approved: Mutex<Vec<(String, Vec<files::RunFile>)>>,
+    always_files: Mutex<Vec<(String, Vec<files::RunFile>)>>,
 }
 
 impl Gate {
@@ -287,6 +294,42 @@ impl Gate {
             always: Mutex::new(Vec::new()),
             calls,
             checks,
+            workspace: None,
+            approved: Mutex::new(Vec::new()),
+            always_files: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Watch the workspace files that approved command lines run: shown with the request,
+    /// hashed then, and the call refused when one changed by the time it runs.
+    pub(crate) fn watching(mut self, workspace: PathBuf) -> Self {
+        self.workspace = Some(workspace);
+        self
+    }
+
+    /// Why call `id`, approved by a person, may not run now: a workspace file it runs changed
+    /// since the request was made. Asked once, right before the call runs.
+    pub(crate) fn changed_since_approved(&self, id: &str) -> Option<String> {
+        let ws = self.workspace.as_ref()?;
+        let files = {
+            let mut approved = self.approved.lock().ok()?;
+            let at = approved.iter().position(|(i, _)| i == id)?;
+            approved.remove(at).1
+        };
+        files::changed(&files, ws).map(|why| {
+            format!(
+                "Refused: {why}. The person approved the file as it was then, not as it is \
+                 now, so the call did not run; ask again for the file as it is."
+            )
+        })
+    }
+
+    /// Remember what call `id` runs, as approved.
+    fn note_approved(&self, id: &str, files: Vec<files::RunFile>) {
+        if !files.is_empty()
+            && let Ok(mut a) = self.approved.lock()
+        {
+            a.push((id.to_string(), files));
         }
     }
 
@@ -325,6 +368,22 @@ impl Gate {
             .always
             .lock()
             .is_ok_and(|a| a.iter().any(|(t, x)| t == call.tool && x == call.subject));
+        let runs = match (&self.workspace, call.tool) {
+            (Some(ws), "run_command") => input
+                .get("command")
+                .and_then(Value::as_str)
+                .map(|line| files::run_files(line, ws))
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        if remembered {
+            let earlier = self.always_files.lock().ok().and_then(|a| {
+                a.iter()
+                    .find(|(s, _)| s == call.subject)
+                    .map(|(_, f)| f.clone())
+            });
+            self.note_approved(id, earlier.unwrap_or_default());
+        }
         match decide(&self.rules, self.mode, remembered, &call) {
             Decision::Allow { by: None } => Answer::Allow,
             Decision::Allow { by: Some(by) } => {
@@ -336,17 +395,31 @@ impl Gate {
                 Answer::Deny(refusal(&why))
             }
             Decision::Ask => {
+                // The person is shown the files the line runs, as they are now.
+                let mut shown = input.clone();
+                if !runs.is_empty()
+                    && let Some(o) = shown.as_object_mut()
+                {
+                    o.insert(
+                        "runs".into(),
+                        runs.iter().map(files::RunFile::json).collect(),
+                    );
+                }
                 let req = Request {
                     id,
                     tool: call.tool,
                     subject: call.subject,
-                    input,
+                    input: &shown,
                 };
                 match self.calls.approve(&req, events, cancel).await {
                     Reply::Yes { by, always } => {
                         if always && let Ok(mut a) = self.always.lock() {
                             a.push((call.tool.to_string(), call.subject.to_string()));
+                            if let Ok(mut f) = self.always_files.lock() {
+                                f.push((call.subject.to_string(), runs.clone()));
+                            }
                         }
+                        self.note_approved(id, runs);
                         Self::decided(events, id, call.tool, Decided::Approved, by, None);
                         Answer::Allow
                     }

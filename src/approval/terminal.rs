@@ -235,10 +235,26 @@ fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
                 diff(&crate::tools::paths::rule_path(workspace, path), &old, &new)
             )
         }
-        "run_command" => format!(
-            "\n⚠ run_command wants to run:\n  {}",
-            field("command").replace('\n', "\n  ")
-        ),
+        "run_command" => {
+            let mut s = format!(
+                "\n⚠ run_command wants to run:\n  {}",
+                field("command").replace('\n', "\n  ")
+            );
+            for f in input
+                .get("runs")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let get = |k: &str| f.get(k).and_then(Value::as_str).unwrap_or("");
+                s.push_str(&format!(
+                    "\n  which runs {} of the workspace, beginning:\n    {}",
+                    get("file"),
+                    get("first_lines").replace('\n', "\n    ")
+                ));
+            }
+            s
+        }
         _ => format!(
             "\n⚠ {tool} wants to run with:\n  {}",
             serde_json::to_string_pretty(input)

@@ -278,6 +278,15 @@ settings! {
         #[arg(long, value_parser = env_pass_name)]
         #[serde(default, deserialize_with = "env_pass_names")]
         pub env_pass: Vec<String>,
+        /// A path the agent may not create, change or delete: a gitignore-style glob relative
+        /// to the workspace (`tests/**`, `conftest.py`); repeatable.
+        #[arg(long, value_name = "GLOB", value_parser = protect_glob)]
+        #[serde(default, deserialize_with = "protect_globs")]
+        pub protect: Vec<String>,
+        /// Checks use the workspace's own toolchain (`.python-version`, `.nvmrc`, … as the
+        /// agent leaves them) instead of the interpreters found when the goal started.
+        #[arg(skip)]
+        pub workspace_toolchain: Option<bool>,
         /// Work-and-check rounds at most (default 3 with checks, else 1).
         #[arg(skip)]
         pub tries: Option<u32>,
@@ -883,6 +892,20 @@ fn mcp_server(s: &str) -> Result<McpServer, String> {
         sandbox: None,
         env_pass: Vec::new(),
     })
+}
+
+/// `--protect GLOB`.
+fn protect_glob(s: &str) -> Result<String, String> {
+    crate::tools::Protected::check_glob(s).map(|()| s.to_string())
+}
+
+/// `protect = [...]`: each a glob that parses and leaves part of the workspace to the agent.
+fn protect_globs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let globs = Vec::<String>::deserialize(d)?;
+    for g in &globs {
+        crate::tools::Protected::check_glob(g).map_err(serde::de::Error::custom)?;
+    }
+    Ok(globs)
 }
 
 fn env_pass_name(s: &str) -> Result<String, String> {

@@ -230,6 +230,10 @@ impl RunSpec {
             max_processes: s.max_processes,
             max_memory: s.max_memory,
         };
+        let protect = Arc::new(
+            crate::tools::Protected::new(&workspace, &s.protect, &sandbox.writable)
+                .map_err(setup)?,
+        );
         Ok(RunSpec {
             sandbox,
             goal: Goal {
@@ -245,6 +249,8 @@ impl RunSpec {
                 limits,
                 workspace,
                 feedback_cap: 8 * 1024,
+                protect,
+                workspace_toolchain: s.workspace_toolchain.unwrap_or(false),
             },
             model: s.model.clone().unwrap_or_default(),
             model_base,
@@ -504,6 +510,7 @@ fn gate(
         _ => queue.clone(),
     };
     Gate::new(mode, spec.rules.clone(), calls, terminal.unwrap_or(queue))
+        .watching(spec.goal.workspace.clone())
 }
 
 /// The goal as this run sees it at `now`: templates rendered, the price and the cost cap set
@@ -772,12 +779,17 @@ async fn launch_in(
         }
         None => (RunDir::create(home)?, None),
     };
-    let checks: Vec<PathBuf> = spec
+    let mut checks: Vec<PathBuf> = spec
         .goal
         .checks
         .iter()
         .filter_map(Check::script_path)
         .collect();
+    // What the goal protects is read-only to commands, as the checks are.
+    checks.extend(crate::verify::protect::roots(
+        &spec.goal.workspace,
+        &spec.goal.protect,
+    ));
     let jail = match Jail::new(
         &spec.sandbox,
         &spec.goal.workspace,

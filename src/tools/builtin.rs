@@ -46,6 +46,23 @@ fn io_error(what: &str, path: &str, e: std::io::Error) -> ToolError {
 }
 
 fn refuse_protected(ctx: &ToolContext, path: &Path, rel: &str) -> Result<(), ToolError> {
+    let real = relative(&ctx.workspace, path);
+    if ctx.guarded.glob_matches(&real, path.is_dir()) {
+        return Err(ToolError::Invalid(format!(
+            "{rel} is protected (protect = [{}]): the goal's checks read it, so you may not \
+             create, change or delete it; change the work so that the checks pass",
+            ctx.guarded.patterns.join(", ")
+        )));
+    }
+    // A `.git` that does not exist yet would point git at a repository of the agent's.
+    if let Some(git) = ctx.guarded.git_of(&real)
+        && std::fs::symlink_metadata(ctx.workspace.join(&git)).is_err()
+    {
+        return Err(ToolError::Invalid(format!(
+            "{rel} would create {git}: no .git can be created in the workspace (it would point \
+             git at another repository); a goal's `writable` can name one on purpose"
+        )));
+    }
     if ctx.protected.iter().any(|p| path.starts_with(p)) {
         return Err(ToolError::Invalid(format!(
             "{rel} is read-only to you: an acceptance check, goal file or configuration of sup \

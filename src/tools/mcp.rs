@@ -214,7 +214,11 @@ async fn start_one(
         )));
     }
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(first).args(&spec.args).current_dir(workspace);
+    let (outside, launch_env) = super::command::launch_outside(program, &log_dir.join("launch"));
+    cmd.args(outside)
+        .args(first)
+        .args(&spec.args)
+        .current_dir(workspace);
     // The scrubbed environment, then the secrets passed by name, then `env` as written.
     let mut extra: Vec<(String, String)> = vec![
         ("SUP_WORKSPACE".into(), workspace.display().to_string()),
@@ -226,6 +230,7 @@ async fn start_one(
             extra.push((name.clone(), v));
         }
     }
+    extra.extend(launch_env);
     extra.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let armed = jail
         .apply(&mut cmd, &extra, spec.sandbox)

@@ -11,6 +11,8 @@ pub mod process;
 pub mod sandbox;
 mod schema;
 
+pub use paths::Protected;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +50,8 @@ pub struct ToolContext {
     pub(crate) output_name: String,
     /// Files the agent may not change (the check scripts), as canonical paths.
     pub(crate) protected: Arc<Vec<PathBuf>>,
+    /// What the goal protects (`protect` globs, `.git`): file tools create and change none.
+    pub(crate) guarded: Arc<Protected>,
     /// Extra environment for processes (`SUP_WORKSPACE`, …).
     pub(crate) env: Arc<Vec<(String, String)>>,
     /// The run's approval rules: file tools write under `.git/` or to hard-linked files, and

@@ -68,6 +68,120 @@ pub(crate) fn in_git(rel: &str) -> bool {
         .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"))
 }
 
+/// What a goal protects from the agent (`protect = [globs]`): gitignore-style globs
+/// relative to the workspace (a pattern without `/` matches at any depth, a folder's match
+/// covers what is in it), and `.git` at any depth, file or folder, unless a `writable` entry
+/// names that `.git` on purpose.
+#[derive(Clone, Debug, Default)]
+pub struct Protected {
+    globs: Option<ignore::gitignore::Gitignore>,
+    /// The globs as written.
+    pub(crate) patterns: Vec<String>,
+    /// Workspace-relative `.git` paths that a `writable` entry names.
+    pub(crate) git_writable: Vec<String>,
+}
+
+/// Names no glob that protects only part of a workspace matches all of.
+const PROBES: [(&str, bool); 3] = [
+    ("sup-probe-q7x", false),
+    ("sup-probe-q7x", true),
+    (".sup-probe-q7x.d/x.y", false),
+];
+
+impl Protected {
+    /// Check one glob: it parses, and it does not protect the whole workspace (the agent could
+    /// change nothing then).
+    pub(crate) fn check_glob(glob: &str) -> Result<(), String> {
+        globset::GlobBuilder::new(glob.trim_start_matches('!'))
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("protect glob `{glob}` does not parse: {e}"))?;
+        let mut b = ignore::gitignore::GitignoreBuilder::new("/");
+        b.add_line(None, glob)
+            .map_err(|e| format!("protect glob `{glob}` does not parse: {e}"))?;
+        let g = b
+            .build()
+            .map_err(|e| format!("protect glob `{glob}` does not parse: {e}"))?;
+        if g.num_ignores() == 0 {
+            return Err(format!(
+                "protect glob `{glob}` protects nothing (empty, a comment or a negation)"
+            ));
+        }
+        if PROBES
+            .iter()
+            .all(|(p, dir)| g.matched_path_or_any_parents(p, *dir).is_ignore())
+        {
+            return Err(format!(
+                "protect glob `{glob}` matches the whole workspace, so the agent could change                  nothing; name the files the checks read, e.g. [\"tests/**\", \"conftest.py\"]"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The protection of `workspace` (canonical): `globs`, and every `.git` but those the
+    /// `writable` folders (absolute) name.
+    pub(crate) fn new(
+        workspace: &Path,
+        globs: &[String],
+        writable: &[PathBuf],
+    ) -> Result<Protected, String> {
+        let built = if globs.is_empty() {
+            None
+        } else {
+            let mut b = ignore::gitignore::GitignoreBuilder::new(workspace);
+            for g in globs {
+                Self::check_glob(g)?;
+                b.add_line(None, g)
+                    .map_err(|e| format!("protect glob `{g}` does not parse: {e}"))?;
+            }
+            Some(b.build().map_err(|e| format!("protect globs: {e}"))?)
+        };
+        let git_writable = writable
+            .iter()
+            .filter(|w| {
+                w.file_name()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(".git"))
+            })
+            .filter_map(|w| w.strip_prefix(workspace).ok())
+            .map(|r| r.display().to_string())
+            .collect();
+        Ok(Protected {
+            globs: built,
+            patterns: globs.to_vec(),
+            git_writable,
+        })
+    }
+
+    /// Whether a glob matches this workspace-relative path (or a folder it is in).
+    pub(crate) fn glob_matches(&self, rel: &str, is_dir: bool) -> bool {
+        let rel = rel.trim_start_matches("./");
+        if rel.is_empty() || rel == "." {
+            return false;
+        }
+        self.globs
+            .as_ref()
+            .is_some_and(|g| g.matched_path_or_any_parents(rel, is_dir).is_ignore())
+    }
+
+    /// The `.git` this workspace-relative path is or lies in, unless `writable` names it.
+    pub(crate) fn git_of(&self, rel: &str) -> Option<String> {
+        let mut prefix = PathBuf::new();
+        for c in Path::new(rel).components() {
+            prefix.push(c);
+            if c.as_os_str().eq_ignore_ascii_case(".git") {
+                let p = prefix.display().to_string();
+                return (!self.git_writable.contains(&p)).then_some(p);
+            }
+        }
+        None
+    }
+
+    /// Whether the agent may not change this workspace-relative path.
+    pub(crate) fn matches(&self, rel: &str, is_dir: bool) -> bool {
+        self.git_of(rel).is_some() || self.glob_matches(rel, is_dir)
+    }
+}
+
 /// Resolve `rel` inside `workspace` (which must be canonical). The result is the real path
 /// of the deepest existing ancestor joined with the components that do not exist yet.
 pub(crate) fn resolve(workspace: &Path, rel: &str) -> Result<PathBuf, ToolError> {
@@ -158,5 +272,27 @@ mod tests {
         assert_eq!(rule_path(&ws, "../x"), "../x");
         assert!(in_git(".git/hooks/pre-commit") && in_git("sub/.git/config"));
         assert!(!in_git("src/.gitignore") && !in_git("a.git/x"));
+    }
+
+    #[test]
+    fn protected_globs_are_gitignore_style() {
+        let ws = Path::new("/w");
+        let p = Protected::new(
+            ws,
+            &["conftest.py".into(), "tests/**".into(), "/Makefile".into()],
+            &[ws.join("vendor/.git")],
+        )
+        .unwrap();
+        assert!(p.matches("conftest.py", false) && p.matches("a/b/conftest.py", false));
+        assert!(p.matches("tests/test_x.py", false) && p.matches("tests/d/e.py", false));
+        assert!(p.matches("Makefile", false) && !p.matches("src/Makefile", false));
+        assert!(!p.matches("src/app.py", false) && !p.matches("tests", true));
+        assert!(p.matches(".git", true) && p.matches("app/.git", false));
+        assert!(p.matches("a/.GIT/config", false) && !p.matches("vendor/.git/config", false));
+        for whole in ["*", "**", "/*", "**/*", "?*"] {
+            assert!(Protected::check_glob(whole).is_err(), "{whole}");
+        }
+        assert!(Protected::check_glob("tests/[").is_err());
+        assert!(Protected::check_glob("*.py").is_ok() && Protected::check_glob(".*").is_ok());
     }
 }

@@ -2,7 +2,11 @@
 //! workspace with a timeout, stdin closed, the `SUP_*` environment and the run's sandbox;
 //! exit 0 passes. Script checks run from a copy frozen in the run folder when the goal starts
 //! (Python isolated with `-I`), with `SUP_CHECK_DIR` naming the original folder. Also the
-//! failure report the model gets, and the guard that notices a check changed mid-run.
+//! failure report the model gets, and the guard that notices a check changed mid-run. The
+//! interpreters checks run with (`node`, `python3`, `bash`, …) are found once when the goal
+//! starts, through pyenv, asdf, mise, rbenv and nodenv shims, so that a `.python-version`,
+//! `.tool-versions`, `.nvmrc` or `.node-version` the agent writes later changes nothing
+//! (unless the goal says `workspace_toolchain = true`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -171,6 +175,139 @@ pub(crate) fn changed(checks: &[Check], originals: &[Option<Vec<u8>>]) -> Option
         .map(|((c, _), _)| c.name.clone())
 }
 
+/// Interpreters pinned for checks.
+const INTERPRETERS: &[&str] = &["python3", "python", "node", "bash", "sh", "ruby", "perl"];
+
+/// The interpreters checks run with, fixed when the goal starts: each name's absolute
+/// program, and a folder of links to them put first on the checks' PATH, with the version
+/// managers' own pins, so a check's command line finds the same ones.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Toolchain {
+    programs: Vec<(String, PathBuf)>,
+    pub(crate) env: Vec<(String, String)>,
+}
+
+impl Toolchain {
+    /// Find the interpreters on PATH as they resolve in `workspace` now, and link them in
+    /// `dir`. A program found inside the workspace is left out: the agent wrote it.
+    pub(crate) fn pin(workspace: &Path, dir: &Path) -> Toolchain {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut t = Toolchain::default();
+        let mut pins: Vec<(String, String)> = Vec::new();
+        for name in INTERPRETERS {
+            let Some(found) = std::env::split_paths(&path)
+                .filter(|d| d.is_absolute() && !d.starts_with(workspace))
+                .map(|d| d.join(name))
+                .find(|p| is_executable(p))
+            else {
+                continue;
+            };
+            let real = match shim_manager(&found) {
+                Some(manager) => {
+                    let Some(real) = manager_which(&manager, name, workspace) else {
+                        continue;
+                    };
+                    if let Some(pin) = manager_pin(&manager, workspace) {
+                        pins.push(pin);
+                    }
+                    real
+                }
+                None => found,
+            };
+            if real.starts_with(workspace) {
+                continue;
+            }
+            t.programs.push((name.to_string(), real));
+        }
+        if std::fs::create_dir_all(dir).is_ok() {
+            for (name, real) in &t.programs {
+                let _ = std::os::unix::fs::symlink(real, dir.join(name));
+            }
+            let rest = std::env::split_paths(&path).filter(|d| !d.starts_with(workspace));
+            if let Ok(joined) = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(rest))
+            {
+                t.env
+                    .push(("PATH".into(), joined.to_string_lossy().into_owned()));
+            }
+        }
+        pins.sort();
+        pins.dedup();
+        t.env.extend(pins);
+        t
+    }
+
+    /// The absolute program of an interpreter name, when pinned.
+    fn program(&self, name: &str) -> Option<String> {
+        self.programs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.display().to_string())
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The version manager whose shim `program` is: its name and its root folder.
+fn shim_manager(program: &Path) -> Option<(&'static str, PathBuf)> {
+    let dir = program.parent()?;
+    let root = dir.parent()?;
+    if dir.file_name()? != "shims" {
+        return None;
+    }
+    let root_name = root.file_name()?.to_string_lossy().to_ascii_lowercase();
+    ["pyenv", "rbenv", "nodenv", "asdf", "mise", "rtx"]
+        .into_iter()
+        .find(|m| root_name.contains(m) || root.ancestors().any(|a| a.ends_with(m)))
+        .map(|m| (if m == "rtx" { "mise" } else { m }, root.to_path_buf()))
+}
+
+/// The manager's command: on PATH, else in its root's `bin` or `libexec`.
+fn manager_command(manager: &(&str, PathBuf)) -> PathBuf {
+    let (name, root) = manager;
+    [root.join("bin").join(name), root.join("libexec").join(name)]
+        .into_iter()
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Ask a version manager, in `workspace`, which program `name` is now.
+fn manager_which(manager: &(&str, PathBuf), name: &str, workspace: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new(manager_command(manager))
+        .args(["which", name])
+        .current_dir(workspace)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let p = PathBuf::from(text.trim());
+    (out.status.success() && p.is_absolute() && is_executable(&p)).then_some(p)
+}
+
+/// The variable that pins a manager's version for every program it shims (a check's
+/// `pytest` as well as its `python3`), with the version it picks in `workspace` now.
+fn manager_pin(manager: &(&str, PathBuf), workspace: &Path) -> Option<(String, String)> {
+    let var = match manager.0 {
+        "pyenv" => "PYENV_VERSION",
+        "rbenv" => "RBENV_VERSION",
+        "nodenv" => "NODENV_VERSION",
+        _ => return None,
+    };
+    let out = std::process::Command::new(manager_command(manager))
+        .arg("version-name")
+        .current_dir(workspace)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !v.is_empty() && !v.contains('\n')).then(|| (var.to_string(), v))
+}
+
 /// What a round of checks runs with.
 pub(crate) struct CheckRun<'a> {
     pub(crate) workspace: &'a Path,
@@ -186,6 +323,8 @@ pub(crate) struct CheckRun<'a> {
     /// Asks the person of a human check.
     pub(crate) gate: Option<&'a Gate>,
     pub(crate) events: &'a Events,
+    /// The interpreters fixed when the goal started.
+    pub(crate) toolchain: &'a Toolchain,
 }
 
 fn file_stem(name: &str) -> String {
@@ -248,8 +387,10 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
         return ask_person(check, question, run).await;
     }
     let (program, args) = check.argv();
+    let program = run.toolchain.program(&program).unwrap_or(program);
     let base = format!("check-{}-{}", index + 1, file_stem(&check.name));
     let mut env = run.env.to_vec();
+    env.extend(run.toolchain.env.iter().cloned());
     if let Some(origin) = &check.origin {
         env.push(("SUP_CHECK_DIR".into(), origin.display().to_string()));
     }

@@ -3,6 +3,7 @@
 //! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
 pub(crate) mod check;
+pub(crate) mod protect;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +35,10 @@ pub struct Goal {
     pub workspace: PathBuf,
     /// Bytes of each check's output tail shown to the model.
     pub feedback_cap: usize,
+    /// What the agent may not create, change or delete (`protect`, `.git`).
+    pub protect: Arc<crate::tools::Protected>,
+    /// Checks use the workspace's own toolchain rather than the interpreters found at start.
+    pub workspace_toolchain: bool,
 }
 
 /// The default system prompt.
@@ -126,6 +131,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         workspace: goal.workspace.clone(),
         output_dir: rt.run.outputs(),
         protected: Arc::new(protected),
+        guarded: goal.protect.clone(),
         env: Arc::new(env.clone()),
         jail: rt.jail.clone(),
         started,
@@ -145,6 +151,21 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         checks: Vec::new(),
     };
     let mut reports: Vec<String> = Vec::new();
+    let guarded = &goal.protect;
+    // Only checks compare it: a run without them takes none.
+    let mut snapshot = if goal.checks.is_empty() {
+        protect::Snapshot::default()
+    } else {
+        protect::take(&goal.workspace, guarded, &Default::default())
+    };
+    for text in protect::notices(goal) {
+        rt.events.emit(Event::Notice { text });
+    }
+    let toolchain = if goal.workspace_toolchain || goal.checks.is_empty() {
+        check::Toolchain::default()
+    } else {
+        check::Toolchain::pin(&goal.workspace, &rt.run.dir.join("bin"))
+    };
     let tries = goal.tries.max(1);
     for attempt in 1..=tries {
         out.tries = attempt;
@@ -177,12 +198,16 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         if !rt.jail.keep_background {
             rt.jail.sweep();
         }
+        let now = protect::take(&goal.workspace, guarded, &snapshot);
+        let changes = protect::compare(&snapshot, &now);
         let answer_file = rt.run.dir.join(format!("try-{attempt}")).join("answer.txt");
         let mut check_env = env.clone();
         check_env.push(("SUP_TRY".into(), attempt.to_string()));
         check_env.push(("SUP_ANSWER".into(), answer_file.display().to_string()));
-        let results = check::run_all(
-            &frozen,
+        // A try that changed what the checks read is judged by none of them.
+        let judged: &[Check] = if changes.is_empty() { &frozen } else { &[] };
+        let mut results = check::run_all(
+            judged,
             &check::CheckRun {
                 workspace: &goal.workspace,
                 jail: &rt.jail,
@@ -194,6 +219,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
                 cancel: rt.cancel,
                 gate: rt.gate,
                 events: rt.events,
+                toolchain: &toolchain,
             },
             |r| {
                 rt.events.emit(Event::Check {
@@ -203,6 +229,17 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
             },
         )
         .await;
+        if changes.is_empty() {
+            // What the checks wrote (caches, coverage) is not the agent's doing.
+            snapshot = protect::take(&goal.workspace, guarded, &now);
+        } else {
+            let report = protect::report(&changes, guarded);
+            rt.events.emit(Event::Check {
+                r#try: attempt,
+                report: report.clone(),
+            });
+            results.push(report);
+        }
         // Kept check output holds no known secret.
         crate::redact::tree(&rt.run.dir.join(format!("try-{attempt}")), &[]);
         let passed = results.iter().all(|r| r.passed);

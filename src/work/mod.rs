@@ -63,6 +63,8 @@ pub struct Work<'a> {
     pub output_dir: PathBuf,
     /// Files the agent must not change (check scripts).
     pub protected: Arc<Vec<PathBuf>>,
+    /// What the goal protects (`protect` globs, `.git`).
+    pub guarded: Arc<crate::tools::Protected>,
     /// Environment given to every process a tool starts.
     pub env: Arc<Vec<(String, String)>>,
     /// The sandbox of every process a tool starts.
@@ -426,6 +428,9 @@ impl Work<'_> {
 
     /// Run one prepared call to a result: timeout, cancellation, output cap.
     async fn call(&self, step: u32, call: &ToolCall, prepared: Prepared) -> ToolResult {
+        if let Some(why) = self.gate.and_then(|g| g.changed_since_approved(&call.id)) {
+            return self.unrun(step, call, &why);
+        }
         let started_ms = self.ms();
         let timeout = prepared.timeout.unwrap_or(self.limits.tool_timeout);
         let ctx = ToolContext {
@@ -436,6 +441,7 @@ impl Work<'_> {
             output_cap: self.limits.output_cap,
             output_name: self.output_name(call),
             protected: self.protected.clone(),
+            guarded: self.guarded.clone(),
             env: self.env.clone(),
             rules: Arc::new(self.gate.map(|g| g.rules().clone()).unwrap_or_default()),
             jail: self.jail.clone(),

@@ -120,6 +120,7 @@ impl Fixture {
             output_dir: self.ws().join(".outputs"),
             jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
             protected: Arc::new(Vec::new()),
+            guarded: Default::default(),
             env: Arc::new(Vec::new()),
             started: Instant::now(),
             gate,
@@ -291,6 +292,8 @@ async fn the_verify_loop_retries_with_the_failure_report_until_the_check_passes(
         limits: Limits::default(),
         workspace: f.ws(),
         feedback_cap: 1024,
+        protect: Default::default(),
+        workspace_toolchain: false,
     };
     let rt = Runtime {
         model: &m,
@@ -334,6 +337,8 @@ async fn the_verify_loop_stops_after_the_last_try_as_failed() {
         limits: Limits::default(),
         workspace: f.ws(),
         feedback_cap: 1024,
+        protect: Default::default(),
+        workspace_toolchain: false,
     };
     let rt = Runtime {
         model: &m,

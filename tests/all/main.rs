@@ -8,6 +8,7 @@ mod common;
 mod approval;
 mod config;
 mod daemon;
+mod exam;
 mod fleet;
 mod fleet_history;
 mod inprocess;

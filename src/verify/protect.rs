@@ -1,0 +1,253 @@
+//! Protected paths between tries: a snapshot of every path of the workspace the goal protects
+//! (`protect` globs, `.git` at any depth), taken when the goal starts and again after each
+//! try's checks ran, and the comparison before the checks of each try, whose differences fail
+//! the try as the check result `protected`. What matches is `crate::tools::Protected`'s.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::tools::Protected;
+use crate::trace::CheckReport;
+
+/// The name of the check result a changed protected path gives.
+pub(crate) const NAME: &str = "protected";
+
+/// One protected path as it was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    /// File, folder, symlink (its target in `hash`) or other.
+    kind: u32,
+    mode: u32,
+    hash: [u8; 32],
+    /// What a change of content always changes (a write moves `ctime`, which no one sets
+    /// at will): while it is the same, the hash is not computed again.
+    stat: (u64, u64, i64, i64, i64),
+}
+
+/// Every protected path of a workspace, workspace-relative.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Snapshot(BTreeMap<String, Entry>);
+
+/// Take the snapshot of `workspace` (canonical); `previous` spares hashing what did not change.
+pub(crate) fn take(workspace: &Path, guarded: &Protected, previous: &Snapshot) -> Snapshot {
+    let mut out = BTreeMap::new();
+    walk(workspace, workspace, guarded, previous, &mut out);
+    Snapshot(out)
+}
+
+fn walk(
+    workspace: &Path,
+    dir: &Path,
+    guarded: &Protected,
+    previous: &Snapshot,
+    out: &mut BTreeMap<String, Entry>,
+) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let rel = crate::tools::paths::relative(workspace, &path);
+        let is_dir = meta.is_dir();
+        if guarded.matches(&rel, is_dir) {
+            let stat = (
+                meta.dev(),
+                meta.ino(),
+                meta.size() as i64,
+                meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+                meta.ctime_nsec() + meta.ctime() * 1_000_000_000,
+            );
+            let kind = meta.mode() & libc::S_IFMT;
+            let hash = match previous.0.get(&rel) {
+                Some(p) if p.stat == stat && p.kind == kind => p.hash,
+                _ => content_hash(&path, &meta),
+            };
+            out.insert(
+                rel,
+                Entry {
+                    kind,
+                    mode: meta.mode() & 0o7777,
+                    hash,
+                    stat,
+                },
+            );
+        }
+        if is_dir {
+            walk(workspace, &path, guarded, previous, out);
+        }
+    }
+}
+
+fn content_hash(path: &Path, meta: &std::fs::Metadata) -> [u8; 32] {
+    let mut h = Sha256::new();
+    if meta.file_type().is_symlink() {
+        if let Ok(t) = std::fs::read_link(path) {
+            h.update(t.as_os_str().as_encoded_bytes());
+        }
+    } else if meta.is_file() {
+        match std::fs::File::open(path) {
+            Ok(mut f) => {
+                use std::io::Read;
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = f.read(&mut buf) {
+                    h.update(&buf[..n]);
+                }
+            }
+            // Unreadable now: what it holds is unknown, so it counts as changed next time.
+            Err(_) => h.update(fastrand::u64(..).to_le_bytes()),
+        }
+    }
+    h.finalize().into()
+}
+
+/// The roots of what matches in `workspace` now (a match whose folder does not match): what
+/// commands see read-only.
+pub(crate) fn roots(workspace: &Path, guarded: &Protected) -> Vec<std::path::PathBuf> {
+    let snap = take_shallow(workspace, guarded);
+    snap.iter()
+        .filter(|rel| {
+            Path::new(rel)
+                .ancestors()
+                .skip(1)
+                .filter(|a| !a.as_os_str().is_empty())
+                .all(|a| !snap.contains(&a.display().to_string()))
+        })
+        .map(|rel| workspace.join(rel))
+        .collect()
+}
+
+/// The protected paths of `workspace`, without hashing them.
+fn take_shallow(workspace: &Path, guarded: &Protected) -> std::collections::BTreeSet<String> {
+    fn go(ws: &Path, dir: &Path, g: &Protected, out: &mut std::collections::BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            let rel = crate::tools::paths::relative(ws, &path);
+            if g.matches(&rel, is_dir) {
+                out.insert(rel);
+            } else if is_dir {
+                go(ws, &path, g, out);
+            }
+        }
+    }
+    let mut out = Default::default();
+    go(workspace, workspace, guarded, &mut out);
+    out
+}
+
+/// What the start of the trace says about protection: a `.git` made writable on purpose, and
+/// a goal whose command checks read files that nothing protects.
+pub(crate) fn notices(goal: &super::Goal) -> Vec<String> {
+    let mut out = Vec::new();
+    for git in &goal.protect.git_writable {
+        out.push(format!(
+            "protect: {git} is writable on purpose (a `writable` entry names it): the agent \
+             may change that repository, and the checks see what it made of it"
+        ));
+    }
+    let commands = goal
+        .checks
+        .iter()
+        .any(|c| matches!(c.kind, super::check::CheckKind::Command(_)));
+    if commands && goal.protect.patterns.is_empty() {
+        out.push(
+            "protect: nothing is protected but .git, yet the checks are commands that read \
+             files the agent may write (a conftest.py, a Makefile, the tests themselves); name \
+             them with protect = [\"tests/**\", …] or --protect GLOB"
+                .into(),
+        );
+    }
+    out
+}
+
+/// What happened to each protected path between `before` and `after`, in path order.
+pub(crate) fn compare(before: &Snapshot, after: &Snapshot) -> Vec<(String, &'static str)> {
+    let mut out = Vec::new();
+    for (rel, b) in &before.0 {
+        match after.0.get(rel) {
+            None => out.push((rel.clone(), "deleted")),
+            Some(a) if a.kind != b.kind || a.hash != b.hash => out.push((rel.clone(), "changed")),
+            Some(a) if a.mode != b.mode => out.push((rel.clone(), "mode")),
+            Some(_) => {}
+        }
+    }
+    for rel in after.0.keys().filter(|r| !before.0.contains_key(*r)) {
+        out.push((rel.clone(), "created"));
+    }
+    out.sort();
+    out
+}
+
+/// The failed check result that says which protected paths changed and how.
+pub(crate) fn report(changes: &[(String, &'static str)], guarded: &Protected) -> CheckReport {
+    let mut tail = String::from(
+        "These protected paths differ from the snapshot taken when the goal started, so no \
+         check ran; put them back as they were and change the work instead:\n",
+    );
+    for (rel, what) in changes {
+        tail.push_str(&format!("{rel} ({what})\n"));
+    }
+    if !guarded.patterns.is_empty() {
+        tail.push_str(&format!(
+            "(protect = [{}]; .git at any depth is always protected)\n",
+            guarded.patterns.join(", ")
+        ));
+    }
+    CheckReport {
+        name: NAME.into(),
+        passed: false,
+        exit_status: None,
+        outcome: format!("{} protected path(s) changed", changes.len()),
+        duration_ms: 0,
+        output_tail: tail,
+        output_path: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_changed_deleted_and_mode_are_told_apart() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let g = Protected::new(&ws, &["tests/**".into(), "conftest.py".into()], &[]).unwrap();
+        std::fs::create_dir_all(ws.join("tests")).unwrap();
+        std::fs::write(ws.join("tests/a.py"), "a").unwrap();
+        std::fs::write(ws.join("tests/b.py"), "b").unwrap();
+        std::fs::write(ws.join("tests/c.py"), "c").unwrap();
+        std::fs::write(ws.join("src.py"), "s").unwrap();
+        let before = take(&ws, &g, &Snapshot::default());
+        assert!(compare(&before, &take(&ws, &g, &before)).is_empty());
+        std::fs::write(ws.join("tests/a.py"), "A").unwrap();
+        std::fs::remove_file(ws.join("tests/b.py")).unwrap();
+        std::fs::set_permissions(ws.join("tests/c.py"), PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::write(ws.join("conftest.py"), "x").unwrap();
+        std::fs::write(ws.join("src.py"), "changed freely").unwrap();
+        std::fs::create_dir(ws.join("app")).unwrap();
+        std::fs::write(ws.join("app/.git"), "gitdir: .g\n").unwrap();
+        let after = take(&ws, &g, &before);
+        assert_eq!(
+            compare(&before, &after),
+            [
+                ("app/.git".to_string(), "created"),
+                ("conftest.py".to_string(), "created"),
+                ("tests/a.py".to_string(), "changed"),
+                ("tests/b.py".to_string(), "deleted"),
+                ("tests/c.py".to_string(), "mode"),
+            ]
+        );
+        assert_eq!(roots(&ws, &g).len(), 4, "{:?}", roots(&ws, &g));
+    }
+}
