@@ -3,6 +3,7 @@
 //! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
 pub(crate) mod check;
+pub(crate) mod judge;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -88,6 +89,10 @@ impl Outcome {
             answer: self.answer.clone(),
             error: self.error.clone(),
             checks: self.checks.clone(),
+            verified_by: match (self.status, self.checks.last()) {
+                (Status::Achieved, Some(last)) => crate::trace::verified_by(last),
+                _ => Vec::new(),
+            },
         }
     }
 }
@@ -98,9 +103,10 @@ fn status_of(stop: StopReason) -> Status {
         StopReason::Final => Status::Achieved,
         StopReason::Cancelled => Status::Interrupted,
         StopReason::Error => Status::Error,
-        StopReason::NoProgress | StopReason::ChecksFailed | StopReason::CheckChanged => {
-            Status::Failed
-        }
+        StopReason::NoProgress
+        | StopReason::ChecksFailed
+        | StopReason::CheckChanged
+        | StopReason::Impossible => Status::Failed,
         _ => Status::Unfinished,
     }
 }
@@ -145,6 +151,15 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         checks: Vec::new(),
     };
     let mut reports: Vec<String> = Vec::new();
+    // What judges compare the workspace with, and what they spent: their tokens count in the
+    // run's usage and budget, their money (at their own price) in its cost.
+    let before = goal
+        .checks
+        .iter()
+        .any(|c| c.as_judge().is_some())
+        .then(|| judge::Snapshot::take(&goal.workspace));
+    let mut agent = Usage::default();
+    let mut judge_cost = 0.0;
     let tries = goal.tries.max(1);
     for attempt in 1..=tries {
         out.tries = attempt;
@@ -160,10 +175,11 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         let w = work.run(&mut messages, out.usage).await;
         out.steps += w.steps;
         out.usage += w.usage;
+        agent += w.usage;
         out.stop_reason = w.stop_reason;
         out.answer = w.answer.clone();
         out.error = w.error.clone();
-        out.cost = goal.limits.price.map(|p| p.cost(&out.usage));
+        out.cost = goal.limits.price.map(|p| p.cost(&agent) + judge_cost);
         if goal.checks.is_empty()
             || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)
         {
@@ -181,7 +197,13 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         let mut check_env = env.clone();
         check_env.push(("SUP_TRY".into(), attempt.to_string()));
         check_env.push(("SUP_ANSWER".into(), answer_file.display().to_string()));
-        let results = check::run_all(
+        let judging = before.as_ref().map(|before| judge::Context {
+            prompt: &goal.prompt,
+            before,
+            evidence_cap: judge::EVIDENCE_CAP,
+            refuse: spent_why(goal, &out),
+        });
+        let round = check::run_all(
             &frozen,
             &check::CheckRun {
                 workspace: &goal.workspace,
@@ -194,6 +216,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
                 cancel: rt.cancel,
                 gate: rt.gate,
                 events: rt.events,
+                judge: judging.as_ref(),
             },
             |r| {
                 rt.events.emit(Event::Check {
@@ -203,6 +226,10 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
             },
         )
         .await;
+        out.usage += round.usage;
+        judge_cost += round.cost;
+        out.cost = goal.limits.price.map(|p| p.cost(&agent) + judge_cost);
+        let results = round.reports;
         // Kept check output holds no known secret.
         crate::redact::tree(&rt.run.dir.join(format!("try-{attempt}")), &[]);
         let passed = results.iter().all(|r| r.passed);
@@ -215,6 +242,14 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         if rt.cancel.is_cancelled() {
             out.status = Status::Interrupted;
             out.stop_reason = StopReason::Cancelled;
+            return out;
+        }
+        if let Some(reason) = round.impossible {
+            out.status = Status::Failed;
+            out.stop_reason = StopReason::Impossible;
+            out.error = Some(format!(
+                "a judge said the goal cannot be achieved: {reason}"
+            ));
             return out;
         }
         if passed {
@@ -260,6 +295,21 @@ fn begin(messages: &mut Conversation, goal: &Goal, first: String, events: &Event
     };
     work::push(messages, system, events);
     work::push(messages, Message::User { content: first }, events);
+}
+
+/// Why no judge may be asked any more: the run's token budget or cost cap is spent.
+fn spent_why(goal: &Goal, out: &Outcome) -> Option<String> {
+    if goal
+        .limits
+        .token_budget
+        .is_some_and(|b| out.usage.total() >= b)
+    {
+        return Some("the run's token budget is spent".into());
+    }
+    match (out.cost, goal.limits.max_cost) {
+        (Some(cost), Some(cap)) if cost >= cap => Some("the run's cost cap is reached".into()),
+        _ => None,
+    }
 }
 
 fn tampered(mut out: Outcome, changed: String) -> Outcome {

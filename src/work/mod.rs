@@ -180,6 +180,7 @@ impl Work<'_> {
                 messages,
                 tools: &specs,
                 on_text: &on_text,
+                json_schema: None,
             };
             let response = tokio::select! {
                 r = self.model.step(request) => r,
