@@ -276,6 +276,14 @@ pub(crate) struct GoalArgs {
     /// A check as a shell command line (`cargo test`).
     #[arg(long = "check-cmd")]
     pub(crate) check_cmds: Vec<String>,
+    /// A judge check: a model reads the goal, these criteria and the evidence (the workspace's
+    /// changes, the other checks) and says yes or no; it runs only when every other check
+    /// passed. Repeatable.
+    #[arg(long = "check-judge", value_name = "CRITERIA")]
+    pub(crate) check_judges: Vec<String>,
+    /// The model of judge checks that name none (default: the run's --model).
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    pub(crate) judge_model: Option<String>,
     /// Work-and-check rounds at most (default 3).
     #[arg(long)]
     pub(crate) tries: Option<u32>,
