@@ -11,6 +11,7 @@ mod daemon;
 mod fleet;
 mod fleet_history;
 mod inprocess;
+mod judge;
 mod mcp;
 mod perf;
 mod providers;
