@@ -326,7 +326,9 @@ impl GoalFile {
                     if let Some(m) = c.model.as_deref().filter(|m| !m.contains(':')) {
                         return Err(err(
                             line,
-                            format!("key `check.model`: `{m}` is not PROVIDER:MODEL, e.g. openai:gpt-4o-mini"),
+                            format!(
+                                "key `check.model`: `{m}` is not PROVIDER:MODEL, e.g. openai:gpt-4o-mini"
+                            ),
                         ));
                     }
                     Check::judge(criteria, c.model, Duration::ZERO)

@@ -223,7 +223,9 @@ pub(crate) fn cached_body(
 /// `body` asking for an answer that is one JSON object of `schema` (`response_format`), the
 /// field written before the body's closing brace; the messages stay where they were.
 fn with_response_format(body: Bytes, schema: &Value) -> Result<Bytes, ModelError> {
-    let mut buf = body.try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]));
+    let mut buf = body
+        .try_into_mut()
+        .unwrap_or_else(|b| BytesMut::from(&b[..]));
     if buf.last() == Some(&b'}') {
         buf.truncate(buf.len() - 1);
     }

@@ -195,7 +195,13 @@ impl RunSpec {
         for c in &checks {
             c.validate().map_err(setup)?;
         }
-        let checks = judges_resolved(checks, &effective, file, flag_checks.is_empty(), &model_base)?;
+        let checks = judges_resolved(
+            checks,
+            &effective,
+            file,
+            flag_checks.is_empty(),
+            &model_base,
+        )?;
         let tries = s.tries.unwrap_or(if checks.is_empty() { 1 } else { 3 });
         let r = &s.approval_rules;
         let rules = Rules::parse(&r.allow, &r.ask, &r.deny).map_err(ConfigError::from)?;
@@ -445,7 +451,10 @@ fn judges_resolved(
                     .unwrap_or_else(|| PathBuf::from(".")),
             ),
             (None, Some(m)) => (m.clone(), judge_model_base.clone()),
-            (None, None) => (s.model.clone().unwrap_or_default(), model_base.to_path_buf()),
+            (None, None) => (
+                s.model.clone().unwrap_or_default(),
+                model_base.to_path_buf(),
+            ),
         };
         j.price = prices.get(&spec);
         j.model = spec;

@@ -72,7 +72,11 @@ impl Check {
     /// A judge of `criteria`; `model` is its own model, if it names one.
     pub(crate) fn judge(criteria: String, model: Option<String>, timeout: Duration) -> Self {
         Check {
-            name: format!("{}{}", trace::JUDGE_PREFIX, crate::trace::one_line(&criteria, 100)),
+            name: format!(
+                "{}{}",
+                trace::JUDGE_PREFIX,
+                crate::trace::one_line(&criteria, 100)
+            ),
             kind: CheckKind::Judge(Box::new(Judge {
                 criteria,
                 own_model: model,

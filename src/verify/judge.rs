@@ -177,7 +177,10 @@ impl Snapshot {
         }
         let mut s = String::new();
         for (what, names) in [
-            ("created", created.iter().map(|(n, _)| n).collect::<Vec<_>>()),
+            (
+                "created",
+                created.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            ),
             ("changed", changed.iter().map(|(n, _)| n).collect()),
             ("deleted", deleted),
         ] {
@@ -304,12 +307,8 @@ pub(crate) fn evidence(
         "## The agent's final answer\n{answer}\n\n## The workspace's changes since the goal \
          started\n{changes}\n\n## The other checks of this try\n{checks}"
     );
-    let note = (!cuts.is_empty()).then(|| {
-        format!(
-            "sup cut the evidence to {cap} bytes: {}.",
-            cuts.join("; ")
-        )
-    });
+    let note = (!cuts.is_empty())
+        .then(|| format!("sup cut the evidence to {cap} bytes: {}.", cuts.join("; ")));
     (text, note)
 }
 
@@ -380,14 +379,13 @@ pub(crate) fn verdict(text: &str) -> Result<Verdict, String> {
         let end = t[start..].find("```")? + start;
         Some(t[start..end].trim())
     };
-    let parsed = serde_json::from_str::<Verdict>(t)
-        .or_else(|e| fenced().map_or(Err(e.to_string()), |f| {
+    let parsed = serde_json::from_str::<Verdict>(t).or_else(|e| {
+        fenced().map_or(Err(e.to_string()), |f| {
             serde_json::from_str::<Verdict>(f).map_err(|e| e.to_string())
-        }));
+        })
+    });
     match parsed {
-        Ok(v) if v.pass && v.impossible => {
-            Err("it said both pass and impossible".into())
-        }
+        Ok(v) if v.pass && v.impossible => Err("it said both pass and impossible".into()),
         Ok(v) => Ok(v),
         Err(e) => Err(format!(
             "its answer is not one JSON object {{\"pass\", \"reason\", \"impossible\"}} ({e}): {}",

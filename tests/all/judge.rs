@@ -3,7 +3,9 @@
 
 use serde_json::{Value, json};
 
-use crate::common::fake_server::{FakeServer, Indexing, Reply, Turn, openai_stream};
+use crate::common::fake_server::{
+    FakeServer, Indexing, Reply, Turn, anthropic_stream, openai_stream,
+};
 use crate::common::{Env, Run, user_messages};
 
 fn write_turn(path: &str, content: &str) -> Value {
@@ -122,10 +124,7 @@ fn the_judges_request_holds_the_goal_the_criteria_and_the_diff_and_offers_no_too
     assert_eq!(requests.len(), 1);
     let body = &requests[0].body;
     let text = judge_text(body);
-    assert!(
-        text.contains("make it so: document the install"),
-        "{text}"
-    );
+    assert!(text.contains("make it so: document the install"), "{text}");
     assert!(text.contains(CRITERIA), "{text}");
     assert!(text.contains("changed: README.md"), "{text}");
     assert!(
@@ -133,7 +132,10 @@ fn the_judges_request_holds_the_goal_the_criteria_and_the_diff_and_offers_no_too
         "{text}"
     );
     // The other check's result and the final answer are evidence too.
-    assert!(text.contains("echo all-good") && text.contains("all-good\n"), "{text}");
+    assert!(
+        text.contains("echo all-good") && text.contains("all-good\n"),
+        "{text}"
+    );
     assert!(text.contains("done"), "{text}");
     assert!(body.get("tools").is_none(), "no tools: {body}");
     assert_eq!(body["response_format"]["type"], "json_schema", "{body}");
@@ -240,7 +242,14 @@ fn a_failing_script_means_no_judge_is_asked() {
         &env,
         &server,
         json!([say("done"), say("again")]),
-        &["--check-judge", CRITERIA, "--check-cmd", "exit 1", "--tries", "2"],
+        &[
+            "--check-judge",
+            CRITERIA,
+            "--check-cmd",
+            "exit 1",
+            "--tries",
+            "2",
+        ],
     );
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(server.requests().is_empty(), "the judge was asked");
@@ -309,7 +318,10 @@ fn the_human_line_says_who_judged() {
 #[test]
 fn the_judges_tokens_count_in_the_runs_budget() {
     let env = Env::new();
-    let server = FakeServer::start(vec![verdict(false, "no", false), verdict(true, "yes", false)]);
+    let server = FakeServer::start(vec![
+        verdict(false, "no", false),
+        verdict(true, "yes", false),
+    ]);
     let usage = json!({"input_tokens": 1, "output_tokens": 1});
     let run = judged(
         &env,
@@ -337,11 +349,7 @@ fn empty_criteria_are_refused_with_file_and_line() {
         3,
         "check.judge",
     );
-    let run = env.json(
-        &["goal", "p"],
-        json!([say("x")]),
-        &["--check-judge", ""],
-    );
+    let run = env.json(&["goal", "p"], json!([say("x")]), &["--check-judge", ""]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("--check-judge"), "{}", run.stderr);
 }
@@ -377,4 +385,83 @@ fn a_judge_model_without_its_key_is_refused_before_the_run_starts() {
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("ANTHROPIC_API_KEY"), "{}", run.stderr);
     assert!(env.run_dirs().is_empty(), "no run started");
+}
+
+#[test]
+fn an_anthropic_judge_is_asked_for_json_with_a_prefilled_brace() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![anthropic_stream(&Turn::text(
+        "\"pass\": true, \"reason\": \"it is there\", \"impossible\": false}",
+    ))]);
+    let script = env.script(json!([say("done")]));
+    let out = env
+        .sup()
+        .args(["goal", "make it so", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .args([
+            "--check-judge",
+            CRITERIA,
+            "--judge-model",
+            "anthropic:claude-j",
+        ])
+        .args(["--retries", "1"])
+        .env("ANTHROPIC_BASE_URL", &server.url)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.result()["verified_by"], json!(["judge"]));
+    let body = &server.requests()[0].body;
+    let last = body["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["role"], "assistant", "{body}");
+    assert_eq!(last["content"][0]["text"], "{", "{body}");
+    assert!(body.get("tools").is_none(), "{body}");
+}
+
+#[test]
+fn a_goal_files_judge_names_its_own_model() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![verdict(true, "fine", false)]);
+    let goal = env.write(
+        "g/goal.toml",
+        &format!(
+            "prompt = \"write the readme\"\n[[check]]\nrun = \"true\"\n[[check]]\njudge = \
+             \"{CRITERIA}\"\nmodel = \"openai:own-judge\"\ntimeout = \"20s\"\n"
+        ),
+    );
+    let script = env.script(json!([say("done")]));
+    let out = env
+        .sup()
+        .args([
+            "goal",
+            "--json",
+            "--file",
+            goal.to_str().unwrap(),
+            "--model",
+        ])
+        .arg(format!("script:{}", script.display()))
+        .args(["--judge-model", "openai:not-this-one", "--retries", "1"])
+        .env("OPENAI_BASE_URL", &server.url)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let r = run.result();
+    assert_eq!(r["verified_by"], json!(["command", "judge"]));
+    assert_eq!(r["checks"][0][1]["model"], "openai:own-judge");
+    assert_eq!(server.requests()[0].body["model"], "own-judge");
+    assert!(judge_text(&server.requests()[0].body).contains("write the readme"));
+}
+
+#[test]
+fn a_model_key_on_a_check_that_is_no_judge_is_refused() {
+    let env = Env::new();
+    crate::sandbox::refused_at(
+        &env,
+        "prompt = \"p\"\n[[check]]\nrun = \"true\"\nmodel = \"openai:x\"\n",
+        2,
+        "check.model",
+    );
 }
