@@ -116,8 +116,9 @@ impl From<crate::run::RunError> for Fail {
     name = "sup",
     version,
     about = "Supervise LLM agent loops: work, verify, schedule.",
-    after_help = "Exit status: 0 achieved, 1 checks still failing, 2 bad usage or config, \
-                  3 stopped by a limit, 4 model or provider error, 130 interrupted."
+    after_help = "Exit status: 0 achieved, 1 checks still failing (or a judge said impossible), \
+                  2 bad usage or config, 3 stopped by a limit, 4 model or provider error, \
+                  130 interrupted."
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -132,7 +133,8 @@ pub(crate) struct Cli {
 enum Command {
     /// Run the work loop on a prompt; the final answer goes to stdout.
     Run(RunArgs),
-    /// Run a goal: the work loop, then checks, retried up to --tries times.
+    /// Run a goal: the work loop, then checks (scripts, commands, people, then judges),
+    /// retried up to --tries times.
     Goal(GoalArgs),
     /// Run the goals of a folder on their schedules until SIGTERM.
     Daemon {
