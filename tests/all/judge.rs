@@ -465,3 +465,54 @@ fn a_model_key_on_a_check_that_is_no_judge_is_refused() {
         "check.model",
     );
 }
+
+#[test]
+fn a_provider_error_is_asked_once_more() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![
+        Reply::json(500, json!({"error": {"message": "overloaded"}})),
+        verdict(true, "fine", false),
+    ]);
+    let run = judged(
+        &env,
+        &server,
+        json!([say("done")]),
+        &["--check-judge", CRITERIA, "--tries", "1"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[test]
+fn notices_say_a_judge_judged_and_with_which_model() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![
+        verdict(false, "README.md is missing", false),
+        verdict(true, "it is there", false),
+    ]);
+    let sink = env.home.path().join("notice.json");
+    let goal = env.write(
+        "g/goal.toml",
+        &format!(
+            "prompt = \"p\"\n[[notify]]\non = [\"failed\", \"achieved\"]\ncommand = [\"sh\", \
+             \"-c\", \"cat > '{}'\"]\n",
+            sink.display()
+        ),
+    );
+    let file = goal.to_str().unwrap();
+    let notice = |run: &Run| -> Value {
+        assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+        serde_json::from_str(&std::fs::read_to_string(&sink).unwrap()).unwrap()
+    };
+    let args = ["--file", file, "--check-judge", CRITERIA, "--tries", "1"];
+    let failed = judged(&env, &server, json!([say("done")]), &args);
+    let n = notice(&failed);
+    assert_eq!(n["event"], "failed");
+    assert_eq!(n["failed_checks"][0]["kind"], "judge", "{n}");
+    assert_eq!(n["failed_checks"][0]["model"], "openai:judge-m", "{n}");
+    let achieved = judged(&env, &server, json!([say("done")]), &args);
+    let n = notice(&achieved);
+    assert_eq!(n["event"], "achieved", "{n}");
+    assert_eq!(n["verified_by"], json!(["judge"]), "{n}");
+    assert_eq!(n["judged_by"], json!(["openai:judge-m"]), "{n}");
+}
