@@ -99,8 +99,10 @@ pub(crate) struct Snapshot {
     files: BTreeMap<PathBuf, Seen>,
 }
 
-/// Files looked at at most; bytes of one file's text kept; bytes of text kept in all.
+/// Files looked at at most; bytes of a file read to hash it (a bigger one is known by its
+/// size and time); bytes of one file's text kept; bytes of text kept in all.
 const MAX_FILES: usize = 20_000;
+const HASH_FILE: u64 = 16 * 1024 * 1024;
 const KEEP_FILE: u64 = 64 * 1024;
 const KEEP_ALL: usize = 8 * 1024 * 1024;
 
@@ -127,12 +129,24 @@ fn rel(workspace: &Path, p: &Path) -> PathBuf {
     p.strip_prefix(workspace).unwrap_or(p).to_path_buf()
 }
 
+/// A file's bytes, or for one too big to read whole, a stand-in made of its size and time.
+fn read(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() > HASH_FILE {
+        let modified = meta.modified().ok()?;
+        return Some(
+            format!("(big file: {} bytes, modified {modified:?})", meta.len()).into_bytes(),
+        );
+    }
+    std::fs::read(path).ok()
+}
+
 impl Snapshot {
     pub(crate) fn take(workspace: &Path) -> Snapshot {
         let mut files = BTreeMap::new();
         let mut kept = 0;
         for path in walk(workspace) {
-            let Ok(bytes) = std::fs::read(&path) else {
+            let Some(bytes) = read(&path) else {
                 continue;
             };
             let text = (bytes.len() as u64 <= KEEP_FILE && kept + bytes.len() <= KEEP_ALL)
@@ -159,7 +173,7 @@ impl Snapshot {
         let mut now = std::collections::BTreeSet::new();
         for path in walk(workspace) {
             let name = rel(workspace, &path);
-            let Ok(bytes) = std::fs::read(&path) else {
+            let Some(bytes) = read(&path) else {
                 continue;
             };
             now.insert(name.clone());
@@ -359,7 +373,10 @@ pub(crate) fn messages(
         Message::System {
             content: SYSTEM.into(),
         },
-        Message::User { content: user },
+        // What a judge is sent never holds a known secret, whatever the workspace holds.
+        Message::User {
+            content: crate::redact::text(&user).into_owned(),
+        },
     ])
 }
 
