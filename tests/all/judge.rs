@@ -516,3 +516,48 @@ fn notices_say_a_judge_judged_and_with_which_model() {
     assert_eq!(n["verified_by"], json!(["judge"]), "{n}");
     assert_eq!(n["judged_by"], json!(["openai:judge-m"]), "{n}");
 }
+
+#[test]
+fn an_anthropic_model_that_refuses_a_prefill_is_asked_without_one() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![
+        Reply::json(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "This model does not support assistant message prefill. The conversation must end with a user message."}}),
+        ),
+        anthropic_stream(&Turn::text(
+            "{\"pass\": true, \"reason\": \"it is there\", \"impossible\": false}",
+        )),
+    ]);
+    let script = env.script(json!([say("done")]));
+    let out = env
+        .sup()
+        .args(["goal", "make it so", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .args([
+            "--check-judge",
+            CRITERIA,
+            "--judge-model",
+            "anthropic:claude-j",
+        ])
+        .args(["--retries", "1"])
+        .env("ANTHROPIC_BASE_URL", &server.url)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let last = |i: usize| {
+        requests[i].body["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["role"]
+            .clone()
+    };
+    assert_eq!(last(0), "assistant");
+    assert_eq!(last(1), "user");
+}
