@@ -313,7 +313,11 @@ pub(crate) fn evidence(
         }
         kept.to_string()
     };
-    let answer = part("the final answer", answer, cap / 4);
+    let answer = if answer.trim().is_empty() {
+        "(the agent gave no final answer)".to_string()
+    } else {
+        part("the final answer", answer, cap / 4)
+    };
     let checks = part("the other checks", &checks, cap / 4);
     let room = cap.saturating_sub(answer.len() + checks.len());
     let changes = part("the workspace changes", changes, room);

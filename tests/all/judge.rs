@@ -561,3 +561,39 @@ fn an_anthropic_model_that_refuses_a_prefill_is_asked_without_one() {
     assert_eq!(last(0), "assistant");
     assert_eq!(last(1), "user");
 }
+
+#[test]
+fn a_judge_that_answers_too_late_fails_closed() {
+    use crate::common::fake_server::Body;
+    let env = Env::new();
+    // The stream's first piece comes after the check's timeout, twice.
+    let late = || {
+        let mut r = verdict(true, "fine", false);
+        if let Body::Chunks { pieces, .. } = &mut r.body {
+            pieces[0].0 = 1500;
+        }
+        r
+    };
+    let server = FakeServer::start(vec![late(), late()]);
+    let goal = env.write(
+        "g/goal.toml",
+        &format!("prompt = \"p\"\n[[check]]\njudge = \"{CRITERIA}\"\ntimeout = \"1s\"\n"),
+    );
+    let run = judged(
+        &env,
+        &server,
+        json!([say("done")]),
+        &["--file", goal.to_str().unwrap(), "--tries", "1"],
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let check = &run.result()["checks"][0][0];
+    assert_eq!(check["passed"], false);
+    assert!(
+        check["output_tail"]
+            .as_str()
+            .unwrap()
+            .contains("the judge gave no verdict: no answer within 1s"),
+        "{check}"
+    );
+    assert_eq!(server.requests().len(), 2);
+}
