@@ -597,3 +597,57 @@ fn a_judge_that_answers_too_late_fails_closed() {
     );
     assert_eq!(server.requests().len(), 2);
 }
+
+#[test]
+fn without_a_judge_model_the_runs_model_judges() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![answer("done"), verdict(true, "fine", false)]);
+    let out = env
+        .sup()
+        .args(["goal", "make it so", "--json", "--model", "openai:agent-m"])
+        .args(["--check-judge", CRITERIA, "--retries", "1"])
+        .env("OPENAI_BASE_URL", &server.url)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.result()["checks"][0][0]["model"], "openai:agent-m");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(
+        requests[0].body.get("tools").is_some(),
+        "the agent has tools"
+    );
+    assert!(
+        requests[1].body.get("tools").is_none(),
+        "the judge has none"
+    );
+    assert_eq!(requests[1].body["model"], "agent-m");
+    // Both calls count: 100 input tokens each.
+    assert_eq!(run.result()["usage"]["input_tokens"], 200);
+}
+
+#[test]
+fn the_user_config_can_name_the_judge_model() {
+    let env = Env::new();
+    let server = FakeServer::start(vec![verdict(true, "fine", false)]);
+    std::fs::write(
+        env.home.path().join("no-config.toml"),
+        "judge_model = \"openai:from-config\"\n",
+    )
+    .unwrap();
+    let script = env.script(json!([say("done")]));
+    let out = env
+        .sup()
+        .args(["goal", "make it so", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .args(["--check-judge", CRITERIA, "--retries", "1"])
+        .env("OPENAI_BASE_URL", &server.url)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(server.requests()[0].body["model"], "from-config");
+}
