@@ -439,7 +439,7 @@ impl Notice {
             let by = c
                 .model
                 .as_ref()
-                .map(|m| format!(" · judged by {m}"))
+                .map(|m| format!(" · judge {m}"))
                 .unwrap_or_default();
             s.push_str(&format!("\n✗ {} · {}{by}", c.name, c.outcome));
             for l in c

@@ -203,7 +203,7 @@ impl HumanTrace {
                 let by = report
                     .model
                     .as_ref()
-                    .map(|m| format!(" · judged by {m}"))
+                    .map(|m| format!(" · judge {m}"))
                     .unwrap_or_default();
                 let mut s = format!(
                     "{icon} check {} · {}{by} · {}ms",
@@ -230,13 +230,14 @@ impl HumanTrace {
             } => {
                 let what = match status {
                     Status::Achieved if self.goal => {
-                        let judges: Vec<&str> = checks
+                        let mut judges: Vec<&str> = checks
                             .last()
                             .into_iter()
                             .flatten()
                             .filter(|r| r.passed && r.kind == CheckKind::Judge)
                             .filter_map(|r| r.model.as_deref())
                             .collect();
+                        judges.dedup();
                         let mut s = format!("◆ Goal achieved · {}", n_tries(*tries));
                         if !judges.is_empty() {
                             s.push_str(&format!(" · judged by {}", judges.join(", ")));
