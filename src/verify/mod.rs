@@ -172,7 +172,14 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         if let Some(changed) = check::changed(&goal.checks, &originals) {
             return tampered(out, changed);
         }
-        let w = work.run(&mut messages, out.usage).await;
+        // What the judges spent is taken off the budget and the cost cap of the work.
+        let left = judged_limits(&goal.limits, out.usage, agent, judge_cost);
+        let w = Work {
+            limits: &left,
+            ..work.clone()
+        }
+        .run(&mut messages, agent)
+        .await;
         out.steps += w.steps;
         out.usage += w.usage;
         agent += w.usage;
@@ -295,6 +302,17 @@ fn begin(messages: &mut Conversation, goal: &Goal, first: String, events: &Event
     };
     work::push(messages, system, events);
     work::push(messages, Message::User { content: first }, events);
+}
+
+/// The work's limits with what the judges spent taken off: their tokens (all of `usage`
+/// that is not the agent's) off the token budget, their money off the cost cap.
+fn judged_limits(limits: &Limits, usage: Usage, agent: Usage, judge_cost: f64) -> Limits {
+    let judged = usage.total().saturating_sub(agent.total());
+    Limits {
+        token_budget: limits.token_budget.map(|b| b.saturating_sub(judged)),
+        max_cost: limits.max_cost.map(|c| c - judge_cost),
+        ..limits.clone()
+    }
 }
 
 /// Why no judge may be asked any more: the run's token budget or cost cap is spent.

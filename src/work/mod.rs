@@ -53,6 +53,7 @@ impl Default for Limits {
 }
 
 /// Everything a work loop runs with.
+#[derive(Clone)]
 pub struct Work<'a> {
     pub model: &'a dyn Model,
     pub tools: &'a Registry,

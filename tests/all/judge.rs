@@ -651,3 +651,37 @@ fn the_user_config_can_name_the_judge_model() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(server.requests()[0].body["model"], "from-config");
 }
+
+#[test]
+fn the_judges_money_counts_in_the_runs_cost_and_its_cap() {
+    let env = Env::new();
+    // The agent: $0.10 a call (100 input tokens at $1000 per million); the judge: $1.00.
+    std::fs::write(
+        env.home.path().join("no-config.toml"),
+        "[prices.\"openai:agent-m\"]\ninput = 1000.0\noutput = 0.0\n\
+         [prices.\"openai:judge-m\"]\ninput = 10000.0\noutput = 0.0\n",
+    )
+    .unwrap();
+    let server = FakeServer::start(vec![
+        answer("done"),
+        verdict(false, "not yet", false),
+        answer("again"),
+        verdict(true, "now", false),
+    ]);
+    let out = env
+        .sup()
+        .args(["goal", "make it so", "--json", "--model", "openai:agent-m"])
+        .args(["--check-judge", CRITERIA, "--judge-model", "openai:judge-m"])
+        .args(["--retries", "1", "--max-cost", "1.05"])
+        .env("OPENAI_BASE_URL", &server.url)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    let r = run.result();
+    assert_eq!(r["stop_reason"], "cost", "{r}");
+    let cost = r["cost"].as_f64().unwrap();
+    assert!((cost - 1.1).abs() < 1e-9, "{r}");
+    assert_eq!(server.requests().len(), 2, "no call past the cap");
+}
