@@ -21,7 +21,7 @@ use crate::model::{Conversation, Message, Model, ModelError, ModelRequest, Usage
 use crate::trace::{CheckKind, CheckReport};
 
 /// Bytes of evidence a judge is shown at most, unless the goal says otherwise.
-pub(crate) const EVIDENCE_CAP: usize = 32 * 1024;
+pub const EVIDENCE_CAP: usize = 32 * 1024;
 
 /// A judge check as the goal names it.
 #[derive(Clone)]
@@ -95,7 +95,7 @@ struct Seen {
 
 /// The workspace when the goal started: every file's hash, the small ones' text.
 #[derive(Default)]
-pub(crate) struct Snapshot {
+pub struct Snapshot {
     files: BTreeMap<PathBuf, Seen>,
 }
 
@@ -142,7 +142,7 @@ fn read(path: &Path) -> Option<Vec<u8>> {
 }
 
 impl Snapshot {
-    pub(crate) fn take(workspace: &Path) -> Snapshot {
+    pub fn take(workspace: &Path) -> Snapshot {
         let mut files = BTreeMap::new();
         let mut kept = 0;
         for path in walk(workspace) {
@@ -167,7 +167,7 @@ impl Snapshot {
 
     /// What changed in `workspace` since: created, changed and deleted files, then the diff
     /// of each changed text file and an excerpt of each created one.
-    pub(crate) fn changes(&self, workspace: &Path) -> String {
+    pub fn changes(&self, workspace: &Path) -> String {
         let mut created = Vec::new();
         let mut changed = Vec::new();
         let mut now = std::collections::BTreeSet::new();
@@ -271,7 +271,7 @@ fn cut(text: &str, max: usize) -> (&str, bool) {
 }
 
 /// The evidence a judge reads, bounded by `cap`, and sup's note of what was cut.
-pub(crate) fn evidence(
+pub fn evidence(
     answer: &str,
     changes: &str,
     others: &[CheckReport],

@@ -3,7 +3,7 @@
 //! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
 pub(crate) mod check;
-pub(crate) mod judge;
+pub mod judge;
 
 use std::path::PathBuf;
 use std::sync::Arc;
