@@ -151,6 +151,7 @@ async fn overhead() {
                     messages: &messages,
                     tools: &[],
                     on_text: &|_| {},
+                    json_schema: None,
                 })
                 .await
                 .unwrap();

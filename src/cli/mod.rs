@@ -113,8 +113,8 @@ impl From<crate::run::RunError> for Fail {
 
 /// The end of `sup --help`: exit statuses and the environment `sup` reads.
 const AFTER_HELP: &str = "\
-Exit status: 0 achieved, 1 checks still failing, 2 bad usage or config, 3 stopped by a limit,
-4 model or provider error, 130 interrupted.
+Exit status: 0 achieved, 1 checks still failing (or a judge said impossible), 2 bad usage or
+config, 3 stopped by a limit, 4 model or provider error, 130 interrupted.
 
 Environment:
   SUP_HOME            the store, runs and kept outputs (default ~/.local/state/sup)
@@ -152,7 +152,8 @@ pub(crate) struct Cli {
 enum Command {
     /// Run the work loop on a prompt; the final answer goes to stdout.
     Run(RunArgs),
-    /// Run a goal: the work loop, then checks, retried up to --tries times.
+    /// Run a goal: the work loop, then checks (scripts, commands, people, then judges),
+    /// retried up to --tries times.
     Goal(GoalArgs),
     /// Run the goals of a folder on their schedules until SIGTERM.
     Daemon {
@@ -334,6 +335,14 @@ pub(crate) struct GoalArgs {
     /// A check as a shell command line (`cargo test`).
     #[arg(long = "check-cmd")]
     pub(crate) check_cmds: Vec<String>,
+    /// A judge check: a model reads the goal, these criteria and the evidence (the workspace's
+    /// changes, the other checks) and says yes or no; it runs only when every other check
+    /// passed. Repeatable.
+    #[arg(long = "check-judge", value_name = "CRITERIA")]
+    pub(crate) check_judges: Vec<String>,
+    /// The model of judge checks that name none (default: the run's --model).
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    pub(crate) judge_model: Option<String>,
     /// Work-and-check rounds at most (default 3).
     #[arg(long)]
     pub(crate) tries: Option<u32>,

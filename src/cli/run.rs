@@ -40,12 +40,17 @@ pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     flags.tries = args.tries;
     flags.fresh = args.fresh.then_some(true);
     flags.check_timeout = args.check_timeout;
+    flags.judge_model = args.judge_model.clone();
     for path in &args.checks {
         inv.checks
             .push(run::script_check(path).map_err(Fail::from)?);
     }
     for line in &args.check_cmds {
         inv.checks.push(run::command_check(line));
+    }
+    for criteria in &args.check_judges {
+        inv.checks
+            .push(run::judge_check(criteria).map_err(Fail::from)?);
     }
     let flag_checks = !inv.checks.is_empty();
     let spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
@@ -127,6 +132,7 @@ fn applied(
                     CheckKind::Script(_) => format!("script {}", c.name),
                     CheckKind::Command(line) => format!("run {line}"),
                     CheckKind::Human(q) => format!("human {q}"),
+                    CheckKind::Judge(j) => format!("judge {} ({})", j.criteria, j.model),
                 })
                 .collect();
             let from = match (checks.is_empty(), flag_checks) {

@@ -28,6 +28,10 @@ pub struct RawCheck {
     script: Option<String>,
     run: Option<String>,
     human: Option<String>,
+    /// Criteria a model judges (`crate::verify::judge`).
+    judge: Option<String>,
+    /// A judge's own model, `PROVIDER:MODEL`.
+    model: Option<String>,
     #[serde(default, deserialize_with = "super::timeout")]
     timeout: Option<Duration>,
 }
@@ -309,20 +313,46 @@ impl GoalFile {
         for c in std::mem::take(&mut settings.check) {
             let line = line_at(text, c.span().start);
             let c = c.into_inner();
-            let check = match (c.script, c.run, c.human) {
-                (Some(script), None, None) => {
+            if c.model.is_some() && c.judge.is_none() {
+                return Err(err(
+                    line,
+                    "key `check.model`: only a judge check (`judge = \"…\"`) has a model".into(),
+                ));
+            }
+            let check = match (c.script, c.run, c.human, c.judge) {
+                (None, None, None, Some(criteria)) => {
+                    if criteria.trim().is_empty() {
+                        return Err(err(
+                            line,
+                            "key `check.judge`: the criteria are empty; say what the judge \
+                             should find, e.g. judge = \"README.md explains how to install\""
+                                .into(),
+                        ));
+                    }
+                    if let Some(m) = c.model.as_deref().filter(|m| !m.contains(':')) {
+                        return Err(err(
+                            line,
+                            format!(
+                                "key `check.model`: `{m}` is not PROVIDER:MODEL, e.g. openai:gpt-4o-mini"
+                            ),
+                        ));
+                    }
+                    Check::judge(criteria, c.model, Duration::ZERO)
+                }
+                (Some(script), None, None, None) => {
                     let full = dir.join(&script);
                     let full = std::fs::canonicalize(&full).map_err(|e| {
                         err(line, format!("key `check.script`: {}: {e}", full.display()))
                     })?;
                     Check::script(script, full, Duration::ZERO)
                 }
-                (None, Some(run), None) => Check::command(run, Duration::ZERO),
-                (None, None, Some(question)) => Check::human(question, Duration::ZERO),
+                (None, Some(run), None, None) => Check::command(run, Duration::ZERO),
+                (None, None, Some(question), None) => Check::human(question, Duration::ZERO),
                 _ => {
                     return Err(err(
                         line,
-                        "a [[check]] takes exactly one of `script`, `run` or `human`".into(),
+                        "a [[check]] takes exactly one of `script`, `run`, `human` or `judge`"
+                            .into(),
                     ));
                 }
             };

@@ -290,6 +290,9 @@ settings! {
         /// Work-and-check rounds at most (default 3 with checks, else 1).
         #[arg(skip)]
         pub tries: Option<u32>,
+        /// The model of judge checks that name none (default: the run's model).
+        #[arg(skip)]
+        pub judge_model: Option<String>,
         /// Start each try again from the prompt plus the latest failure report.
         #[arg(skip)]
         pub fresh: Option<bool>,

@@ -569,7 +569,12 @@ impl Model for MessagesModel {
     }
 
     async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let mut continuation: Vec<Value> = Vec::new();
+        // A JSON answer is asked for by prefilling its first character.
+        let prefill = request.json_schema.map(|_| "{");
+        let mut continuation: Vec<Value> = prefill
+            .map(|p| serde_json::json!({"type": "text", "text": p}))
+            .into_iter()
+            .collect();
         let mut merged: Option<ModelResponse> = None;
         for _ in 0..=MAX_CONTINUATIONS {
             let (wire, body) = cached_body(
@@ -609,10 +614,14 @@ impl Model for MessagesModel {
                 break;
             }
         }
-        merged.ok_or_else(|| ModelError::Provider {
+        let mut merged = merged.ok_or_else(|| ModelError::Provider {
             provider: self.endpoint.provider.clone(),
             message: "no answer".into(),
-        })
+        })?;
+        if let Some(p) = prefill {
+            merged.text.insert_str(0, p);
+        }
+        Ok(merged)
     }
 }
 

@@ -130,6 +130,9 @@ pub struct ModelRequest<'a> {
     pub tools: &'a [ToolSpec],
     /// Called with each piece of text as it arrives (streaming providers).
     pub on_text: &'a (dyn Fn(&str) + Send + Sync),
+    /// Ask for the answer as one JSON object of this schema where the protocol offers it
+    /// (Chat Completions `response_format`; Anthropic a prefilled `{`); `None` for agent turns.
+    pub json_schema: Option<&'a Value>,
 }
 
 #[derive(Debug, thiserror::Error)]

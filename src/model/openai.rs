@@ -220,6 +220,23 @@ pub(crate) fn cached_body(
     Ok((wire, body))
 }
 
+/// `body` asking for an answer that is one JSON object of `schema` (`response_format`), the
+/// field written before the body's closing brace; the messages stay where they were.
+fn with_response_format(body: Bytes, schema: &Value) -> Result<Bytes, ModelError> {
+    let mut buf = body
+        .try_into_mut()
+        .unwrap_or_else(|b| BytesMut::from(&b[..]));
+    if buf.last() == Some(&b'}') {
+        buf.truncate(buf.len() - 1);
+    }
+    let format = json!({"type": "json_schema",
+        "json_schema": {"name": "answer", "strict": true, "schema": schema}});
+    buf.extend_from_slice(b",\"response_format\":");
+    serde_json::to_writer((&mut buf).writer(), &format)?;
+    buf.extend_from_slice(b"}");
+    Ok(buf.freeze())
+}
+
 fn usage_of(u: &Value) -> Usage {
     let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
     let prompt = n("/prompt_tokens");
@@ -486,6 +503,10 @@ impl Model for ChatModel {
             self.http.stream,
             &self.dialect,
         )?;
+        let body = match request.json_schema {
+            Some(schema) => with_response_format(body, schema)?,
+            None => body,
+        };
         let mut decoder = ChatDecoder::new();
         let sent = exchange(
             &self.client,

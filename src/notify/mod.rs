@@ -228,6 +228,11 @@ impl Notify {
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct FailedCheck {
     pub(crate) name: String,
+    /// `script`, `command`, `human` or `judge`.
+    pub(crate) kind: crate::trace::CheckKind,
+    /// A judge's model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
     /// `exit 1`, `timed out after 5s`, `rejected: …`.
     pub(crate) outcome: String,
     pub(crate) output_tail: String,
@@ -261,6 +266,11 @@ pub(crate) struct Notice {
     pub(crate) cost_usd: Option<f64>,
     pub(crate) error: Option<String>,
     pub(crate) failed_checks: Vec<FailedCheck>,
+    /// The kinds of the checks that passed, when the goal was achieved.
+    pub(crate) verified_by: Vec<crate::trace::CheckKind>,
+    /// The models of the judges that said yes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) judged_by: Vec<String>,
     pub(crate) approval: Option<ApprovalNotice>,
     pub(crate) host: String,
     pub(crate) at: String,
@@ -297,6 +307,8 @@ impl Notice {
             cost_usd: None,
             error: None,
             failed_checks: Vec::new(),
+            verified_by: Vec::new(),
+            judged_by: Vec::new(),
             approval: None,
             host: host(),
             at: stamp(chrono::Utc::now()),
@@ -339,10 +351,22 @@ impl Notice {
             .filter(|c| !c.passed)
             .map(|c| FailedCheck {
                 name: c.name.clone(),
+                kind: c.kind,
+                model: c.model.clone(),
                 outcome: c.outcome.clone(),
                 output_tail: tail(&c.output_tail),
             })
             .collect();
+        if run.status == "achieved"
+            && let Some(last) = checks.last()
+        {
+            n.verified_by = crate::trace::verified_by(last);
+            n.judged_by = last
+                .iter()
+                .filter(|c| c.passed && c.kind == crate::trace::CheckKind::Judge)
+                .filter_map(|c| c.model.clone())
+                .collect();
+        }
         Some((kinds, n))
     }
 
@@ -412,8 +436,16 @@ impl Notice {
         if let Some(e) = &self.error {
             s.push_str(&format!("\nerror: {}", one_line(e, 300)));
         }
+        if !self.judged_by.is_empty() {
+            s.push_str(&format!("\njudged by {}", self.judged_by.join(", ")));
+        }
         for c in &self.failed_checks {
-            s.push_str(&format!("\n✗ {} · {}", c.name, c.outcome));
+            let by = c
+                .model
+                .as_ref()
+                .map(|m| format!(" · judge {m}"))
+                .unwrap_or_default();
+            s.push_str(&format!("\n✗ {} · {}{by}", c.name, c.outcome));
             for l in c
                 .output_tail
                 .lines()

@@ -195,6 +195,13 @@ impl RunSpec {
         for c in &checks {
             c.validate().map_err(setup)?;
         }
+        let checks = judges_resolved(
+            checks,
+            &effective,
+            file,
+            flag_checks.is_empty(),
+            &model_base,
+        )?;
         let tries = s.tries.unwrap_or(if checks.is_empty() { 1 } else { 3 });
         let r = &s.approval_rules;
         let rules = Rules::parse(&r.allow, &r.ask, &r.deny).map_err(ConfigError::from)?;
@@ -410,6 +417,90 @@ pub(crate) fn script_check(path: &Path) -> Result<CheckDef, RunError> {
         check,
         timeout: None,
     })
+}
+
+/// A check from `--check-judge CRITERIA`.
+pub(crate) fn judge_check(criteria: &str) -> Result<CheckDef, RunError> {
+    if criteria.trim().is_empty() {
+        return Err(setup(
+            "--check-judge: the criteria are empty; say what the judge should find, e.g. \
+             --check-judge \"README.md explains how to install\"",
+        ));
+    }
+    Ok(CheckDef {
+        check: Check::judge(criteria.to_string(), None, Duration::ZERO),
+        timeout: None,
+    })
+}
+
+/// Each judge check with its model settled (its own, else `judge_model`, else the run's),
+/// where a relative `script:` path of it starts, and its price.
+fn judges_resolved(
+    mut checks: Vec<Check>,
+    effective: &Effective,
+    file: Option<&GoalFile>,
+    from_file: bool,
+    model_base: &Path,
+) -> Result<Vec<Check>, RunError> {
+    let s = &effective.settings;
+    let prices = Prices::new(s.prices.clone()).map_err(|e| setup(e.to_string()))?;
+    let file_dir = file.map(GoalFile::dir);
+    let judge_model_base = match (effective.provenance.source("judge_model"), &file_dir) {
+        (Some(Source::GoalFile(_)), Some(d)) => d.clone(),
+        _ => PathBuf::from("."),
+    };
+    for c in &mut checks {
+        let Some(j) = c.as_judge_mut() else {
+            continue;
+        };
+        let (spec, base) = match (&j.own_model, &s.judge_model) {
+            (Some(own), _) => (
+                own.clone(),
+                file_dir
+                    .clone()
+                    .filter(|_| from_file)
+                    .unwrap_or_else(|| PathBuf::from(".")),
+            ),
+            (None, Some(m)) => (m.clone(), judge_model_base.clone()),
+            (None, None) => (
+                s.model.clone().unwrap_or_default(),
+                model_base.to_path_buf(),
+            ),
+        };
+        j.price = prices.get(&spec);
+        j.model = spec;
+        j.base = base;
+    }
+    Ok(checks)
+}
+
+/// The models of the run's judges, by the name each gives itself: the run's own model where
+/// a judge names it, else one made for the judges that name it (a missing key stops the run
+/// here, before it starts).
+fn judge_models(
+    spec: &RunSpec,
+    run_model: &Arc<dyn model::Model>,
+) -> Result<BTreeMap<String, Arc<crate::verify::judge::JudgeModel>>, RunError> {
+    use crate::verify::judge::JudgeModel;
+    let mut models = BTreeMap::new();
+    for j in spec.goal.checks.iter().filter_map(Check::as_judge) {
+        let name = model::resolved_name(&j.model, &j.base);
+        if models.contains_key(&name) {
+            continue;
+        }
+        let m = if name == run_model.name() {
+            run_model.clone()
+        } else {
+            Arc::from(
+                model::from_spec(&j.model, &j.base, &spec.providers).map_err(|e| match e {
+                    ModelError::Config(m) => ModelError::Config(format!("the judge's model: {m}")),
+                    e => e,
+                })?,
+            )
+        };
+        models.insert(name, JudgeModel::new(m));
+    }
+    Ok(models)
 }
 
 /// A check from `--check-cmd LINE`.
@@ -760,6 +851,8 @@ async fn launch_in(
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);
     }
+    let model: Arc<dyn model::Model> = Arc::from(model);
+    let judges = judge_models(spec, &model)?;
     let mut tools = registry(&spec.tools)?;
     let mut db = Db::open(home)?;
     // Runs whose process is gone are settled first: an outcome a busy store could not take
@@ -768,10 +861,17 @@ async fn launch_in(
         tracing::warn!("{e}");
     }
     crate::tools::sandbox::sweep_dead_runs(home);
-    let (previous, goal) = match shared {
+    let (previous, mut goal) = match shared {
         None => prepare(spec, &db, trigger)?,
         Some(sh) => prepare_shared(spec, sh, trigger).await?,
     };
+    for c in &mut goal.checks {
+        if let Some(j) = c.as_judge_mut() {
+            j.bound = judges
+                .get(&model::resolved_name(&j.model, &j.base))
+                .cloned();
+        }
+    }
     let (run, recorded_model) = match recorded {
         Some(r) => {
             r.run.make()?;

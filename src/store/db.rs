@@ -819,10 +819,13 @@ impl Db {
             )
             .map_err(|e| self.err(e))?;
         stmt.query_map([id], |r| {
+            let name: String = r.get(1)?;
             Ok((
                 r.get(0)?,
                 CheckReport {
-                    name: r.get(1)?,
+                    kind: crate::trace::CheckKind::of_name(&name),
+                    model: None,
+                    name,
                     passed: r.get(2)?,
                     exit_status: r.get(3)?,
                     outcome: r.get(4)?,

@@ -1265,6 +1265,8 @@ impl PgStore {
                 (
                     r.get::<_, i32>(0) as u32,
                     CheckReport {
+                        kind: crate::trace::CheckKind::of_name(r.get(1)),
+                        model: None,
                         name: r.get(1),
                         passed: r.get(2),
                         exit_status: r.get(3),

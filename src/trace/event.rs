@@ -32,6 +32,8 @@ pub enum StopReason {
     ChecksFailed,
     /// Verify loop: a check script was changed during the run.
     CheckChanged,
+    /// Verify loop: a judge said the goal cannot be achieved.
+    Impossible,
 }
 
 impl StopReason {
@@ -48,6 +50,7 @@ impl StopReason {
             StopReason::NoProgress => "no_progress",
             StopReason::ChecksFailed => "checks_failed",
             StopReason::CheckChanged => "check_changed",
+            StopReason::Impossible => "impossible",
         }
     }
 }
@@ -80,10 +83,66 @@ impl Status {
     }
 }
 
+/// How a judge check's name begins: `judge: CRITERIA`.
+pub(crate) const JUDGE_PREFIX: &str = "judge: ";
+
+/// What kind of check gave a report: what its yes is worth.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckKind {
+    #[default]
+    Script,
+    Command,
+    Human,
+    /// A model that read the evidence: its yes is a judge's, never a script's.
+    Judge,
+}
+
+impl CheckKind {
+    /// The kind of a check by the name it is reported under (the store keeps only names):
+    /// `human: …` and `judge: …` say theirs; scripts and commands are told apart by no name.
+    pub(crate) fn of_name(name: &str) -> CheckKind {
+        if name.starts_with(JUDGE_PREFIX) {
+            CheckKind::Judge
+        } else if name.starts_with("human: ") {
+            CheckKind::Human
+        } else {
+            CheckKind::Script
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CheckKind::Script => "script",
+            CheckKind::Command => "command",
+            CheckKind::Human => "human",
+            CheckKind::Judge => "judge",
+        }
+    }
+}
+
+/// The kinds of the checks of `reports` that passed, each once, in the order of `CheckKind`.
+pub(crate) fn verified_by(reports: &[CheckReport]) -> Vec<CheckKind> {
+    let mut kinds: Vec<CheckKind> = reports
+        .iter()
+        .filter(|r| r.passed)
+        .map(|r| r.kind)
+        .collect();
+    kinds.sort_by_key(|k| *k as u8);
+    kinds.dedup();
+    kinds
+}
+
 /// One check's outcome in one try.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckReport {
     pub(crate) name: String,
+    /// Reports read back from the store, which keeps no kind, say `script`.
+    #[serde(default)]
+    pub(crate) kind: CheckKind,
+    /// The model of a judge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
     pub passed: bool,
     /// The exit status, when the check exited on its own.
     pub exit_status: Option<i32>,
@@ -217,6 +276,9 @@ pub enum Event {
         error: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         checks: Vec<Vec<CheckReport>>,
+        /// The kinds of the checks that passed in the try that achieved the goal.
+        #[serde(default)]
+        verified_by: Vec<CheckKind>,
     },
 }
 
@@ -281,7 +343,9 @@ mod tests {
 
     fn report() -> CheckReport {
         CheckReport {
-            name: "c".into(),
+            name: "judge: c".into(),
+            kind: CheckKind::Judge,
+            model: Some("openai:m".into()),
             passed: false,
             exit_status: Some(1),
             outcome: "exit 1".into(),
@@ -389,6 +453,7 @@ mod tests {
                 answer: Some("a".into()),
                 error: Some("e".into()),
                 checks: vec![vec![report()]],
+                verified_by: vec![CheckKind::Script, CheckKind::Judge],
             },
         ];
         let mut covered = [false; KINDS];

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::sync::Mutex;
 
-use super::event::{Event, EventSink, Status, StopReason};
+use super::event::{CheckKind, Event, EventSink, Status, StopReason};
 
 pub(crate) struct HumanTrace {
     /// Word the outcome as a goal (checks and tries) rather than a plain run.
@@ -268,8 +268,13 @@ impl HumanTrace {
             },
             Event::Check { report, .. } => {
                 let icon = if report.passed { '✓' } else { '✗' };
+                let by = report
+                    .model
+                    .as_ref()
+                    .map(|m| format!(" · judge {m}"))
+                    .unwrap_or_default();
                 let mut s = format!(
-                    "{icon} check {} · {} · {}ms",
+                    "{icon} check {} · {}{by} · {}ms",
                     report.name, report.outcome, report.duration_ms
                 );
                 if !report.passed {
@@ -293,7 +298,19 @@ impl HumanTrace {
             } => {
                 let what = match status {
                     Status::Achieved if self.goal => {
-                        format!("◆ Goal achieved · {}", n_tries(*tries))
+                        let mut judges: Vec<&str> = checks
+                            .last()
+                            .into_iter()
+                            .flatten()
+                            .filter(|r| r.passed && r.kind == CheckKind::Judge)
+                            .filter_map(|r| r.model.as_deref())
+                            .collect();
+                        judges.dedup();
+                        let mut s = format!("◆ Goal achieved · {}", n_tries(*tries));
+                        if !judges.is_empty() {
+                            s.push_str(&format!(" · judged by {}", judges.join(", ")));
+                        }
+                        s
                     }
                     Status::Achieved => format!("◆ Done · {}", n_steps(*steps)),
                     Status::Failed => {
@@ -313,6 +330,9 @@ impl HumanTrace {
                             StopReason::CheckChanged => error
                                 .clone()
                                 .unwrap_or_else(|| "a check was changed during the run".into()),
+                            StopReason::Impossible => error
+                                .clone()
+                                .unwrap_or_else(|| "a judge said it cannot be done".into()),
                             _ => format!("checks still failing: {}", failing.join(", ")),
                         };
                         format!("◆ Goal not achieved · {} · {why}", n_tries(*tries))

@@ -5,7 +5,8 @@
 mod event;
 mod human;
 
-pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
+pub use event::{CheckKind, CheckReport, Event, EventSink, Events, Status, StopReason};
+pub(crate) use event::{JUDGE_PREFIX, verified_by};
 pub(crate) use human::{HumanTrace, Results, escape, has_hidden, one_line, usd};
 
 use std::io::Write;

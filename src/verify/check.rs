@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::judge::{self, Judge};
 use crate::approval::{Gate, Judgement};
+use crate::model::Usage;
 use crate::tools::process::{self, Ending, program_exists, read_tail, script_command};
 use crate::tools::sandbox::Jail;
-use crate::trace::{CheckReport, Events};
+use crate::trace::{self, CheckReport, Events};
 
 #[derive(Clone, Debug)]
 pub(crate) enum CheckKind {
@@ -27,6 +29,8 @@ pub(crate) enum CheckKind {
     Command(String),
     /// A person: accepts, or rejects with a reason.
     Human(String),
+    /// A model that reads the evidence (`super::judge`).
+    Judge(Box<Judge>),
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +73,52 @@ impl Check {
         }
     }
 
+    /// A judge of `criteria`; `model` is its own model, if it names one.
+    pub(crate) fn judge(criteria: String, model: Option<String>, timeout: Duration) -> Self {
+        Check {
+            name: format!(
+                "{}{}",
+                trace::JUDGE_PREFIX,
+                crate::trace::one_line(&criteria, 100)
+            ),
+            kind: CheckKind::Judge(Box::new(Judge {
+                criteria,
+                own_model: model,
+                model: String::new(),
+                base: PathBuf::from("."),
+                price: None,
+                bound: None,
+            })),
+            timeout,
+            origin: None,
+        }
+    }
+
+    /// The judge of a judge check.
+    pub(crate) fn as_judge(&self) -> Option<&Judge> {
+        match &self.kind {
+            CheckKind::Judge(j) => Some(j),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_judge_mut(&mut self) -> Option<&mut Judge> {
+        match &mut self.kind {
+            CheckKind::Judge(j) => Some(j),
+            _ => None,
+        }
+    }
+
+    /// What kind of check this is, as reports say.
+    pub(crate) fn kind(&self) -> trace::CheckKind {
+        match &self.kind {
+            CheckKind::Script(_) => trace::CheckKind::Script,
+            CheckKind::Command(_) => trace::CheckKind::Command,
+            CheckKind::Human(_) => trace::CheckKind::Human,
+            CheckKind::Judge(_) => trace::CheckKind::Judge,
+        }
+    }
+
     pub(crate) fn script_path(&self) -> Option<PathBuf> {
         match &self.kind {
             CheckKind::Script(p) => Some(p.clone()),
@@ -78,7 +128,7 @@ impl Check {
 
     /// Whether the check can run at all: its file exists and its interpreter is installed.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if let CheckKind::Human(_) = self.kind {
+        if let CheckKind::Human(_) | CheckKind::Judge(_) = self.kind {
             return Ok(());
         }
         let (program, _) = self.argv();
@@ -115,7 +165,7 @@ impl Check {
             }
             CheckKind::Script(p) => script_command(p),
             CheckKind::Command(line) => ("bash".into(), vec!["-c".into(), line.clone()]),
-            CheckKind::Human(_) => (String::new(), Vec::new()),
+            CheckKind::Human(_) | CheckKind::Judge(_) => (String::new(), Vec::new()),
         }
     }
 }
@@ -325,6 +375,19 @@ pub(crate) struct CheckRun<'a> {
     pub(crate) events: &'a Events,
     /// The interpreters fixed when the goal started.
     pub(crate) toolchain: &'a Toolchain,
+    /// What judges see besides the try; `None` when the goal has none.
+    pub(crate) judge: Option<&'a judge::Context<'a>>,
+}
+
+/// A round of checks: each check's report, and what its judges spent and said.
+pub(crate) struct Round {
+    pub(crate) reports: Vec<CheckReport>,
+    /// Tokens the judges spent.
+    pub(crate) usage: Usage,
+    /// US dollars the judges spent, of those whose price is known.
+    pub(crate) cost: f64,
+    /// A judge said the goal cannot be achieved, and why.
+    pub(crate) impossible: Option<String>,
 }
 
 fn file_stem(name: &str) -> String {
@@ -342,23 +405,52 @@ fn file_stem(name: &str) -> String {
     s
 }
 
-/// Run every check in order, all of them, reporting each as it ends.
+/// Run every check in order, reporting each as it ends: scripts, commands and people first,
+/// all of them; then the judges, only when all of those passed (no judge is paid to look at
+/// a try the scripts already failed), with their reports as evidence.
 pub(crate) async fn run_all(
     checks: &[Check],
     run: &CheckRun<'_>,
     on_each: impl Fn(&CheckReport),
-) -> Vec<CheckReport> {
+) -> Round {
     let _ = std::fs::create_dir_all(run.dir);
     if let Err(e) = std::fs::write(run.answer_file, run.answer) {
         tracing::warn!("cannot write {}: {e}", run.answer_file.display());
     }
-    let mut reports = Vec::new();
+    let mut round = Round {
+        reports: Vec::new(),
+        usage: Usage::default(),
+        cost: 0.0,
+        impossible: None,
+    };
     for (i, check) in checks.iter().enumerate() {
+        if check.as_judge().is_some() {
+            continue;
+        }
         let report = run_one(check, i, run).await;
         on_each(&report);
-        reports.push(report);
+        round.reports.push(report);
     }
-    reports
+    let others = round.reports.clone();
+    let all_passed = others.iter().all(|r| r.passed);
+    for (i, check) in checks.iter().enumerate() {
+        let Some(j) = check.as_judge() else {
+            continue;
+        };
+        let report = match run.judge {
+            Some(ctx) if all_passed && round.impossible.is_none() => {
+                let judged = judge::ask(check, j, i, &others, run, ctx).await;
+                round.usage += judged.usage;
+                round.cost += judged.cost.unwrap_or(0.0);
+                round.impossible = round.impossible.take().or(judged.impossible);
+                judged.report
+            }
+            _ => judge::not_asked(check, j),
+        };
+        on_each(&report);
+        round.reports.push(report);
+    }
+    round
 }
 
 async fn ask_person(check: &Check, question: &str, run: &CheckRun<'_>) -> CheckReport {
@@ -373,6 +465,8 @@ async fn ask_person(check: &Check, question: &str, run: &CheckRun<'_>) -> CheckR
     };
     CheckReport {
         name: check.name.clone(),
+        kind: check.kind(),
+        model: None,
         passed,
         exit_status: None,
         outcome,
@@ -410,6 +504,8 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
         Err(e) => {
             return CheckReport {
                 name: check.name.clone(),
+                kind: check.kind(),
+                model: None,
                 passed: false,
                 exit_status: None,
                 outcome: "could not start".into(),
@@ -434,6 +530,8 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
     }
     CheckReport {
         name: check.name.clone(),
+        kind: check.kind(),
+        model: None,
         passed: ending.success(),
         exit_status: ending.exit_code(),
         outcome: match ending {
@@ -453,7 +551,10 @@ async fn run_one(check: &Check, index: usize, run: &CheckRun<'_>) -> CheckReport
 
 /// The message that tells the model which checks failed and how.
 pub(crate) fn failure_report(results: &[CheckReport], attempt: u32, tries: u32) -> String {
-    let failed: Vec<&CheckReport> = results.iter().filter(|r| !r.passed).collect();
+    let failed: Vec<&CheckReport> = results
+        .iter()
+        .filter(|r| !r.passed && !judge::not_asked_report(r))
+        .collect();
     let mut s = format!(
         "The acceptance checks ran after your work (try {attempt} of {tries}) and {} of {} \
          failed. Fix the work so that they pass; do not change the checks.\n",

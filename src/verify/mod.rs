@@ -4,6 +4,7 @@
 
 pub(crate) mod check;
 pub(crate) mod protect;
+pub mod judge;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -93,6 +94,10 @@ impl Outcome {
             answer: self.answer.clone(),
             error: self.error.clone(),
             checks: self.checks.clone(),
+            verified_by: match (self.status, self.checks.last()) {
+                (Status::Achieved, Some(last)) => crate::trace::verified_by(last),
+                _ => Vec::new(),
+            },
         }
     }
 }
@@ -103,9 +108,10 @@ fn status_of(stop: StopReason) -> Status {
         StopReason::Final => Status::Achieved,
         StopReason::Cancelled => Status::Interrupted,
         StopReason::Error => Status::Error,
-        StopReason::NoProgress | StopReason::ChecksFailed | StopReason::CheckChanged => {
-            Status::Failed
-        }
+        StopReason::NoProgress
+        | StopReason::ChecksFailed
+        | StopReason::CheckChanged
+        | StopReason::Impossible => Status::Failed,
         _ => Status::Unfinished,
     }
 }
@@ -166,6 +172,15 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
     } else {
         check::Toolchain::pin(&goal.workspace, &rt.run.dir.join("bin"))
     };
+    // What judges compare the workspace with, and what they spent: their tokens count in the
+    // run's usage and budget, their money (at their own price) in its cost.
+    let before = goal
+        .checks
+        .iter()
+        .any(|c| c.as_judge().is_some())
+        .then(|| judge::Snapshot::take(&goal.workspace));
+    let mut agent = Usage::default();
+    let mut judge_cost = 0.0;
     let tries = goal.tries.max(1);
     for attempt in 1..=tries {
         out.tries = attempt;
@@ -178,13 +193,21 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         if let Some(changed) = check::changed(&goal.checks, &originals) {
             return tampered(out, changed);
         }
-        let w = work.run(&mut messages, out.usage).await;
+        // What the judges spent is taken off the budget and the cost cap of the work.
+        let left = judged_limits(&goal.limits, out.usage, agent, judge_cost);
+        let w = Work {
+            limits: &left,
+            ..work.clone()
+        }
+        .run(&mut messages, agent)
+        .await;
         out.steps += w.steps;
         out.usage += w.usage;
+        agent += w.usage;
         out.stop_reason = w.stop_reason;
         out.answer = w.answer.clone();
         out.error = w.error.clone();
-        out.cost = goal.limits.price.map(|p| p.cost(&out.usage));
+        out.cost = goal.limits.price.map(|p| p.cost(&agent) + judge_cost);
         if goal.checks.is_empty()
             || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)
         {
@@ -206,7 +229,13 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         check_env.push(("SUP_ANSWER".into(), answer_file.display().to_string()));
         // A try that changed what the checks read is judged by none of them.
         let judged: &[Check] = if changes.is_empty() { &frozen } else { &[] };
-        let mut results = check::run_all(
+        let judging = before.as_ref().map(|before| judge::Context {
+            prompt: &goal.prompt,
+            before,
+            evidence_cap: judge::EVIDENCE_CAP,
+            refuse: spent_why(goal, &out),
+        });
+        let round = check::run_all(
             judged,
             &check::CheckRun {
                 workspace: &goal.workspace,
@@ -220,6 +249,7 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
                 gate: rt.gate,
                 events: rt.events,
                 toolchain: &toolchain,
+                judge: judging.as_ref(),
             },
             |r| {
                 rt.events.emit(Event::Check {
@@ -229,6 +259,10 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
             },
         )
         .await;
+        out.usage += round.usage;
+        judge_cost += round.cost;
+        out.cost = goal.limits.price.map(|p| p.cost(&agent) + judge_cost);
+        let mut results = round.reports;
         if changes.is_empty() {
             // What the checks wrote (caches, coverage) is not the agent's doing.
             snapshot = protect::take(&goal.workspace, guarded, &now);
@@ -252,6 +286,14 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         if rt.cancel.is_cancelled() {
             out.status = Status::Interrupted;
             out.stop_reason = StopReason::Cancelled;
+            return out;
+        }
+        if let Some(reason) = round.impossible {
+            out.status = Status::Failed;
+            out.stop_reason = StopReason::Impossible;
+            out.error = Some(format!(
+                "a judge said the goal cannot be achieved: {reason}"
+            ));
             return out;
         }
         if passed {
@@ -297,6 +339,32 @@ fn begin(messages: &mut Conversation, goal: &Goal, first: String, events: &Event
     };
     work::push(messages, system, events);
     work::push(messages, Message::User { content: first }, events);
+}
+
+/// The work's limits with what the judges spent taken off: their tokens (all of `usage`
+/// that is not the agent's) off the token budget, their money off the cost cap.
+fn judged_limits(limits: &Limits, usage: Usage, agent: Usage, judge_cost: f64) -> Limits {
+    let judged = usage.total().saturating_sub(agent.total());
+    Limits {
+        token_budget: limits.token_budget.map(|b| b.saturating_sub(judged)),
+        max_cost: limits.max_cost.map(|c| c - judge_cost),
+        ..limits.clone()
+    }
+}
+
+/// Why no judge may be asked any more: the run's token budget or cost cap is spent.
+fn spent_why(goal: &Goal, out: &Outcome) -> Option<String> {
+    if goal
+        .limits
+        .token_budget
+        .is_some_and(|b| out.usage.total() >= b)
+    {
+        return Some("the run's token budget is spent".into());
+    }
+    match (out.cost, goal.limits.max_cost) {
+        (Some(cost), Some(cap)) if cost >= cap => Some("the run's cost cap is reached".into()),
+        _ => None,
+    }
 }
 
 fn tampered(mut out: Outcome, changed: String) -> Outcome {

@@ -210,6 +210,8 @@ pub(crate) fn report(changes: &[(String, &'static str)], guarded: &Protected) ->
         duration_ms: 0,
         output_tail: tail,
         output_path: None,
+        kind: Default::default(),
+        model: None,
     }
 }
 

@@ -53,6 +53,7 @@ impl Default for Limits {
 }
 
 /// Everything a work loop runs with.
+#[derive(Clone)]
 pub struct Work<'a> {
     pub model: &'a dyn Model,
     pub tools: &'a Registry,
@@ -182,6 +183,7 @@ impl Work<'_> {
                 messages,
                 tools: &specs,
                 on_text: &on_text,
+                json_schema: None,
             };
             let response = tokio::select! {
                 r = self.model.step(request) => r,

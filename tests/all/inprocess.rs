@@ -372,6 +372,7 @@ async fn provider_error(reply: crate::common::fake_server::Reply) -> sup::model:
         messages: &messages,
         tools: &[],
         on_text: &|_| {},
+        json_schema: None,
     };
     model.step(request).await.unwrap_err()
 }

@@ -13,6 +13,7 @@ mod fleet;
 mod fleet_history;
 mod inprocess;
 mod jail;
+mod judge;
 mod mcp;
 mod newuser;
 mod perf;
