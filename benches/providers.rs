@@ -151,6 +151,8 @@ async fn overhead() {
                     messages: &messages,
                     tools: &[],
                     on_text: &|_| {},
+                    max_output: None,
+                    partial: None,
                 })
                 .await
                 .unwrap();

@@ -267,7 +267,7 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
     }
     let _ = writeln!(
         out,
-        "\noutcome: {}{} · {} tries · {} steps · {} in / {} out tokens{}",
+        "\noutcome: {}{} · {} tries · {} steps · {}{}",
         run.status,
         run.stop_reason
             .as_deref()
@@ -275,8 +275,7 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
             .unwrap_or_default(),
         run.tries,
         run.steps,
-        run.usage.input_tokens,
-        run.usage.output_tokens,
+        crate::trace::tokens(&run.usage),
         run.cost
             .map(|c| format!(" · {}", crate::trace::usd(c)))
             .unwrap_or_default()

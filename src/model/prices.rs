@@ -198,6 +198,23 @@ impl InputEstimate {
         }
     }
 
+    /// Tokens a byte of the request is, from the last report (else a token per 4 bytes).
+    pub(crate) fn per_byte(&self) -> f64 {
+        match self.last {
+            Some((tokens, bytes)) if bytes > 0 => tokens as f64 / bytes as f64,
+            _ => 0.25,
+        }
+    }
+
+    /// The request was rewritten to `bytes_now` bytes: what the last report says is scaled to
+    /// it, so the estimate shrinks with the conversation.
+    pub(crate) fn rewritten(&mut self, bytes_now: usize) {
+        if self.last.is_some() {
+            let tokens = (self.per_byte() * bytes_now as f64).ceil() as u64;
+            self.last = Some((tokens, bytes_now));
+        }
+    }
+
     /// The provider's report for a request of `bytes` bytes.
     pub(crate) fn reported(&mut self, usage: &Usage, bytes: usize) {
         let input = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens;

@@ -6,7 +6,7 @@ mod event;
 mod human;
 
 pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
-pub(crate) use human::{HumanTrace, escape, has_hidden, one_line, usd};
+pub(crate) use human::{HumanTrace, escape, has_hidden, notice, one_line, tokens, usd};
 
 use std::io::Write;
 use std::sync::Mutex;

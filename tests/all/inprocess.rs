@@ -367,6 +367,8 @@ async fn provider_error(reply: crate::common::fake_server::Reply) -> sup::model:
         messages: &messages,
         tools: &[],
         on_text: &|_| {},
+        max_output: None,
+        partial: None,
     };
     model.step(request).await.unwrap_err()
 }
