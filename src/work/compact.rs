@@ -7,7 +7,6 @@
 //! so the kept request body is written anew.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use super::{Compactions, MAX_COMPACTION_FAILURES, MAX_SUMMARY_TOKENS, Outcome, StopReason, Work};
 use crate::model::prices::InputEstimate;
@@ -81,7 +80,12 @@ impl Work<'_> {
         let limit = limit.unwrap_or(before / 2).max(1);
         loop {
             if state.failures >= MAX_COMPACTION_FAILURES {
-                return Err(self.out_of_context(room.step, *usage, &state.why));
+                let steps = if room.forced {
+                    room.step
+                } else {
+                    room.step - 1
+                };
+                return Err(self.out_of_context(steps, *usage, state));
             }
             let before = size(messages, estimate);
             // Each failure asks for less.
@@ -223,24 +227,26 @@ impl Work<'_> {
     }
 
     /// The end of a loop whose conversation cannot be made to fit.
-    fn out_of_context(&self, step: u32, usage: Usage, why: &str) -> Outcome {
-        let window = self.limits.learned_window.load(Ordering::Relaxed);
-        let error = format!(
+    fn out_of_context(&self, steps: u32, usage: Usage, state: &Compactions) -> Outcome {
+        let mut error = format!(
             "the conversation no longer fits the model's context window{}: \
-             {MAX_COMPACTION_FAILURES} compactions in a row failed (the last: {why})",
+             {MAX_COMPACTION_FAILURES} compactions in a row failed (the last: {})",
             self.window()
-                .or(Some(window).filter(|n| *n > 0))
                 .map(|n| format!(" of {n} tokens"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            state.why
         );
+        if !state.server.is_empty() {
+            error.push_str(&format!(". The server said: {}", state.server));
+        }
         self.events.emit(Event::WorkFinished {
             stop_reason: StopReason::Context,
-            steps: step.saturating_sub(1),
+            steps,
             error: Some(error.clone()),
         });
         Outcome {
             stop_reason: StopReason::Context,
-            steps: step.saturating_sub(1),
+            steps,
             usage,
             answer: None,
             error: Some(error),

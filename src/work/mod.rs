@@ -84,6 +84,8 @@ struct Compactions {
     fresh: bool,
     /// Why the last one failed.
     why: String,
+    /// What the server said of the last request past the window.
+    server: String,
 }
 
 /// Everything a work loop runs with.
@@ -282,11 +284,12 @@ impl Work<'_> {
                         if let Some(n) = window {
                             self.limits.learned_window.store(n, Ordering::Relaxed);
                         }
-                        // The request was past the window: the estimate is at least that.
                         if compactions.fresh {
                             compactions.failures += 1;
-                            compactions.why = message;
+                            compactions.why =
+                                "the compacted conversation was still past the window".into();
                         }
+                        compactions.server = message;
                         let room = Room {
                             step,
                             tool_bytes,
