@@ -69,7 +69,7 @@ impl Work<'_> {
         usage: &mut Usage,
         state: &mut Compactions,
     ) -> Result<(), Outcome> {
-        let size = |m: &Conversation, e: &InputEstimate| e.tokens(m.bytes() + room.tool_bytes);
+        let size = |m: &Conversation, e: &InputEstimate| e.scaled(m.bytes() + room.tool_bytes);
         let before = size(messages, estimate);
         let window = self.window();
         let limit = window.map(|w| (w as f64 * self.limits.compact_at) as u64);

@@ -255,7 +255,7 @@ impl Work<'_> {
             let (response, bytes) = loop {
                 let bytes = messages.bytes() + tool_bytes;
                 let max_output = self.window().map(|w| {
-                    u32::try_from(w.saturating_sub(estimate.tokens(bytes))).unwrap_or(u32::MAX)
+                    u32::try_from(w.saturating_sub(estimate.scaled(bytes))).unwrap_or(u32::MAX)
                 });
                 let partial = PartialSlot::default();
                 let request = ModelRequest {
@@ -281,9 +281,12 @@ impl Work<'_> {
                     Err(ModelError::ContextOverflow {
                         window, message, ..
                     }) => {
-                        if let Some(n) = window {
-                            self.limits.learned_window.store(n, Ordering::Relaxed);
-                        }
+                        // The window, as the server names it; else at most this request's size.
+                        let learned = window.unwrap_or_else(|| {
+                            let known = self.window().unwrap_or(u64::MAX);
+                            known.min(estimate.scaled(bytes)).max(1)
+                        });
+                        self.limits.learned_window.store(learned, Ordering::Relaxed);
                         if compactions.fresh {
                             compactions.failures += 1;
                             compactions.why =
