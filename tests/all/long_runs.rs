@@ -136,7 +136,16 @@ fn answer(protocol: Protocol, tokens: usize, call: Option<usize>, text: &str) ->
 /// A 60-step task whose results add up to ten times the window, against a server that
 /// refuses requests past its window in `wording`'s words.
 fn sixty_steps_in_a_small_window(wording: Wording, args: &[&str]) -> (Env, Run, Arc<Mutex<Seen>>) {
+    sixty_steps_with(wording, args, |_| {})
+}
+
+fn sixty_steps_with(
+    wording: Wording,
+    args: &[&str],
+    setup: impl FnOnce(&Env),
+) -> (Env, Run, Arc<Mutex<Seen>>) {
     let env = Env::new();
+    setup(&env);
     // 60 files of 2,700 bytes: 160 KB of results, ten times the 16 KB window.
     for n in 1..=60 {
         env.write(
@@ -176,6 +185,9 @@ fn sixty_steps_in_a_small_window(wording: Wording, args: &[&str]) -> (Env, Run, 
         answer(protocol, tokens, (n <= 60).then_some(n), "done")
     }));
     let mut cmd = env.sup();
+    if env.home.path().join("config.toml").exists() {
+        cmd.env("SUP_CONFIG", env.home.path().join("config.toml"));
+    }
     cmd.args(["run", GOAL, "--json", "--max-steps", "100", "--no-stream"]);
     match protocol {
         Protocol::OpenAi => cmd
@@ -306,6 +318,154 @@ fn a_known_window_is_never_passed() {
         sixty_steps_in_a_small_window(Wording::LlamaCpp, &["--context-window", "4000"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(seen.lock().unwrap().refused, 0);
+}
+
+/// `[models."provider:model"] context_window` in the user config is the window too.
+#[test]
+fn the_user_configs_window_is_never_passed() {
+    let (_env, run, seen) = sixty_steps_with(Wording::Ollama, &[], |env| {
+        std::fs::write(
+            env.home.path().join("config.toml"),
+            "[models.\"openai:small\"]\ncontext_window = 4000\n",
+        )
+        .unwrap();
+    });
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(seen.lock().unwrap().refused, 0);
+}
+
+/// A window of 0, or a share of it outside (0, 1), is refused with the file, line and key.
+#[test]
+fn a_zero_window_or_a_share_outside_0_1_is_exit_2() {
+    let env = Env::new();
+    for (body, key) in [
+        ("prompt = \"p\"\n\ncontext_window = 0\n", "context_window"),
+        ("prompt = \"p\"\n\ncompact_at = 1.0\n", "compact_at"),
+        ("prompt = \"p\"\n\ncompact_at = 0\n", "compact_at"),
+        ("prompt = \"p\"\n\ncompact_at = -0.5\n", "compact_at"),
+        (
+            "prompt = \"p\"\n\n[models.\"openai:x\"]\ncontext_window = 0\n",
+            "context_window",
+        ),
+    ] {
+        let line = if body.contains("models") { 4 } else { 3 };
+        crate::sandbox::refused_at(&env, body, line, key);
+    }
+    for args in [["--context-window", "0"], ["--compact-at", "1.5"]] {
+        let out = env
+            .sup()
+            .args(["run", "x", "--model", "openai:m"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+    let out = env
+        .sup()
+        .args([
+            "run",
+            "x",
+            "--model",
+            "openai:m",
+            "--context-window",
+            "4000",
+        ])
+        .args(["--compact-at", "0.5", "--print-config"])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("context_window") && l.contains("4000"))
+    );
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("compact_at") && l.contains("0.5"))
+    );
+}
+
+/// Compaction across tries: the checks fail after the first try, the conversation goes on
+/// and is compacted again; every request after a compaction in the second try holds the
+/// check failures verbatim, and the goal is achieved.
+#[test]
+fn compaction_keeps_the_latest_check_failures_across_tries() {
+    let env = Env::new();
+    for n in 1..=50 {
+        env.write(
+            &format!("f{n}.txt"),
+            &format!("file {n}: {}\n", "x".repeat(2690)),
+        );
+    }
+    let steps = Arc::new(Mutex::new(0usize));
+    let s = steps.clone();
+    let server = RawServer::start(Box::new(move |_, body| {
+        let tokens = body.to_string().len() / 4;
+        if tokens > WINDOW {
+            return Wording::LlamaCpp.refusal(tokens);
+        }
+        if body.get("tools").is_none() {
+            return answer(Protocol::OpenAi, tokens, None, "Progress: reading files.");
+        }
+        let mut n = s.lock().unwrap();
+        *n += 1;
+        match *n {
+            25 => answer(Protocol::OpenAi, tokens, None, "done"),
+            51 => whole(
+                200,
+                &json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                    "role": "assistant", "content": null, "tool_calls": [{"id": "w",
+                    "type": "function", "function": {"name": "write_file",
+                    "arguments": json!({"path": "done.txt", "content": "yes"}).to_string()}}]}}],
+                    "usage": {"prompt_tokens": tokens, "completion_tokens": 12}}),
+            ),
+            52.. => answer(Protocol::OpenAi, tokens, None, "done"),
+            k => answer(Protocol::OpenAi, tokens, Some(k.min(50)), ""),
+        }
+    }));
+    let goal = env.write(
+        "g/goal.toml",
+        "prompt = \"Read the files, then make done.txt.\"\nmodel = \"openai:small\"\n\
+         max_steps = 60\nno_stream = true\n\n[[check]]\nrun = \"test -f done.txt\"\n",
+    );
+    let out = env
+        .sup()
+        .args(["goal", "--file", goal.to_str().unwrap(), "--json"])
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.result()["status"], "achieved");
+    assert_eq!(run.result()["tries"], 2);
+    let t = env.transcript();
+    let report = crate::common::user_messages(&t)
+        .into_iter()
+        .find(|m| m.starts_with("The acceptance checks ran"))
+        .expect("a failure report");
+    let report = serde_json::to_string(&report).unwrap();
+    let requests = server.requests();
+    let first_of_try_2 = requests
+        .iter()
+        .position(|r| r.to_string().contains(&report))
+        .expect("the report was sent");
+    let summaries: Vec<usize> = requests
+        .iter()
+        .enumerate()
+        .skip(first_of_try_2)
+        .filter(|(_, r)| r.get("tools").is_none())
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!summaries.is_empty(), "compacted in the second try too");
+    for r in &requests[summaries[0] + 1..] {
+        if r.get("tools").is_some() {
+            assert!(
+                r.to_string().contains(&report),
+                "the failures verbatim: {r}"
+            );
+        }
+    }
 }
 
 /// A summary that comes back empty is a failed compaction; three in a row stop the run
@@ -485,4 +645,35 @@ fn an_answer_that_never_ends_stops_at_the_default_max_tokens() {
         .find(|l| l.starts_with("max_tokens"))
         .unwrap_or_else(|| panic!("{printed}"));
     assert!(line.contains("8192") && line.contains("default"), "{line}");
+}
+
+/// A retry warning names the status and the URL; the server's message is a sentence of its
+/// own before sup's advice, though servers do not end theirs with a period.
+#[test]
+fn retry_warnings_name_status_and_url_and_server_words_are_a_sentence() {
+    let env = Env::new();
+    let server = RawServer::start(Box::new(|n, _| match n {
+        0 => whole(
+            503,
+            &json!({"error": {"message": "Loading model", "code": 503}}),
+        ),
+        _ => whole(401, &json!({"error": {"message": "Invalid API Key"}})),
+    }));
+    let run = run_on(&env, &server.url, Protocol::OpenAi, &["--retries", "2"]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    let url = format!("{}/v1/chat/completions", server.url);
+    let warning = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("attempt 1 of 2 failed"))
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    assert!(
+        warning.contains("HTTP 503") && warning.contains(&url) && warning.contains("Loading model"),
+        "{warning}"
+    );
+    let error = run.result()["error"].as_str().unwrap();
+    assert!(
+        error.contains("Invalid API Key. Check OPENAI_API_KEY"),
+        "{error}"
+    );
 }

@@ -550,7 +550,7 @@ fn no_key_reaches_a_command_a_command_tool_a_check_or_an_mcp_server() {
 
 /// A goal file of `body` is refused before anything runs: exit 2, naming the file's `line`
 /// and `key`.
-fn refused_at(env: &Env, body: &str, line: usize, key: &str) {
+pub(crate) fn refused_at(env: &Env, body: &str, line: usize, key: &str) {
     let goal = env.write("g/goal.toml", body);
     let run = env.json(
         &["goal", "--file", goal.to_str().unwrap()],
