@@ -152,6 +152,8 @@ async fn overhead() {
                     tools: &[],
                     on_text: &|_| {},
                     json_schema: None,
+                    max_output: None,
+                    partial: None,
                 })
                 .await
                 .unwrap();

@@ -269,7 +269,7 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
     }
     let _ = writeln!(
         out,
-        "\noutcome: {}{} · {} tries · {} steps · {} in / {} out tokens",
+        "\noutcome: {}{} · {} tries · {} steps · {}",
         run.status,
         run.stop_reason
             .as_deref()
@@ -277,8 +277,7 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
             .unwrap_or_default(),
         run.tries,
         run.steps,
-        run.usage.input_tokens,
-        run.usage.output_tokens
+        crate::trace::tokens(&run.usage)
     );
     let _ = writeln!(
         out,

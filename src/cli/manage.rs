@@ -282,7 +282,7 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
     }
     let _ = writeln!(
         out,
-        "\noutcome: {}{} · {} {} · {} {} · {} in / {} out tokens{}",
+        "\noutcome: {}{} · {} {} · {} {} · {}{}",
         run.status,
         run.stop_reason
             .as_deref()
@@ -292,8 +292,7 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
         if run.tries == 1 { "try" } else { "tries" },
         run.steps,
         if run.steps == 1 { "step" } else { "steps" },
-        run.usage.input_tokens,
-        run.usage.output_tokens,
+        crate::trace::tokens(&run.usage),
         run.cost
             .map(|c| format!(" · {}", crate::trace::usd(c)))
             .unwrap_or_default()

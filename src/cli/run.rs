@@ -187,7 +187,9 @@ pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
             _ = int.recv() => {}
             _ = term.recv() => {}
         }
-        eprintln!("· interrupting: stopping the model and tools (Ctrl-C again to quit at once)");
+        crate::trace::notice(
+            "· interrupting: stopping the model and tools (Ctrl-C again to quit at once)",
+        );
         cancel.cancel();
         int.recv().await;
         crate::tools::mcp::kill_all();

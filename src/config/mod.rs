@@ -201,9 +201,21 @@ settings! {
         /// Ask for whole answers instead of streams.
         #[arg(long, num_args = 0, default_missing_value = "true")]
         pub no_stream: Option<bool>,
-        /// The model's output token limit per turn (Anthropic default 8192).
+        /// The model's output token limit per turn (default 8192, less when the known
+        /// context window leaves less room; `max_tokens` on the wire, `max_completion_tokens`
+        /// for OpenAI's own API).
         #[arg(long)]
         pub max_tokens: Option<u32>,
+        /// Tokens the model's context window holds (default: the built-in table or
+        /// `[models."provider:model"]`, else what the server says).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        #[serde(default, deserialize_with = "crate::model::windows::positive")]
+        pub context_window: Option<u64>,
+        /// The share of the context window past which the conversation is compacted
+        /// (default 0.85; between 0 and 1).
+        #[arg(long, value_parser = parse_fraction)]
+        #[serde(default, deserialize_with = "fraction")]
+        pub compact_at: Option<f64>,
         /// How long one request to the provider may take, a streamed answer included; stream
         /// keep-alives do not extend it (default 600s).
         #[arg(long, value_parser = parse_timeout)]
@@ -357,6 +369,10 @@ settings! {
         #[arg(skip)]
         #[serde(default, deserialize_with = "prices")]
         pub prices: BTreeMap<String, crate::model::prices::Price>,
+        /// `[models."provider:model"]`: `context_window`, over the built-in table.
+        #[arg(skip)]
+        #[serde(default)]
+        pub models: BTreeMap<String, crate::model::windows::ModelInfo>,
     }
 }
 
@@ -503,6 +519,32 @@ impl Show for crate::notify::RawNotify {
     }
 }
 
+impl Show for crate::model::windows::ModelInfo {
+    fn show(&self) -> String {
+        match self.context_window {
+            Some(n) => format!("context_window {n}"),
+            None => "—".into(),
+        }
+    }
+}
+
+/// `--compact-at`: a share strictly between 0 and 1.
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a share of the window: write a number between 0 and 1, e.g. 0.85"
+        )),
+    }
+}
+
+/// `compact_at` in a file, through `parse_fraction`.
+fn fraction<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    Option::<f64>::deserialize(d)?
+        .map(|v| parse_fraction(&v.to_string()).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
 /// `--max-cost`: US dollars, 0 or more.
 fn parse_cost(s: &str) -> Result<f64, String> {
     match s.trim().trim_start_matches('$').parse::<f64>() {
@@ -603,6 +645,8 @@ impl Settings {
             max_steps: Some(DEFAULT_MAX_STEPS),
             tool_timeout: Some(Duration::from_secs(120)),
             output_cap: Some(16 * 1024),
+            max_tokens: Some(crate::model::DEFAULT_MAX_TOKENS),
+            compact_at: Some(crate::work::DEFAULT_COMPACT_AT),
             no_stream: Some(!http.stream),
             request_timeout: Some(http.request_timeout),
             idle_timeout: Some(http.idle_timeout),

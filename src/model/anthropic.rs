@@ -11,11 +11,10 @@ use serde_json::{Value, json};
 use super::http::{DecodeError, Decoder, Endpoint, HttpOptions, exchange};
 use super::sse::SseEvent;
 use super::{
-    Conversation, FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall,
-    ToolSpec, Usage, Wire, WireCache,
+    Conversation, FinishReason, KeepPartial, Message, Model, ModelError, ModelRequest,
+    ModelResponse, ToolCall, ToolSpec, Usage, Wire, WireCache,
 };
 
-pub(crate) const DEFAULT_MAX_TOKENS: u32 = 8192;
 /// `pause_turn` continuations at most in one step.
 const MAX_CONTINUATIONS: usize = 8;
 
@@ -132,12 +131,11 @@ impl Turns {
     }
 }
 
-/// The body's start: `{"model":…,"max_tokens":…,"messages":[`.
-fn open(out: &mut BytesMut, model: &str, max_tokens: u32) -> Result<(), ModelError> {
+/// The body's start: `{"model":…,"messages":[`. The output limit is in the tail, since the
+/// room the window leaves changes from request to request.
+fn open(out: &mut BytesMut, model: &str) -> Result<(), ModelError> {
     out.extend_from_slice(b"{\"model\":");
     serde_json::to_writer(out.writer(), model)?;
-    out.extend_from_slice(b",\"max_tokens\":");
-    serde_json::to_writer(out.writer(), &max_tokens)?;
     out.extend_from_slice(b",\"messages\":[");
     Ok(())
 }
@@ -212,13 +210,14 @@ fn append(out: &mut BytesMut, turns: &mut Turns, m: &Message) -> Result<(), Mode
 
 /// The body's end, after the messages: the latest block closed with the cache mark, or the
 /// paused assistant turn's blocks (`continuation`) with the mark on their last; then the
-/// stream flag, the system text and the tools, each marked as a breakpoint too.
+/// stream flag, the output limit, the system text and the tools, each marked as a breakpoint
+/// too.
 fn tail(
     out: &mut BytesMut,
     turns: &Turns,
     continuation: &[Value],
     tools: &[ToolSpec],
-    stream: bool,
+    (stream, max_tokens): (bool, u32),
 ) -> Result<(), ModelError> {
     let mut role = turns.role;
     if continuation.is_empty() {
@@ -261,6 +260,8 @@ fn tail(
     } else {
         &b"],\"stream\":false"[..]
     });
+    out.extend_from_slice(b",\"max_tokens\":");
+    serde_json::to_writer(out.writer(), &max_tokens)?;
     if let Some(system) = &turns.system {
         out.extend_from_slice(b",\"system\":");
         serde_json::to_writer(
@@ -300,8 +301,9 @@ pub(crate) fn cached_body(
     stream: bool,
     continuation: &[Value],
 ) -> Result<(Wire<Turns>, Bytes), ModelError> {
-    let mut wire = cache.take(messages, |out| open(out, model, max_tokens), append)?;
-    let body = wire.body(|out, turns| tail(out, turns, continuation, tools, stream))?;
+    let mut wire = cache.take(messages, |out| open(out, model), append)?;
+    let body =
+        wire.body(|out, turns| tail(out, turns, continuation, tools, (stream, max_tokens)))?;
     Ok((wire, body))
 }
 
@@ -427,6 +429,30 @@ impl MessagesDecoder {
             usage: self.usage,
             reasoning: None,
         })
+    }
+
+    /// What arrived of an answer that did not finish, if anything did (its usage included).
+    fn partial(&self) -> Option<ModelResponse> {
+        let mut r = ModelResponse {
+            text: String::new(),
+            tool_calls: Vec::new(),
+            finish: FinishReason::Stop,
+            usage: self.usage,
+            reasoning: None,
+        };
+        for (_, b) in &self.blocks {
+            match b {
+                Block::Text(t) => r.text.push_str(t),
+                Block::Tool { id, name, json } => r.tool_calls.push(ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: json.clone(),
+                }),
+                Block::Other(_) => {}
+            }
+        }
+        let any = !r.text.is_empty() || !r.tool_calls.is_empty() || r.usage.total() > 0;
+        any.then_some(r)
     }
 
     /// One streamed event, by its JSON `type`.
@@ -577,26 +603,31 @@ impl Model for MessagesModel {
             .collect();
         let mut merged: Option<ModelResponse> = None;
         for _ in 0..=MAX_CONTINUATIONS {
+            let max_tokens = request
+                .max_output
+                .map_or(self.max_tokens, |room| self.max_tokens.min(room.max(1)));
             let (wire, body) = cached_body(
                 &self.wire,
-                (&self.model, self.max_tokens),
+                (&self.model, max_tokens),
                 request.messages,
                 request.tools,
                 self.http.stream,
                 &continuation,
             )?;
-            let mut decoder = MessagesDecoder::new();
+            let mut kept =
+                KeepPartial::new(MessagesDecoder::new(), request.partial, |d| d.partial());
             let sent = exchange(
                 &self.client,
                 &self.endpoint,
                 &self.http,
                 &body,
-                &mut decoder,
+                &mut kept.decoder,
                 request.on_text,
             )
             .await;
             self.wire.put(wire, body);
             sent?;
+            let decoder = kept.done();
             let part = decoder.response()?;
             let paused = decoder.stop_reason() == Some("pause_turn");
             continuation.extend(decoder.content());
@@ -640,8 +671,8 @@ mod tests {
         continuation: &[Value],
     ) -> Result<Bytes, ModelError> {
         let messages = Conversation::from(messages.to_vec());
-        let mut wire = Wire::new(&messages, |out| open(out, model, max_tokens), append)?;
-        wire.body(|out, turns| tail(out, turns, continuation, tools, stream))
+        let mut wire = Wire::new(&messages, |out| open(out, model), append)?;
+        wire.body(|out, turns| tail(out, turns, continuation, tools, (stream, max_tokens)))
     }
 
     /// The request body as it was built before the wire cache: the reference.

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::ModelError;
 use super::sse::{SseEvent, SseParser};
+use super::windows::{Overflow, overflow};
 
 /// Where and how to reach one provider.
 #[derive(Clone)]
@@ -166,21 +167,42 @@ pub trait Decoder: Send {
     }
 }
 
+#[derive(Default)]
 struct Failure {
     retryable: bool,
     wait: Option<Duration>,
     message: String,
     status: Option<StatusCode>,
+    /// The error body says the request is past the context window.
+    overflow: Option<Overflow>,
 }
 
 impl Failure {
     fn retry(message: String) -> Self {
         Failure {
             retryable: true,
-            wait: None,
             message,
-            status: None,
+            ..Failure::default()
         }
+    }
+
+    /// What failed, with the status and the URL when the server answered.
+    fn what(&self, ep: &Endpoint) -> String {
+        match self.status {
+            Some(status) => format!("HTTP {status} from {}: {}", ep.url, sentence(&self.message)),
+            None => self.message.clone(),
+        }
+    }
+}
+
+/// `text` as a sentence of its own: servers seldom end their messages with a period, and
+/// sup's advice follows.
+fn sentence(text: &str) -> String {
+    let text = text.trim_end();
+    if text.ends_with(['.', '!', '?']) {
+        text.to_string()
+    } else {
+        format!("{text}.")
     }
 }
 
@@ -236,16 +258,7 @@ pub(crate) fn server_message(body: &str) -> String {
     }
 }
 
-fn is_context_overflow(message: &str) -> bool {
-    let m = message.to_lowercase();
-    m.contains("prompt is too long")
-        || m.contains("context_length_exceeded")
-        || m.contains("context length")
-        || m.contains("context window")
-        || m.contains("maximum context")
-}
-
-fn advice(ep: &Endpoint, status: StatusCode, message: &str, attempts: u32) -> String {
+fn advice(ep: &Endpoint, status: StatusCode, overflow: Option<Overflow>, attempts: u32) -> String {
     match status.as_u16() {
         401 => match ep.key_var {
             Some(var) => format!("Check {var}: the key is missing, wrong or expired."),
@@ -259,11 +272,15 @@ fn advice(ep: &Endpoint, status: StatusCode, message: &str, attempts: u32) -> St
             "Check the model name and the base URL ({} or --base-url).",
             ep.base_var
         ),
-        400 | 413 | 422 if is_context_overflow(message) => {
-            "The conversation no longer fits the model's context window: lower --max-steps or \
-             --output-cap, or use a model with a larger window."
-                .into()
-        }
+        400 | 413 | 422 if overflow.is_some() => format!(
+            "The conversation no longer fits the model's context window{}: sup compacts it \
+             when it can; otherwise lower --output-cap, set --context-window, or use a model \
+             with a larger window.",
+            overflow
+                .and_then(|o| o.window)
+                .map(|n| format!(" of {n} tokens"))
+                .unwrap_or_default()
+        ),
         400 | 422 => "The server rejected the request; it is not retried.".into(),
         429 => format!("Still rate limited after {attempts} attempts; wait, or lower the load."),
         _ => {
@@ -306,7 +323,6 @@ pub(crate) async fn exchange(
             Ok(Err(f)) => f,
             Err(_) => Failure {
                 retryable: !decoder.had_output(),
-                wait: None,
                 message: format!(
                     "the answer from {} did not finish within {}{}",
                     ep.url,
@@ -317,23 +333,19 @@ pub(crate) async fn exchange(
                         ""
                     }
                 ),
-                status: None,
+                ..Failure::default()
             },
         };
         let wait = failure.wait.unwrap_or_else(|| backoff(attempt));
         let in_time = started.elapsed().saturating_add(wait) <= opts.deadline;
         if failure.retryable && failure.wait.is_some() && !in_time {
             // The server asks for a wait past this request's deadline: give up now.
-            let status = failure
-                .status
-                .map(|s| format!("HTTP {s} from {}: ", ep.url))
-                .unwrap_or_default();
             return Err(ModelError::Provider {
                 provider: ep.provider.clone(),
                 message: format!(
-                    "{status}{} The server asks to wait {} before trying again, past the \
+                    "{} The server asks to wait {} before trying again, past the \
                      deadline of this request ({}); gave up after {attempt} attempt(s).",
-                    failure.message,
+                    sentence(&failure.what(ep)),
                     shown_wait(wait),
                     humantime::format_duration(opts.deadline)
                 ),
@@ -343,12 +355,11 @@ pub(crate) async fn exchange(
             // Briefly: the whole error is said once, when the last attempt fails.
             let brief = match failure.status {
                 Some(status) => format!("HTTP {status} from {}", ep.url),
-                None => failure
-                    .message
-                    .split(": ")
-                    .next()
-                    .unwrap_or_default()
-                    .to_string(),
+                None => format!(
+                    "{} ({})",
+                    failure.message.split(": ").next().unwrap_or_default(),
+                    ep.url
+                ),
             };
             tracing::warn!(
                 "{}: {brief}; attempt {attempt} of {} failed, retrying in {:.1}s",
@@ -361,14 +372,12 @@ pub(crate) async fn exchange(
         }
         let retry_after = failure.wait;
         let kind = failure.status.map(|s| s.as_u16());
-        let overflow = is_context_overflow(&failure.message);
+        let overflow = failure.overflow;
         let message = match failure.status {
             Some(status) => format!(
-                "HTTP {} from {}: {} {}",
-                status,
-                ep.url,
-                failure.message,
-                advice(ep, status, &failure.message, attempt)
+                "{} {}",
+                failure.what(ep),
+                advice(ep, status, overflow, attempt)
             ),
             None if failure.retryable => format!(
                 "{} (gave up after {attempt} attempts{})",
@@ -389,7 +398,11 @@ pub(crate) async fn exchange(
                 message,
                 retry_after,
             },
-            Some(400 | 413 | 422) if overflow => ModelError::ContextOverflow { provider, message },
+            Some(400 | 413 | 422) if overflow.is_some() => ModelError::ContextOverflow {
+                provider,
+                message,
+                window: overflow.and_then(|o| o.window),
+            },
             _ => ModelError::Provider { provider, message },
         });
     }
@@ -418,10 +431,8 @@ async fn attempt_once(
         }
         Ok(Err(e)) if e.is_redirect() => {
             return Err(Failure {
-                retryable: false,
-                wait: None,
                 message: format!("{}: {}", ep.url, plain(&e)),
-                status: None,
+                ..Failure::default()
             });
         }
         Ok(Err(e)) => {
@@ -442,17 +453,18 @@ async fn attempt_once(
             wait,
             message: server_message(&text),
             status: Some(status),
+            overflow: matches!(status.as_u16(), 400 | 413 | 422)
+                .then(|| overflow(&text))
+                .flatten(),
         });
     }
     let too_big = || Failure {
-        retryable: false,
-        wait: None,
         message: format!(
             "the model's turn is larger than {} of text (the limit of one turn); the run \
              stops here rather than hold a runaway answer",
             shown_bytes(opts.max_turn_bytes)
         ),
-        status: None,
+        ..Failure::default()
     };
     if !opts.stream {
         // JSON framing of a whole answer is small next to its text: twice the limit holds it.
@@ -482,20 +494,17 @@ async fn attempt_once(
         }
         let text = String::from_utf8_lossy(&bytes);
         let json: Value = serde_json::from_str(&text).map_err(|e| Failure {
-            retryable: false,
-            wait: None,
             message: format!(
                 "the answer from {} is not JSON ({e}): {}",
                 ep.url,
                 server_message(&text)
             ),
-            status: None,
+            ..Failure::default()
         })?;
         decoder.body(json).map_err(|e| Failure {
             retryable: e.retryable,
-            wait: None,
             message: e.message,
-            status: None,
+            ..Failure::default()
         })?;
         if decoder.size() > opts.max_turn_bytes {
             return Err(too_big());
@@ -507,13 +516,12 @@ async fn attempt_once(
     let mut events = Vec::new();
     let broken = |decoder: &dyn Decoder, what: String| Failure {
         retryable: !decoder.had_output(),
-        wait: None,
         message: if decoder.had_output() {
             format!("{what} in the middle of the answer; what arrived is kept in the transcript")
         } else {
             what
         },
-        status: None,
+        ..Failure::default()
     };
     loop {
         let next = match tokio::time::timeout(opts.idle_timeout, stream.next()).await {
@@ -547,9 +555,8 @@ async fn attempt_once(
         for event in events.drain(..) {
             decoder.event(&event, on_text).map_err(|e| Failure {
                 retryable: e.retryable && !decoder.had_output(),
-                wait: None,
                 message: e.message,
-                status: None,
+                ..Failure::default()
             })?;
             if decoder.size() > opts.max_turn_bytes {
                 return Err(too_big());

@@ -9,6 +9,7 @@ pub mod prices;
 pub mod record;
 pub mod script;
 pub mod sse;
+pub mod windows;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,6 +134,66 @@ pub struct ModelRequest<'a> {
     /// Ask for the answer as one JSON object of this schema where the protocol offers it
     /// (Chat Completions `response_format`; Anthropic a prefilled `{`); `None` for agent turns.
     pub json_schema: Option<&'a Value>,
+    /// The most output tokens this request may ask for (the room the window leaves), when
+    /// known: the model's own limit is lowered to it.
+    pub max_output: Option<u32>,
+    /// Where a step that ends without its answer (an error, a timeout, a broken stream, or
+    /// the step dropped on Ctrl-C) leaves what arrived of it.
+    pub partial: Option<&'a PartialSlot>,
+}
+
+/// What arrived of an answer that did not finish: text, tool calls (their arguments perhaps
+/// cut), and the usage known so far.
+pub type PartialSlot = Mutex<Option<ModelResponse>>;
+
+/// A decoder that, unless `done` is called, leaves what it holds in the request's partial
+/// slot when it goes: on an error returned, and on the step's future dropped mid-stream.
+pub(crate) struct KeepPartial<'a, D> {
+    pub(crate) decoder: D,
+    slot: Option<&'a PartialSlot>,
+    answer: fn(&D) -> Option<ModelResponse>,
+}
+
+impl<'a, D> KeepPartial<'a, D> {
+    pub(crate) fn new(
+        decoder: D,
+        slot: Option<&'a PartialSlot>,
+        answer: fn(&D) -> Option<ModelResponse>,
+    ) -> Self {
+        KeepPartial {
+            decoder,
+            slot,
+            answer,
+        }
+    }
+
+    /// The answer is complete: nothing is left as partial.
+    pub(crate) fn done(mut self) -> D
+    where
+        D: Default,
+    {
+        self.slot = None;
+        std::mem::take(&mut self.decoder)
+    }
+}
+
+impl<D> Drop for KeepPartial<'_, D> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot
+            && let Some(answer) = (self.answer)(&self.decoder)
+        {
+            let mut kept = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            // A continuation's part adds to what came before it.
+            match kept.as_mut() {
+                Some(before) => {
+                    before.text.push_str(&answer.text);
+                    before.tool_calls.extend(answer.tool_calls);
+                    before.usage += answer.usage;
+                }
+                None => *kept = Some(answer),
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,9 +217,14 @@ pub enum ModelError {
         message: String,
         retry_after: Option<std::time::Duration>,
     },
-    /// The conversation no longer fits the model's context window.
+    /// The conversation no longer fits the model's context window; `window` is the window's
+    /// size when the error names it (llama.cpp's `n_ctx`, "maximum context length is N").
     #[error("{provider}: {message}")]
-    ContextOverflow { provider: String, message: String },
+    ContextOverflow {
+        provider: String,
+        message: String,
+        window: Option<u64>,
+    },
     /// The model would not or could not answer (refusal, content filter, context window).
     #[error("{0}")]
     Refused(String),
@@ -390,9 +456,13 @@ pub struct ProviderOptions {
     /// Overrides the provider's base URL (and its environment variable).
     pub base_url: Option<String>,
     pub http: http::HttpOptions,
-    /// The output token limit (Anthropic requires one; default 8192).
+    /// The output token limit of every request (default [`DEFAULT_MAX_TOKENS`]).
     pub max_tokens: Option<u32>,
 }
+
+/// The output limit a request carries unless one is set: no answer runs on unbounded
+/// (llama-server's own default is no limit at all), and Anthropic requires one.
+pub const DEFAULT_MAX_TOKENS: u32 = 8192;
 
 const PROVIDERS: &str = "openai, anthropic, deepseek, ollama, script";
 
@@ -506,7 +576,7 @@ pub fn from_spec(
                 } else {
                     "max_tokens"
                 },
-                max_tokens: opts.max_tokens,
+                max_tokens: Some(opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
             };
             chat(
                 "openai",
@@ -521,7 +591,7 @@ pub fn from_spec(
             let dialect = openai::Dialect {
                 send_reasoning: true,
                 max_tokens_field: "max_tokens",
-                max_tokens: opts.max_tokens,
+                max_tokens: Some(opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
             };
             let url = base("DEEPSEEK_BASE_URL", "https://api.deepseek.com");
             chat(
@@ -536,7 +606,7 @@ pub fn from_spec(
             let dialect = openai::Dialect {
                 send_reasoning: false,
                 max_tokens_field: "max_tokens",
-                max_tokens: opts.max_tokens,
+                max_tokens: Some(opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
             };
             let url = base("OLLAMA_BASE_URL", "http://localhost:11434/v1");
             chat("ollama", url, None, "OLLAMA_BASE_URL", dialect)
@@ -556,7 +626,7 @@ pub fn from_spec(
             Ok(Box::new(anthropic::MessagesModel {
                 name: spec.to_string(),
                 model: rest.to_string(),
-                max_tokens: opts.max_tokens.unwrap_or(anthropic::DEFAULT_MAX_TOKENS),
+                max_tokens: opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 endpoint,
                 http: opts.http.clone(),
                 client: client()?,

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use super::http::{DecodeError, Decoder, Endpoint, HttpOptions, exchange};
 use super::sse::SseEvent;
 use super::{
-    Conversation, FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall,
-    ToolSpec, Usage, Wire, WireCache,
+    Conversation, FinishReason, KeepPartial, Message, Model, ModelError, ModelRequest,
+    ModelResponse, ToolCall, ToolSpec, Usage, Wire, WireCache,
 };
 
 /// Settings of the request body that vary by server.
@@ -363,6 +363,17 @@ impl ChatDecoder {
         Ok(())
     }
 
+    /// What arrived of an answer that did not finish, if anything did (its usage included).
+    fn partial(&self) -> Option<ModelResponse> {
+        let any = !self.text.is_empty()
+            || !self.reasoning.is_empty()
+            || !self.calls.is_empty()
+            || self.usage.total() > 0;
+        let mut r = self.response().ok().filter(|_| any)?;
+        r.finish = FinishReason::Stop;
+        Some(r)
+    }
+
     /// The answer.
     pub(crate) fn response(&self) -> Result<ModelResponse, ModelError> {
         let tool_calls: Vec<ToolCall> = self
@@ -495,31 +506,35 @@ impl Model for ChatModel {
     }
 
     async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let mut dialect = self.dialect.clone();
+        if let Some(room) = request.max_output {
+            dialect.max_tokens = Some(dialect.max_tokens.map_or(room, |n| n.min(room)).max(1));
+        }
         let (wire, body) = cached_body(
             &self.wire,
             &self.model,
             request.messages,
             request.tools,
             self.http.stream,
-            &self.dialect,
+            &dialect,
         )?;
         let body = match request.json_schema {
             Some(schema) => with_response_format(body, schema)?,
             None => body,
         };
-        let mut decoder = ChatDecoder::new();
+        let mut kept = KeepPartial::new(ChatDecoder::new(), request.partial, ChatDecoder::partial);
         let sent = exchange(
             &self.client,
             &self.endpoint,
             &self.http,
             &body,
-            &mut decoder,
+            &mut kept.decoder,
             request.on_text,
         )
         .await;
         self.wire.put(wire, body);
         sent?;
-        decoder.response()
+        kept.done().response()
     }
 }
 

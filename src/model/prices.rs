@@ -198,6 +198,36 @@ impl InputEstimate {
         }
     }
 
+    /// Tokens a byte of the request is, from the last report (else a token per 4 bytes).
+    pub(crate) fn per_byte(&self) -> f64 {
+        match self.last {
+            Some((tokens, bytes)) if bytes > 0 => tokens as f64 / bytes as f64,
+            _ => 0.25,
+        }
+    }
+
+    /// Like `tokens`, but what was added since the last report counts at that report's tokens
+    /// per byte (at least a token per 4 bytes): for the context window, where an estimate
+    /// too low is a request the server refuses.
+    pub(crate) fn scaled(&self, bytes_now: usize) -> u64 {
+        match self.last {
+            Some((tokens, bytes)) => {
+                let new = bytes_now.saturating_sub(bytes) as f64 * self.per_byte().max(0.25);
+                tokens + new.ceil() as u64
+            }
+            None => (bytes_now as u64).div_ceil(4),
+        }
+    }
+
+    /// The request was rewritten to `bytes_now` bytes: what the last report says is scaled to
+    /// it, so the estimate shrinks with the conversation.
+    pub(crate) fn rewritten(&mut self, bytes_now: usize) {
+        if self.last.is_some() {
+            let tokens = (self.per_byte() * bytes_now as f64).ceil() as u64;
+            self.last = Some((tokens, bytes_now));
+        }
+    }
+
     /// The provider's report for a request of `bytes` bytes.
     pub(crate) fn reported(&mut self, usage: &Usage, bytes: usize) {
         let input = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens;

@@ -173,6 +173,11 @@ impl RunSpec {
             repeat_limit: Limits::default().repeat_limit,
             price: None,
             max_cost: None,
+            context_window: s.context_window.or_else(|| {
+                crate::model::windows::window(&s.model.clone().unwrap_or_default(), &s.models)
+            }),
+            compact_at: s.compact_at.unwrap_or(crate::work::DEFAULT_COMPACT_AT),
+            learned_window: Default::default(),
         };
         let check_timeout = s.check_timeout.unwrap_or_default();
         let forced = matches!(from("check_timeout"), Some(Source::Flag));

@@ -55,6 +55,8 @@ fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
             (class, long.then(|| ("whole result", content.clone())))
         }
         Event::StepFinished { .. } => ("tokens", None),
+        Event::Compacted { summary, .. } => ("notice", summary.clone().map(|s| ("summary", s))),
+        Event::Partial { text, .. } => ("model", Some(("partial answer", text.clone()))),
         Event::ApprovalRequested { input, .. } => ("wait", Some(("request", input.clone()))),
         Event::Approval { decision, .. } => {
             if decision == "allowed" || decision == "approved" {

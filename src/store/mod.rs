@@ -158,7 +158,10 @@ impl Transcript {
             Event::TextDelta { text } if p.text.len().saturating_add(text.len()) <= MAX_PARTIAL => {
                 p.text.push_str(text);
             }
-            Event::ModelText { .. } | Event::StepFinished { .. } => p.text.clear(),
+            // A partial answer the work loop kept says it itself.
+            Event::ModelText { .. } | Event::StepFinished { .. } | Event::Partial { .. } => {
+                p.text.clear()
+            }
             Event::WorkFinished {
                 error: Some(_),
                 steps,

@@ -34,6 +34,9 @@ pub enum StopReason {
     CheckChanged,
     /// Verify loop: a judge said the goal cannot be achieved.
     Impossible,
+    /// The conversation no longer fits the model's context window: three compactions in a
+    /// row failed.
+    Context,
 }
 
 impl StopReason {
@@ -51,6 +54,7 @@ impl StopReason {
             StopReason::ChecksFailed => "checks_failed",
             StopReason::CheckChanged => "check_changed",
             StopReason::Impossible => "impossible",
+            StopReason::Context => "context",
         }
     }
 }
@@ -260,6 +264,30 @@ pub enum Event {
     Message {
         message: Message,
     },
+    /// The conversation was compacted to fit the context window: old tool results cut to
+    /// stubs (`results`), or the older part replaced by the model's summary (`summary`).
+    /// Tokens are estimates of the request before and after.
+    Compacted {
+        step: u32,
+        how: String,
+        before_tokens: u64,
+        after_tokens: u64,
+        /// What the summary request spent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<String>,
+    },
+    /// What arrived of an answer that did not finish (Ctrl-C, a timeout, a broken stream):
+    /// partial text and tool calls (their arguments perhaps cut), never run.
+    Partial {
+        step: u32,
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<crate::model::ToolCall>,
+        usage: Usage,
+        why: String,
+    },
     Result {
         status: Status,
         stop_reason: StopReason,
@@ -337,9 +365,11 @@ mod tests {
             Event::TryFinished { .. } => 13,
             Event::Message { .. } => 14,
             Event::Result { .. } => 15,
+            Event::Compacted { .. } => 16,
+            Event::Partial { .. } => 17,
         }
     }
-    const KINDS: usize = 16;
+    const KINDS: usize = 18;
 
     fn report() -> CheckReport {
         CheckReport {
@@ -454,6 +484,25 @@ mod tests {
                 error: Some("e".into()),
                 checks: vec![vec![report()]],
                 verified_by: vec![CheckKind::Script, CheckKind::Judge],
+            },
+            Event::Compacted {
+                step: 7,
+                how: "summary".into(),
+                before_tokens: 9000,
+                after_tokens: 2000,
+                usage: Some(usage()),
+                summary: Some("s".into()),
+            },
+            Event::Partial {
+                step: 2,
+                text: "half".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c2".into(),
+                    name: "write_file".into(),
+                    arguments: "{\"pa".into(),
+                }],
+                usage: usage(),
+                why: "cancelled".into(),
             },
         ];
         let mut covered = [false; KINDS];

@@ -260,12 +260,53 @@ impl HumanTrace {
                     error.as_deref().unwrap_or("unknown")
                 ),
                 StopReason::Cancelled => format!("✗ cancelled after {}", n_steps(*steps)),
+                StopReason::Context => format!(
+                    "· stopped by context after {}: {}",
+                    n_steps(*steps),
+                    error
+                        .as_deref()
+                        .unwrap_or("the conversation no longer fits")
+                ),
                 other => format!(
                     "· stopped by {} after {}: the work is unfinished",
                     other.as_str(),
                     n_steps(*steps)
                 ),
             },
+            Event::Compacted {
+                step,
+                how,
+                before_tokens,
+                after_tokens,
+                usage,
+                ..
+            } => {
+                let what = if how == "summary" {
+                    "the older part replaced by the model's summary"
+                } else {
+                    "old tool results cut to stubs"
+                };
+                let mut s = format!(
+                    "↻ compacted before step {step}: {what} · about {before_tokens} → \
+                     {after_tokens} tokens"
+                );
+                if let Some(u) = usage {
+                    s.push_str(&format!(" · the summary took {}", tokens(u)));
+                }
+                s
+            }
+            Event::Partial {
+                step,
+                text,
+                tool_calls,
+                why,
+                ..
+            } => format!(
+                "… step {step} ended without its answer ({why}); what arrived is kept in the \
+                 transcript: {} characters of text, {} unfinished tool call(s), not run",
+                text.chars().count(),
+                tool_calls.len()
+            ),
             Event::Check { report, .. } => {
                 let icon = if report.passed { '✓' } else { '✗' };
                 let by = report
@@ -356,6 +397,29 @@ impl HumanTrace {
     }
 }
 
+/// A token count as the trace and `sup show` give it: input and output, then what was read
+/// from or written to the provider's cache, apart.
+pub(crate) fn tokens(u: &crate::model::Usage) -> String {
+    let mut s = format!("{} in / {} out tokens", u.input_tokens, u.output_tokens);
+    if u.cache_read_tokens + u.cache_write_tokens > 0 {
+        s.push_str(&format!(
+            " (+ cache: {} read, {} written)",
+            u.cache_read_tokens, u.cache_write_tokens
+        ));
+    }
+    s
+}
+
+/// Whether streamed text left the live trace's line open.
+static LINE_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A notice on stderr outside the event stream (the interrupt): on a line of its own, after
+/// streamed text too.
+pub(crate) fn notice(text: &str) {
+    let open = LINE_OPEN.swap(false, std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{}{text}", if open { "\n" } else { "" });
+}
+
 /// US dollars as the trace shows them: `$0.0123`.
 pub(crate) fn usd(c: f64) -> String {
     format!("${c:.4}")
@@ -373,6 +437,7 @@ impl EventSink for HumanTrace {
                 let _ = write!(err, "  ");
                 state.streaming = true;
             }
+            LINE_OPEN.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = write!(err, "{}", escape(text).replace('\n', "\n  "));
             let _ = err.flush();
             return;
@@ -387,6 +452,7 @@ impl EventSink for HumanTrace {
             state.streaming = false;
             let _ = writeln!(err);
         }
+        LINE_OPEN.store(state.streaming, std::sync::atomic::Ordering::Relaxed);
         if let Some(mut line) = self.line(event) {
             match event {
                 Event::WorkFinished {

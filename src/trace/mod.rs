@@ -7,7 +7,7 @@ mod human;
 
 pub use event::{CheckKind, CheckReport, Event, EventSink, Events, Status, StopReason};
 pub(crate) use event::{JUDGE_PREFIX, verified_by};
-pub(crate) use human::{HumanTrace, Results, escape, has_hidden, one_line, usd};
+pub(crate) use human::{HumanTrace, Results, escape, has_hidden, notice, one_line, tokens, usd};
 
 use std::io::Write;
 use std::sync::Mutex;

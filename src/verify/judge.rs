@@ -511,6 +511,8 @@ pub(crate) async fn ask(
             tools: &[],
             on_text: &|_| {},
             json_schema: (!plain).then_some(&schema),
+            max_output: None,
+            partial: None,
         };
         let asked = tokio::select! {
             r = tokio::time::timeout(check.timeout, bound.model.step(request)) => r,

@@ -209,7 +209,10 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         out.error = w.error.clone();
         out.cost = goal.limits.price.map(|p| p.cost(&agent) + judge_cost);
         if goal.checks.is_empty()
-            || matches!(w.stop_reason, StopReason::Cancelled | StopReason::Error)
+            || matches!(
+                w.stop_reason,
+                StopReason::Cancelled | StopReason::Error | StopReason::Context
+            )
         {
             out.status = status_of(w.stop_reason);
             return out;

@@ -1,10 +1,15 @@
 //! The work loop: ask the model, execute the tool calls it proposes (through the schema gate,
 //! read-only calls together, the others one at a time in the model's order), feed every
 //! result back, and decide when to stop. Every call id gets exactly one result, whatever
-//! happens; a forced stop is never success.
+//! happens; a forced stop is never success. A conversation that outgrows the model's context
+//! window is compacted (`compact`) before the request that would not fit, or when the
+//! provider says it did not.
+
+pub(crate) mod compact;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -13,12 +18,14 @@ use tokio_util::sync::CancellationToken;
 use crate::approval::{Answer, Call, Gate};
 use crate::model::prices::{InputEstimate, Price, tool_bytes};
 use crate::model::{
-    Conversation, FinishReason, Message, Model, ModelRequest, ToolCall, ToolResult, ToolSpec, Usage,
+    Conversation, FinishReason, Message, Model, ModelError, ModelRequest, PartialSlot, ToolCall,
+    ToolResult, ToolSpec, Usage,
 };
 use crate::tools::process::safe_name;
 use crate::tools::{Prepared, Registry, Risk, ToolContext, ToolError};
 pub(crate) use crate::trace::StopReason;
 use crate::trace::{Event, Events};
+use compact::Room;
 
 /// The limits of one work loop.
 #[derive(Clone, Debug)]
@@ -36,7 +43,21 @@ pub struct Limits {
     pub price: Option<Price>,
     /// US dollars this run may spend at most (all tries); checked before every model call.
     pub max_cost: Option<f64>,
+    /// Tokens the model's context window holds, when known (table, config, flag).
+    pub context_window: Option<u64>,
+    /// The share of the window past which the conversation is compacted, in (0, 1).
+    pub compact_at: f64,
+    /// The window the server named in an overflow error (llama.cpp's `n_ctx`), learned
+    /// during the run and kept across tries; 0 while unknown.
+    pub learned_window: Arc<AtomicU64>,
 }
+
+/// The share of the window past which a conversation is compacted, unless set.
+pub const DEFAULT_COMPACT_AT: f64 = 0.85;
+/// Failed compactions in a row after which the run stops (`context`).
+const MAX_COMPACTION_FAILURES: u32 = 3;
+/// The longest summary asked for, in tokens.
+const MAX_SUMMARY_TOKENS: u64 = 20_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -48,8 +69,23 @@ impl Default for Limits {
             repeat_limit: 3,
             price: None,
             max_cost: None,
+            context_window: None,
+            compact_at: DEFAULT_COMPACT_AT,
+            learned_window: Arc::default(),
         }
     }
+}
+
+/// Compactions of one work loop: failures in a row, and whether the last request was the
+/// first after a compaction (its overflow counts as the compaction failing).
+#[derive(Default)]
+struct Compactions {
+    failures: u32,
+    fresh: bool,
+    /// Why the last one failed.
+    why: String,
+    /// What the server said of the last request past the window.
+    server: String,
 }
 
 /// Everything a work loop runs with.
@@ -145,11 +181,40 @@ impl Work<'_> {
         }
     }
 
+    /// The context window: the one set or known, or the one the server named, the smaller
+    /// when both are known.
+    fn window(&self) -> Option<u64> {
+        let learned = Some(self.limits.learned_window.load(Ordering::Relaxed)).filter(|n| *n > 0);
+        match (self.limits.context_window, learned) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Record what arrived of an answer that did not finish, and count its usage.
+    fn keep_partial(&self, step: u32, slot: &PartialSlot, why: &str, usage: &mut Usage) {
+        let kept = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(p) = kept {
+            *usage += p.usage;
+            self.events.emit(Event::Partial {
+                step,
+                text: p.text,
+                tool_calls: p.tool_calls,
+                usage: p.usage,
+                why: why.to_string(),
+            });
+        }
+    }
+
     /// Run the loop on `messages`; `spent` is what earlier tries of the same run used.
     pub async fn run(&self, messages: &mut Conversation, spent: Usage) -> Outcome {
         let mut usage = Usage::default();
         let mut repeats = Repeats::default();
         let mut estimate = InputEstimate::default();
+        let mut compactions = Compactions::default();
         // Every secret is known by now: keys at start-up, passed values when the jail was made.
         let specs = told(self.tools.specs());
         let tool_bytes = tool_bytes(&specs);
@@ -173,40 +238,93 @@ impl Work<'_> {
             {
                 return self.finish(StopReason::Cost, step - 1, usage);
             }
+            let room = Room {
+                step,
+                tool_bytes,
+                forced: false,
+            };
+            if let Err(stop) = self
+                .make_room(&room, messages, &mut estimate, &mut usage, &mut compactions)
+                .await
+            {
+                return stop;
+            }
             events.emit(Event::StepStarted { step });
             let on_text = |t: &str| {
                 events.emit(Event::TextDelta {
                     text: t.to_string(),
                 })
             };
-            let request = ModelRequest {
-                messages,
-                tools: &specs,
-                on_text: &on_text,
-                json_schema: None,
-            };
-            let response = tokio::select! {
-                r = self.model.step(request) => r,
-                _ = self.cancel.cancelled() => {
-                    return self.finish(StopReason::Cancelled, step - 1, usage);
-                }
-            };
-            let response = match response {
-                Ok(r) => r,
-                Err(e) => {
-                    let error = e.to_string();
-                    events.emit(Event::WorkFinished {
-                        stop_reason: StopReason::Error,
-                        steps: step,
-                        error: Some(error.clone()),
-                    });
-                    return Outcome {
-                        stop_reason: StopReason::Error,
-                        steps: step,
-                        usage,
-                        answer: None,
-                        error: Some(error),
-                    };
+            let (response, bytes) = loop {
+                let bytes = messages.bytes() + tool_bytes;
+                let max_output = self.window().map(|w| {
+                    u32::try_from(w.saturating_sub(estimate.scaled(bytes))).unwrap_or(u32::MAX)
+                });
+                let partial = PartialSlot::default();
+                let request = ModelRequest {
+                    messages,
+                    tools: &specs,
+                    on_text: &on_text,
+                    json_schema: None,
+                    max_output,
+                    partial: Some(&partial),
+                };
+                let response = tokio::select! {
+                    r = self.model.step(request) => r,
+                    _ = self.cancel.cancelled() => {
+                        self.keep_partial(step, &partial, "cancelled", &mut usage);
+                        return self.finish(StopReason::Cancelled, step, usage);
+                    }
+                };
+                match response {
+                    Ok(r) => {
+                        compactions.failures = 0;
+                        compactions.fresh = false;
+                        break (r, bytes);
+                    }
+                    Err(ModelError::ContextOverflow {
+                        window, message, ..
+                    }) => {
+                        // The window, as the server names it; else at most this request's size.
+                        let learned = window.unwrap_or_else(|| {
+                            let known = self.window().unwrap_or(u64::MAX);
+                            known.min(estimate.scaled(bytes)).max(1)
+                        });
+                        self.limits.learned_window.store(learned, Ordering::Relaxed);
+                        if compactions.fresh {
+                            compactions.failures += 1;
+                            compactions.why =
+                                "the compacted conversation was still past the window".into();
+                        }
+                        compactions.server = message;
+                        let room = Room {
+                            step,
+                            tool_bytes,
+                            forced: true,
+                        };
+                        if let Err(stop) = self
+                            .make_room(&room, messages, &mut estimate, &mut usage, &mut compactions)
+                            .await
+                        {
+                            return stop;
+                        }
+                    }
+                    Err(e) => {
+                        self.keep_partial(step, &partial, "the request failed", &mut usage);
+                        let error = e.to_string();
+                        events.emit(Event::WorkFinished {
+                            stop_reason: StopReason::Error,
+                            steps: step,
+                            error: Some(error.clone()),
+                        });
+                        return Outcome {
+                            stop_reason: StopReason::Error,
+                            steps: step,
+                            usage,
+                            answer: None,
+                            error: Some(error),
+                        };
+                    }
                 }
             };
             // A provider that reports no usage is counted by estimate, so that budgets and

@@ -373,6 +373,8 @@ async fn provider_error(reply: crate::common::fake_server::Reply) -> sup::model:
         tools: &[],
         on_text: &|_| {},
         json_schema: None,
+        max_output: None,
+        partial: None,
     };
     model.step(request).await.unwrap_err()
 }

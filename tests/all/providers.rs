@@ -636,18 +636,23 @@ fn the_key_is_not_logged_even_at_trace_level() {
 #[test]
 fn a_context_window_error_says_what_to_do() {
     let env = Env::new();
-    let server = FakeServer::start(vec![Reply::json(
-        400,
-        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
-    )]);
+    let too_long = || {
+        Reply::json(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+        )
+    };
+    // The request, then three summary requests that do not fit either.
+    let server = FakeServer::start((0..4).map(|_| too_long()).collect());
     let run = run_against(&env, &server, Protocol::Anthropic, &[]);
-    assert_eq!(run.code, 4, "{}", run.stderr);
-    assert_eq!(server.requests().len(), 1, "a 400 is not retried");
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(server.requests().len(), 4, "a 400 is not retried");
+    assert_eq!(run.result()["stop_reason"], "context");
     let error = run.result()["error"].as_str().unwrap();
     assert!(
         error.contains("prompt is too long")
-            && error.contains("context window")
-            && error.contains("--max-steps"),
+            && error.contains("context window of 200000 tokens")
+            && error.contains("3 compactions in a row failed"),
         "{error}"
     );
 }
