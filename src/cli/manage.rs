@@ -295,6 +295,7 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error: {}", escape(e));
     }
+    super::continued::show_thread(&db, id, &mut out);
     let notices = db.notices(id).map_err(Fail::usage)?;
     if !notices.is_empty() {
         let _ = writeln!(out, "\nnotifications:");

@@ -1,6 +1,7 @@
 //! The command line: clap definitions, the commands, and the one place that knows about the
 //! terminal, signals and exit codes.
 
+mod continued;
 mod fleet;
 mod manage;
 mod run;
@@ -103,6 +104,8 @@ impl From<crate::run::RunError> for Fail {
             RunError::Model(m) if m.is_config() => Ending::Usage,
             RunError::Model(_) => Ending::Model,
             RunError::Store(_) | RunError::Db(_) | RunError::Pg(_) => Ending::Store,
+            RunError::Worktree(w) if w.is_usage() => Ending::Usage,
+            RunError::Worktree(_) => Ending::Store,
         };
         Fail {
             ending,
@@ -191,7 +194,25 @@ enum Command {
         json: bool,
     },
     /// One run: its transcript rendered like the trace, its checks, its outcome.
-    Show { run_id: String },
+    Show {
+        run_id: String,
+        /// Print the diff of the run's worktree commit instead.
+        #[arg(long)]
+        diff: bool,
+    },
+    /// Continue a run that was interrupted, stopped by a limit or by a provider error, from
+    /// its transcript, with its recorded settings (these flags excepted).
+    Continue {
+        run_id: String,
+        #[arg(long)]
+        max_steps: Option<u32>,
+        #[arg(long)]
+        tries: Option<u32>,
+        #[arg(long, value_name = "USD")]
+        max_cost: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a goal of the folder now, recorded as manual.
     Trigger {
         name: String,
@@ -374,7 +395,22 @@ pub fn main() -> ExitCode {
                 limit,
                 json,
             } => manage::runs(goal.as_deref(), status, limit, json),
-            Command::Show { run_id } => manage::show(&run_id),
+            Command::Show { run_id, diff: true } => continued::diff(&run_id),
+            Command::Show { run_id, .. } => manage::show(&run_id),
+            Command::Continue {
+                run_id,
+                max_steps,
+                tries,
+                max_cost,
+                json,
+            } => {
+                let o = crate::run::resume::Overrides {
+                    max_steps,
+                    tries,
+                    max_cost,
+                };
+                continued::continue_run(&run_id, o, json).await
+            }
             Command::Trigger { name, goals, json } => manage::trigger(&goals, &name, json).await,
             Command::Pause { name, goals } => manage::pause(&goals, &name, true),
             Command::Resume { name, goals } => manage::pause(&goals, &name, false),
@@ -472,7 +508,10 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             )
             .await
         }
-        Command::Show { run_id } => fleet::show(url, &run_id).await,
+        Command::Show { run_id, .. } => fleet::show(url, &run_id).await,
+        Command::Continue { .. } => Err(Fail::usage(anyhow::anyhow!(
+            "`sup continue` continues a run of this machine's store; run it without --store"
+        ))),
         Command::Trigger { name, goals, json } => fleet::trigger(url, &goals, &name, json).await,
         Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,
         Command::Resume { name, goals } => fleet::pause(url, &goals, &name, false).await,

@@ -12,16 +12,34 @@ use crate::store::{self, TriggerKind};
 use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
 
 pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
-    let mut inv = invocation(args.settings)?;
-    inv.flags.prompt = Some(args.prompt);
-    let spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
-    if args.print_config {
+    let (json, print) = (args.json, args.print_config);
+    let spec = run_spec(args)?;
+    if print {
         return Ok(print_config(&spec));
     }
-    execute(spec, args.json, false, TriggerKind::Cli).await
+    execute(spec, json, false, TriggerKind::Cli).await
+}
+
+/// The spec of `sup run`.
+pub(crate) fn run_spec(args: RunArgs) -> Result<RunSpec, Fail> {
+    let mut inv = invocation(args.settings)?;
+    inv.flags.prompt = Some(args.prompt);
+    let mut spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
+    spec.thread.origin = Some(run::resume::Origin::command_line());
+    Ok(spec)
 }
 
 pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
+    let (json, print) = (args.json, args.print_config);
+    let spec = goal_spec(args)?;
+    if print {
+        return Ok(print_config(&spec));
+    }
+    execute(spec, json, true, TriggerKind::Cli).await
+}
+
+/// The spec of `sup goal`.
+pub(crate) fn goal_spec(args: GoalArgs) -> Result<RunSpec, Fail> {
     let file = match &args.file {
         Some(path) => Some(
             crate::schedule::goals::load(path)
@@ -47,11 +65,9 @@ pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     for line in &args.check_cmds {
         inv.checks.push(run::command_check(line));
     }
-    let spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
-    if args.print_config {
-        return Ok(print_config(&spec));
-    }
-    execute(spec, args.json, true, TriggerKind::Cli).await
+    let mut spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
+    spec.thread.origin = Some(run::resume::Origin::command_line());
+    Ok(spec)
 }
 
 /// `--print-config`: every setting, its effective value and where it came from.

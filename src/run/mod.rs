@@ -5,6 +5,10 @@
 //! record set up around the verify loop. A run that started is always recorded, whatever
 //! ends it.
 
+pub(crate) mod parallel;
+pub(crate) mod resume;
+pub(crate) mod worktree;
+
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,6 +58,8 @@ pub(crate) enum RunError {
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Pg(#[from] PgError),
+    #[error(transparent)]
+    Worktree(#[from] worktree::WorktreeError),
 }
 
 /// What the command line and the environment say, apart from a goal file.
@@ -103,6 +109,10 @@ pub(crate) struct RunSpec {
     pub(crate) price_refusal: Option<String>,
     /// The sandbox of the run's processes, with the goal file and user config protected.
     pub(crate) sandbox: Sandbox,
+    /// A git worktree of its own, parallel attempts (`worktree`, `parallel`).
+    pub(crate) isolate: worktree::Isolate,
+    /// How the run ties to others: where it came from, what it continues, which attempt.
+    pub(crate) thread: resume::Thread,
 }
 
 fn setup(msg: impl Into<String>) -> RunError {
@@ -173,6 +183,7 @@ impl RunSpec {
             repeat_limit: Limits::default().repeat_limit,
             price: None,
             max_cost: None,
+            pool: None,
         };
         let check_timeout = s.check_timeout.unwrap_or_default();
         let forced = matches!(from("check_timeout"), Some(Source::Flag));
@@ -225,7 +236,10 @@ impl RunSpec {
                 .collect(),
             goals: None,
         };
+        let isolate = worktree::Isolate::resolve(s, &workspace)?;
         Ok(RunSpec {
+            isolate,
+            thread: resume::Thread::default(),
             sandbox,
             goal: Goal {
                 name,
@@ -654,6 +668,9 @@ pub(crate) async fn launch(
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
+    if spec.isolate.parallel > 1 {
+        return parallel::launch(spec, home, trigger, None, sinks, cancel).await;
+    }
     launch_in(spec, home, trigger, None, None, sinks, cancel).await
 }
 
@@ -689,6 +706,11 @@ pub(crate) async fn launch_recorded(
 ) -> Result<Launched, RunError> {
     let id = recorded.run.id.clone();
     let (result, notify, goal) = match build() {
+        Ok(spec) if spec.isolate.parallel > 1 => (
+            parallel::launch(&spec, home, trigger, Some(recorded), sinks, cancel).await,
+            spec.notify,
+            spec.goal.name,
+        ),
         Ok(spec) => (
             launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
             spec.notify,
@@ -732,7 +754,7 @@ pub(crate) async fn not_started(
         .await;
 }
 
-async fn launch_in(
+pub(crate) async fn launch_in(
     spec: &RunSpec,
     home: &Path,
     trigger: Trigger,
@@ -756,7 +778,7 @@ async fn launch_in(
         tracing::warn!("{e}");
     }
     crate::tools::sandbox::sweep_dead_runs(home);
-    let (previous, goal) = match shared {
+    let (previous, mut goal) = match shared {
         None => prepare(spec, &db, trigger)?,
         Some(sh) => prepare_shared(spec, sh, trigger).await?,
     };
@@ -767,6 +789,19 @@ async fn launch_in(
         }
         None => (RunDir::create(home)?, None),
     };
+    // An isolated run works in a worktree of its own from here on.
+    let (tree, moved) = match worktree::isolate(spec, &goal, home, &run.id) {
+        Ok(Some((s, g, t))) => {
+            goal = g;
+            (Some(t), Some(s))
+        }
+        Ok(None) => (None, None),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run.dir);
+            return Err(e.into());
+        }
+    };
+    let spec = moved.as_ref().unwrap_or(spec);
     let checks: Vec<PathBuf> = spec
         .goal
         .checks
@@ -817,6 +852,7 @@ async fn launch_in(
         } else if recorded_model.as_deref() != Some(model.name()) {
             db.set_run_model(&run.id, model.name())?;
         }
+        resume::started(spec, &db, &run, tree.as_ref())?;
         Ok::<_, RunError>(transcript)
     };
     let transcript = match started() {
@@ -878,7 +914,11 @@ async fn launch_in(
         jail: jail.clone(),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
-    let outcome = match AssertUnwindSafe(crate::verify::run(&goal, &rt))
+    let outcome = match AssertUnwindSafe(crate::verify::run_from(
+        &goal,
+        &rt,
+        spec.thread.history(),
+    ))
         .catch_unwind()
         .await
     {
@@ -888,7 +928,12 @@ async fn launch_in(
     servers.shutdown().await;
     // Whatever the agent left running ends with its run.
     jail.sweep();
-    events.emit(outcome.event(&run.id));
+    let thread = resume::ended(spec, &db, &run.id, tree, &outcome, &events);
+    let mut result = outcome.event(&run.id);
+    if let Event::Result { thread: t, .. } = &mut result {
+        *t = thread;
+    }
+    events.emit(result);
     crate::redact::tree(&run.dir, &["transcript.jsonl"]);
     let ended = Ended {
         status: outcome.status,

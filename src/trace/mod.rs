@@ -5,7 +5,7 @@
 mod event;
 mod human;
 
-pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
+pub use event::{AttemptReport, CheckReport, Event, EventSink, Events, Status, StopReason, Thread};
 pub(crate) use human::{HumanTrace, escape, has_hidden, one_line, usd};
 
 use std::io::Write;

@@ -88,6 +88,7 @@ impl Outcome {
             answer: self.answer.clone(),
             error: self.error.clone(),
             checks: self.checks.clone(),
+            thread: Default::default(),
         }
     }
 }
@@ -107,6 +108,15 @@ fn status_of(stop: StopReason) -> Status {
 
 /// Run `goal` to its end.
 pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
+    run_from(goal, rt, None).await
+}
+
+/// `run`, going on from `history` (a continued run's conversation) instead of the prompt.
+pub(crate) async fn run_from(
+    goal: &Goal,
+    rt: &Runtime<'_>,
+    history: Option<Vec<Message>>,
+) -> Outcome {
     let started = Instant::now();
     let originals = check::snapshot(&goal.checks);
     let frozen = check::freeze(&goal.checks, &rt.run.dir.join("checks"));
@@ -132,7 +142,14 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         gate: rt.gate,
     };
     let mut messages = Conversation::new();
-    begin(&mut messages, goal, goal.prompt.clone(), rt.events);
+    match history {
+        Some(earlier) => {
+            for m in earlier {
+                work::push(&mut messages, m, rt.events);
+            }
+        }
+        None => begin(&mut messages, goal, goal.prompt.clone(), rt.events),
+    }
     let mut out = Outcome {
         status: Status::Error,
         stop_reason: StopReason::Error,

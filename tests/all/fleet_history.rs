@@ -383,6 +383,6 @@ fn a_store_of_schema_1_is_migrated_to_keep_cost_and_answer() {
     f.goal("once", None, 0, "");
     let (code, text) = f.out(0, &["trigger", "once", "--goals", "."]);
     assert_eq!(code, 0, "{text}");
-    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "2");
+    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "3");
     assert_eq!(f.pg.one("SELECT answer FROM runs"), "done");
 }
