@@ -73,7 +73,10 @@ pub(crate) fn show_thread(db: &crate::store::db::Db, id: &str, out: &mut impl Wr
         let _ = writeln!(out, "attempts:");
         for (n, r) in &attempts {
             let wins = l.attempt == Some(*n) && r.status == crate::store::RunStatus::Achieved;
-            let cancelled = r.error.as_deref().is_some_and(|e| e.starts_with("cancelled"));
+            let cancelled = r
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("cancelled"));
             let _ = writeln!(
                 out,
                 "  attempt {n} · {} · {}{}{}",

@@ -914,11 +914,7 @@ pub(crate) async fn launch_in(
         jail: jail.clone(),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
-    let outcome = match AssertUnwindSafe(crate::verify::run_from(
-        &goal,
-        &rt,
-        spec.thread.history(),
-    ))
+    let outcome = match AssertUnwindSafe(crate::verify::run_from(&goal, &rt, spec.thread.history()))
         .catch_unwind()
         .await
     {

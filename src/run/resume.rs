@@ -125,7 +125,11 @@ pub(crate) fn started(
             attempt: t.attempt.as_ref().map(|(n, _, _)| *n),
             branch: tree.map(|w| w.branch.clone()),
             base: tree.map(|w| w.base.clone()),
-            repo: spec.isolate.repo.as_ref().map(|r| r.top.display().to_string()),
+            repo: spec
+                .isolate
+                .repo
+                .as_ref()
+                .map(|r| r.top.display().to_string()),
             ..Lineage::default()
         },
     )?;
@@ -166,12 +170,7 @@ pub(crate) fn ended(
         return told;
     };
     let branch = tree.branch.clone();
-    let f: Finished = tree.finish(
-        &spec.goal.name,
-        outcome.status,
-        run_id,
-        spec.isolate.keep,
-    );
+    let f: Finished = tree.finish(&spec.goal.name, outcome.status, run_id, spec.isolate.keep);
     let recorded = db.set_lineage(
         run_id,
         &Lineage {

@@ -275,8 +275,8 @@ impl Worktree {
             .and_then(|_| git(&self.path, &["rev-parse", "HEAD"]));
         match committed {
             Ok(sha) => {
-                out.diff_stat = git(&self.top, &["diff", "--stat", &self.base, &sha])
-                    .unwrap_or_default();
+                out.diff_stat =
+                    git(&self.top, &["diff", "--stat", &self.base, &sha]).unwrap_or_default();
                 out.commit = Some(sha);
             }
             Err(e) => tracing::error!("run {run_id}: the agent's work was not committed: {e}"),
@@ -290,13 +290,21 @@ impl Worktree {
         if kept && out.commit.is_some() {
             out.branch = Some(self.branch.clone());
         } else if let Err(e) = git(&self.top, &["branch", "-q", "-D", &self.branch]) {
-            tracing::warn!("run {run_id}: cannot delete the branch {}: {e}", self.branch);
+            tracing::warn!(
+                "run {run_id}: cannot delete the branch {}: {e}",
+                self.branch
+            );
         }
         out
     }
 
     fn remove_folder(&self) {
-        if git(&self.top, &["worktree", "remove", "--force", &s(&self.path)]).is_err() {
+        if git(
+            &self.top,
+            &["worktree", "remove", "--force", &s(&self.path)],
+        )
+        .is_err()
+        {
             let _ = std::fs::remove_dir_all(&self.path);
             let _ = git(&self.top, &["worktree", "prune"]);
         }

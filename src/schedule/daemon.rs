@@ -153,10 +153,7 @@ impl Source {
             GoalFile::parse(&self.path, &self.text).map_err(crate::config::ConfigError::from)?;
         let mut spec = RunSpec::build(&self.defaults, Some(&file))?;
         spec.sandbox.goals = Some(self.goals_dir.clone());
-        spec.thread.origin = Some(run::resume::Origin::goal_file(
-            &self.path,
-            &self.goals_dir,
-        ));
+        spec.thread.origin = Some(run::resume::Origin::goal_file(&self.path, &self.goals_dir));
         Ok(spec)
     }
 }

@@ -22,3 +22,4 @@ mod unattended;
 mod verify_loop;
 mod web;
 mod work_loop;
+mod worktree;
