@@ -11,6 +11,7 @@ mod auth;
 mod pages;
 mod peer;
 mod render;
+mod thread;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -138,6 +138,18 @@ fn an_achieved_worktree_run_leaves_the_tree_alone_and_its_work_on_a_branch() {
     let out = env.sup().args(["show", id]).output().unwrap();
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains(&format!("branch {branch}")), "{shown}");
+    // The console's page of the run shows the branch and the diff.
+    let mut cmd = env.sup();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--goals"])
+        .arg(env.home.path().join("goals"));
+    let console = crate::web::console(cmd);
+    let page = crate::web::get(&console.addr, &format!("/runs/{id}"), None);
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains(&branch) && page.body.contains("+from the agent"),
+        "{}",
+        page.body
+    );
 }
 
 #[test]
