@@ -331,7 +331,7 @@ settings! {
         #[arg(long, value_parser = parse_enum::<Isolation>)]
         pub isolation: Option<Isolation>,
         /// Which worktree branches stay: `achieved` (default), `always` or `never`.
-        #[arg(skip)]
+        #[arg(long, value_parser = parse_enum::<Keep>)]
         pub keep: Option<Keep>,
         /// Attempts at once (1 to 16), each in its own worktree; the first whose checks all
         /// pass wins and the others are cancelled. Implies `isolation = "worktree"`.
