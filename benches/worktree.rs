@@ -48,16 +48,39 @@ fn main() {
     git(&repo, &["add", "-A"]);
     git(
         &repo,
-        &["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-q", "-m", "files"],
+        &[
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "commit",
+            "-q",
+            "-m",
+            "files",
+        ],
     );
     let script = tmp.path().join("turns.json");
     std::fs::write(&script, r#"[{"text": "done"}]"#).unwrap();
     // SUP_HOME on the repository's disk (as it is by default), and, where there is one, on
     // a tmpfs: the worktree's files are made and removed there, which is most of its cost.
-    measure(&repo, &home, tmp.path(), &script, runs, "SUP_HOME beside the repository");
+    measure(
+        &repo,
+        &home,
+        tmp.path(),
+        &script,
+        runs,
+        "SUP_HOME beside the repository",
+    );
     if Path::new("/dev/shm").is_dir() {
         let shm = tempfile::tempdir_in("/dev/shm").unwrap();
-        measure(&repo, shm.path(), tmp.path(), &script, runs, "SUP_HOME on a tmpfs");
+        measure(
+            &repo,
+            shm.path(),
+            tmp.path(),
+            &script,
+            runs,
+            "SUP_HOME on a tmpfs",
+        );
     }
 }
 
