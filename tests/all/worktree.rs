@@ -557,3 +557,46 @@ fn the_daemon_continues_a_run_it_left_interrupted() {
     );
     assert!(no_process(marker));
 }
+
+#[test]
+fn the_token_budget_holds_over_all_attempts_together() {
+    let env = Env::new();
+    repo(&env);
+    // Every answer costs 110 tokens; the budget is 150 for the whole run. Alone, each of the
+    // two attempts would make two requests (110 < 150 before its second); together they
+    // have spent 220 once both first answers are in, so at most one more request is made.
+    let server = FakeServer::routed(|_| {
+        openai_json(&Turn::text("").call("t", "run_command", r#"{"command": "true"}"#))
+    });
+    let out = env
+        .sup()
+        .env("OPENAI_API_KEY", "sk-test")
+        .args([
+            "goal",
+            "work",
+            "--check-cmd",
+            "false",
+            "--tries",
+            "1",
+            "--parallel",
+            "2",
+            "--token-budget",
+            "150",
+            "--json",
+            "--no-stream",
+            "--model",
+            "openai:gpt-4o-mini",
+            "--base-url",
+        ])
+        .arg(format!("{}/v1", server.url))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 3, "{}\n{}", run.stdout, run.stderr);
+    let r = run.result();
+    assert_eq!(r["status"], "unfinished", "{r}");
+    assert_eq!(r["stop_reason"], "budget", "{r}");
+    let n = server.requests().len();
+    assert!((2..=3).contains(&n), "{n} requests");
+    assert_eq!(r["attempts"].as_array().unwrap().len(), 2, "{r}");
+}
