@@ -600,3 +600,70 @@ fn the_token_budget_holds_over_all_attempts_together() {
     assert!((2..=3).contains(&n), "{n} requests");
     assert_eq!(r["attempts"].as_array().unwrap().len(), 2, "{r}");
 }
+
+#[test]
+fn the_daemon_runs_a_parallel_goal_as_one_occurrence() {
+    let env = Env::new();
+    repo(&env);
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("twice.json"),
+        serde_json::to_string(&write_agent_file()).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("twice.toml"),
+        format!(
+            "prompt = \"write agent.txt\"\nmodel = \"script:twice.json\"\nworkspace = \"{}\"\n\
+             schedule = \"* * * * * *\"\ntimezone = \"UTC\"\ntries = 1\nparallel = 2\n\
+             approval = \"auto\"\n[[check]]\nrun = \"test -f agent.txt\"\n",
+            env.ws().display()
+        ),
+    )
+    .unwrap();
+    let mut d = Killed(
+        env.sup()
+            .args(["daemon", "--goals"])
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let id = eventually(
+        Duration::from_secs(30),
+        "an occurrence's run achieved",
+        || {
+            let db = Db::open(env.home.path()).ok()?;
+            db.occurrences("twice", 10)
+                .ok()?
+                .into_iter()
+                .filter_map(|(_, _, run)| run)
+                .find(|r| db.run(r).is_ok_and(|row| row.status == "achieved"))
+        },
+    );
+    kill(Pid::from_raw(d.0.id() as i32), Signal::SIGTERM).unwrap();
+    d.0.wait().unwrap();
+    let out = env.sup().args(["show", &id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("attempt 1 ·") && shown.contains("attempt 2 ·"),
+        "{shown}"
+    );
+    // The attempts are the occurrence's run's, not occurrences of their own.
+    let db = Db::open(env.home.path()).unwrap();
+    let of_occurrences: Vec<String> = db
+        .occurrences("twice", 100)
+        .unwrap()
+        .into_iter()
+        .filter_map(|(_, _, r)| r)
+        .collect();
+    for line in shown
+        .lines()
+        .filter(|l| l.trim_start().starts_with("attempt "))
+    {
+        let attempt_id = line.split(" · ").nth(1).unwrap();
+        assert!(!of_occurrences.iter().any(|o| o == attempt_id), "{line}");
+    }
+}
