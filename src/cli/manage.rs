@@ -191,6 +191,7 @@ pub(crate) fn runs(
     let rows = db.runs(goal, status, limit)?;
     let mut out = std::io::stdout().lock();
     if json_out {
+        let rows = super::continued::with_thread(&db, &rows);
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
         return Ok(Ending::Achieved);
     }

@@ -458,6 +458,15 @@ fn a_run_killed_mid_way_is_continued_from_its_transcript() {
         shown.contains(&format!("continued from run {old}")),
         "{shown}"
     );
+    let out = env.sup().args(["runs", "--json"]).output().unwrap();
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id)
+        .unwrap();
+    assert_eq!(row["continued_from"], old.as_str(), "{row}");
     // Once continued, or achieved, a run is not continued again; nor an unknown one.
     for refused in [old.as_str(), id, "no-such-run"] {
         let out = env.sup().args(["continue", refused]).output().unwrap();
