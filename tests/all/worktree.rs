@@ -676,3 +676,38 @@ fn the_daemon_runs_a_parallel_goal_as_one_occurrence() {
         assert!(!of_occurrences.iter().any(|o| o == attempt_id), "{line}");
     }
 }
+
+#[test]
+fn an_isolated_agent_cannot_write_the_persons_tree_or_its_git() {
+    let env = Env::new();
+    repo(&env);
+    let ws = env.ws();
+    let target = ws.join("tracked.txt");
+    let line = format!(
+        "echo pwned >> {} ; echo pwned > {}/.git/hooks/post-commit ; git branch evil",
+        target.display(),
+        ws.display()
+    );
+    let run = env.json(
+        &["goal", "x", "--check-cmd", "true"],
+        json!([
+            {"tool_calls": [{"id": "c", "name": "run_command", "input": {"command": line}},
+                            {"id": "w", "name": "write_file",
+                             "input": {"path": ".git", "content": "gitdir: /tmp\n"}}]},
+            {"text": "done"}
+        ]),
+        &["--isolation", "worktree"],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.tool_result("w")["is_error"].as_bool().unwrap(),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "one\nchanged by the person\n"
+    );
+    assert!(!ws.join(".git/hooks/post-commit").exists());
+    assert!(!git(&ws, &["branch", "--list"]).contains("evil"));
+}
