@@ -82,6 +82,8 @@ pub(crate) async fn launch(
             run
         }
     };
+    // The goal's run before this one, read before any attempt of this one ends.
+    let previous = db.previous_run(&spec.goal.name, &run.id).ok().flatten();
     let mut events = Events::new().with(Arc::new(Transcript::create(&run.transcript())?));
     for sink in sinks {
         events = events.with(sink);
@@ -235,6 +237,16 @@ pub(crate) async fn launch(
         checks: &outcome.checks,
     };
     db.finish_run_patiently(&run.id, &end, PATIENCE).await?;
+    // The parallel run is told as one run, from what was recorded.
+    if !spec.notify.is_empty()
+        && let Ok(row) = db.run(&run.id)
+        && let Some((kinds, notice)) =
+            crate::notify::Notice::of_run(&row, &outcome.checks, previous.as_ref())
+    {
+        let notifier = crate::notify::Notifier::new(home, spec.notify.clone());
+        notifier.send(&kinds, &notice).await;
+        notifier.settle().await;
+    }
     Ok(Launched {
         run_id: run.id,
         outcome,

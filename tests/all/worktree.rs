@@ -711,3 +711,43 @@ fn an_isolated_agent_cannot_write_the_persons_tree_or_its_git() {
     assert!(!ws.join(".git/hooks/post-commit").exists());
     assert!(!git(&ws, &["branch", "--list"]).contains("evil"));
 }
+
+#[test]
+fn a_parallel_run_is_told_once_as_one_run() {
+    let env = Env::new();
+    repo(&env);
+    let sink = env.home.path().join("notices.jsonl");
+    let script = env.script(write_agent_file());
+    let goal = env.home.path().join("told.toml");
+    std::fs::write(
+        &goal,
+        format!(
+            "prompt = \"write agent.txt\"\nmodel = \"script:{}\"\nworkspace = \"{}\"\n\
+             parallel = 2\ntries = 1\n[[check]]\nrun = \"test -f agent.txt\"\n\
+             [[notify]]\non = [\"achieved\"]\ncommand = [\"sh\", \"-c\", \"cat >> '{}'; echo >> '{}'\"]\n",
+            script.display(),
+            env.ws().display(),
+            sink.display(),
+            sink.display()
+        ),
+    )
+    .unwrap();
+    let out = env
+        .sup()
+        .args(["goal", "--json", "--file"])
+        .arg(&goal)
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let id = run.result()["run_id"].as_str().unwrap();
+    let text = std::fs::read_to_string(&sink).unwrap();
+    let notices: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(notices.len(), 1, "{text}");
+    assert_eq!(notices[0]["run_id"], id);
+    assert_eq!(notices[0]["event"], "achieved");
+}
