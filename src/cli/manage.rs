@@ -191,6 +191,7 @@ pub(crate) fn runs(
     let rows = db.runs(goal, status, limit)?;
     let mut out = std::io::stdout().lock();
     if json_out {
+        let rows = super::continued::with_thread(&db, &rows);
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
         return Ok(Ending::Achieved);
     }
@@ -311,6 +312,7 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error: {}", escape(e));
     }
+    super::continued::show_thread(&db, id, &mut out);
     let notices = db.notices(id).map_err(Fail::usage)?;
     if !notices.is_empty() {
         let _ = writeln!(out, "\nnotifications:");

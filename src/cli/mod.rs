@@ -1,6 +1,7 @@
 //! The command line: clap definitions, the commands, and the one place that knows about the
 //! terminal, signals and exit codes.
 
+mod continued;
 mod fleet;
 mod manage;
 mod run;
@@ -103,6 +104,8 @@ impl From<crate::run::RunError> for Fail {
             RunError::Model(m) if m.is_config() => Ending::Usage,
             RunError::Model(_) => Ending::Model,
             RunError::Store(_) | RunError::Db(_) | RunError::Pg(_) => Ending::Store,
+            RunError::Worktree(w) if w.is_usage() => Ending::Usage,
+            RunError::Worktree(_) => Ending::Store,
         };
         Fail {
             ending,
@@ -227,6 +230,27 @@ enum Command {
         /// check's whole output rather than its last part.
         #[arg(long)]
         full: bool,
+        /// Print the diff of the run's worktree commit instead.
+        #[arg(long)]
+        diff: bool,
+    },
+    /// Continue a run that was interrupted, stopped by a limit or by a provider error, from
+    /// its transcript, with its recorded settings (these flags excepted).
+    Continue {
+        /// The run's id (as `sup runs` lists it).
+        run_id: String,
+        /// Model turns this continuation may take (default: the recorded limit).
+        #[arg(long)]
+        max_steps: Option<u32>,
+        /// Tries of the verify loop this continuation may take.
+        #[arg(long)]
+        tries: Option<u32>,
+        /// US dollars this continuation may spend at most.
+        #[arg(long, value_name = "USD")]
+        max_cost: Option<f64>,
+        /// One JSON object per event on stdout instead of the human trace.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a goal of the folder now, recorded as manual.
     Trigger {
@@ -445,7 +469,24 @@ pub fn main() -> ExitCode {
                 limit,
                 json,
             } => manage::runs(goal.as_deref(), status, limit, json),
-            Command::Show { run_id, full } => manage::show(&run_id, full),
+            Command::Show {
+                run_id, diff: true, ..
+            } => continued::diff(&run_id),
+            Command::Show { run_id, full, .. } => manage::show(&run_id, full),
+            Command::Continue {
+                run_id,
+                max_steps,
+                tries,
+                max_cost,
+                json,
+            } => {
+                let o = crate::run::resume::Overrides {
+                    max_steps,
+                    tries,
+                    max_cost,
+                };
+                continued::continue_run(&run_id, o, json).await
+            }
             Command::Trigger {
                 name,
                 goals,
@@ -566,6 +607,9 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             .await
         }
         Command::Show { run_id, .. } => fleet::show(url, &run_id).await,
+        Command::Continue { .. } => Err(Fail::usage(anyhow::anyhow!(
+            "`sup continue` continues a run of this machine's store; run it without --store"
+        ))),
         Command::Trigger {
             name, goals, json, ..
         } => fleet::trigger(url, &goals, &name, json).await,

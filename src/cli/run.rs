@@ -12,16 +12,36 @@ use crate::store::{self, TriggerKind};
 use crate::trace::{EventSink, HumanTrace, JsonLines, Results, Status};
 
 pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
-    let mut inv = invocation(args.settings)?;
-    inv.flags.prompt = Some(args.prompt);
-    let spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
-    if args.print_config {
+    let (json, quiet, print) = (args.json, args.quiet, args.print_config);
+    let spec = run_spec(args)?;
+    if print {
         return Ok(print_config(&spec, false));
     }
-    execute(spec, args.json, args.quiet, false, TriggerKind::Cli).await
+    execute(spec, json, quiet, false, TriggerKind::Cli).await
+}
+
+/// The spec of `sup run`.
+pub(crate) fn run_spec(args: RunArgs) -> Result<RunSpec, Fail> {
+    let mut inv = invocation(args.settings)?;
+    inv.flags.prompt = Some(args.prompt);
+    let mut spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
+    spec.thread.origin = Some(run::resume::Origin::command_line());
+    Ok(spec)
 }
 
 pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
+    let (json, quiet, print) = (args.json, args.quiet, args.print_config);
+    let flag_checks =
+        !(args.checks.is_empty() && args.check_cmds.is_empty() && args.check_judges.is_empty());
+    let spec = goal_spec(args)?;
+    if print {
+        return Ok(print_config(&spec, flag_checks));
+    }
+    execute(spec, json, quiet, true, TriggerKind::Cli).await
+}
+
+/// The spec of `sup goal`.
+pub(crate) fn goal_spec(args: GoalArgs) -> Result<RunSpec, Fail> {
     let file = match &args.file {
         Some(path) => Some(
             crate::schedule::goals::load(path)
@@ -52,12 +72,9 @@ pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
         inv.checks
             .push(run::judge_check(criteria).map_err(Fail::from)?);
     }
-    let flag_checks = !inv.checks.is_empty();
-    let spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
-    if args.print_config {
-        return Ok(print_config(&spec, flag_checks));
-    }
-    execute(spec, args.json, args.quiet, true, TriggerKind::Cli).await
+    let mut spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
+    spec.thread.origin = Some(run::resume::Origin::command_line());
+    Ok(spec)
 }
 
 /// `--print-config`: every setting, its effective value and where it came from.

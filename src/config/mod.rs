@@ -373,6 +373,22 @@ settings! {
         #[arg(skip)]
         #[serde(default)]
         pub models: BTreeMap<String, crate::model::windows::ModelInfo>,
+        /// `worktree`: each run works in a git worktree of its own, on a new branch
+        /// `sup/GOAL/RUN_ID` made from the current HEAD; the workspace stays untouched.
+        #[arg(long, value_parser = parse_enum::<Isolation>)]
+        pub isolation: Option<Isolation>,
+        /// Which worktree branches stay: `achieved` (default), `always` or `never`.
+        #[arg(long, value_parser = parse_enum::<Keep>)]
+        pub keep: Option<Keep>,
+        /// Attempts at once (1 to 16), each in its own worktree; the first whose checks all
+        /// pass wins and the others are cancelled. Implies `isolation = "worktree"`.
+        #[arg(long, value_parser = parse_parallel)]
+        #[serde(default, deserialize_with = "parallel")]
+        pub parallel: Option<u32>,
+        /// What the daemon does at its next start with a run of this goal it left
+        /// interrupted: `mark` (default) or `continue` (as `sup continue RUN_ID`).
+        #[arg(skip)]
+        pub on_interrupt: Option<OnInterrupt>,
     }
 }
 
@@ -384,6 +400,57 @@ pub enum UnknownPrice {
     Allow,
     /// Refuse to start (the default).
     Refuse,
+}
+
+/// Where a run works: in the workspace itself, or in a git worktree of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// In the workspace (the default).
+    None,
+    /// In a fresh git worktree on a branch of its own.
+    Worktree,
+}
+
+/// Which worktree branches stay when a run ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Keep {
+    /// Those of achieved runs (the default).
+    #[default]
+    Achieved,
+    Always,
+    Never,
+}
+
+/// What the daemon does with a goal's run it left interrupted (killed, crashed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnInterrupt {
+    /// Record it as interrupted (the default).
+    Mark,
+    /// Continue it from its transcript at the next start.
+    Continue,
+}
+
+/// The most attempts `parallel` runs at once.
+pub(crate) const MAX_PARALLEL: u32 = 16;
+
+/// `--parallel N`: 1 to 16.
+fn parse_parallel(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=MAX_PARALLEL).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` attempts: parallel takes 1 to {MAX_PARALLEL} attempts at once"
+        )),
+    }
+}
+
+/// `parallel = N` in a file: 1 to 16.
+fn parallel<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Option::<i64>::deserialize(d)?
+        .map(|n| parse_parallel(&n.to_string()).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 /// A value as `--print-config` shows it.
@@ -463,7 +530,14 @@ macro_rules! show_serde {
     )*};
 }
 
-show_serde!(Mode, Overlap, crate::model::prices::Price);
+show_serde!(
+    Mode,
+    Overlap,
+    Isolation,
+    Keep,
+    OnInterrupt,
+    crate::model::prices::Price
+);
 
 impl Show for Policy {
     fn show(&self) -> String {

@@ -5,6 +5,10 @@
 //! record set up around the verify loop. A run that started is always recorded, whatever
 //! ends it.
 
+pub(crate) mod parallel;
+pub(crate) mod resume;
+pub(crate) mod worktree;
+
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,6 +58,8 @@ pub(crate) enum RunError {
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Pg(#[from] PgError),
+    #[error(transparent)]
+    Worktree(#[from] worktree::WorktreeError),
 }
 
 /// What the command line and the environment say, apart from a goal file.
@@ -103,6 +109,10 @@ pub(crate) struct RunSpec {
     pub(crate) price_refusal: Option<String>,
     /// The sandbox of the run's processes, with the goal file and user config protected.
     pub(crate) sandbox: Sandbox,
+    /// A git worktree of its own, parallel attempts (`worktree`, `parallel`).
+    pub(crate) isolate: worktree::Isolate,
+    /// How the run ties to others: where it came from, what it continues, which attempt.
+    pub(crate) thread: resume::Thread,
 }
 
 fn setup(msg: impl Into<String>) -> RunError {
@@ -178,6 +188,7 @@ impl RunSpec {
             }),
             compact_at: s.compact_at.unwrap_or(crate::work::DEFAULT_COMPACT_AT),
             learned_window: Default::default(),
+            pool: None,
         };
         let check_timeout = s.check_timeout.unwrap_or_default();
         let forced = matches!(from("check_timeout"), Some(Source::Flag));
@@ -246,7 +257,10 @@ impl RunSpec {
             crate::tools::Protected::new(&workspace, &s.protect, &sandbox.writable)
                 .map_err(setup)?,
         );
+        let isolate = worktree::Isolate::resolve(s, &workspace)?;
         Ok(RunSpec {
+            isolate,
+            thread: resume::Thread::default(),
             sandbox,
             goal: Goal {
                 name,
@@ -762,6 +776,9 @@ pub(crate) async fn launch(
     sinks: Vec<Arc<dyn EventSink>>,
     cancel: &CancellationToken,
 ) -> Result<Launched, RunError> {
+    if spec.isolate.parallel > 1 {
+        return parallel::launch(spec, home, trigger, None, sinks, cancel).await;
+    }
     launch_in(spec, home, trigger, None, None, sinks, cancel).await
 }
 
@@ -797,6 +814,11 @@ pub(crate) async fn launch_recorded(
 ) -> Result<Launched, RunError> {
     let id = recorded.run.id.clone();
     let (result, notify, goal) = match build() {
+        Ok(spec) if spec.isolate.parallel > 1 => (
+            parallel::launch(&spec, home, trigger, Some(recorded), sinks, cancel).await,
+            spec.notify,
+            spec.goal.name,
+        ),
         Ok(spec) => (
             launch_in(&spec, home, trigger, Some(recorded), None, sinks, cancel).await,
             spec.notify,
@@ -840,7 +862,7 @@ pub(crate) async fn not_started(
         .await;
 }
 
-async fn launch_in(
+pub(crate) async fn launch_in(
     spec: &RunSpec,
     home: &Path,
     trigger: Trigger,
@@ -884,6 +906,19 @@ async fn launch_in(
         }
         None => (RunDir::create(home)?, None),
     };
+    // An isolated run works in a worktree of its own from here on.
+    let (tree, moved) = match worktree::isolate(spec, &goal, home, &run.id) {
+        Ok(Some((s, g, t))) => {
+            goal = g;
+            (Some(t), Some(s))
+        }
+        Ok(None) => (None, None),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run.dir);
+            return Err(e.into());
+        }
+    };
+    let spec = moved.as_ref().unwrap_or(spec);
     let mut checks: Vec<PathBuf> = spec
         .goal
         .checks
@@ -942,6 +977,7 @@ async fn launch_in(
         } else if recorded_model.as_deref() != Some(model.name()) {
             db.set_run_model(&run.id, model.name())?;
         }
+        resume::started(spec, &db, &run, tree.as_ref())?;
         Ok::<_, RunError>((transcript, kept_run))
     };
     let (transcript, kept_run) = match started() {
@@ -1003,7 +1039,7 @@ async fn launch_in(
         jail: jail.clone(),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
-    let outcome = match AssertUnwindSafe(crate::verify::run(&goal, &rt))
+    let outcome = match AssertUnwindSafe(crate::verify::run_from(&goal, &rt, spec.thread.history()))
         .catch_unwind()
         .await
     {
@@ -1013,7 +1049,12 @@ async fn launch_in(
     servers.shutdown().await;
     // Whatever the agent left running ends with its run.
     jail.sweep();
-    events.emit(outcome.event(&run.id));
+    let thread = resume::ended(spec, &db, &run.id, tree, &outcome, &events);
+    let mut result = outcome.event(&run.id);
+    if let Event::Result { thread: t, .. } = &mut result {
+        *t = thread;
+    }
+    events.emit(result);
     crate::redact::tree(&run.dir, &["transcript.jsonl"]);
     let ended = Ended {
         status: outcome.status,

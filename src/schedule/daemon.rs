@@ -153,6 +153,7 @@ impl Source {
             GoalFile::parse(&self.path, &self.text).map_err(crate::config::ConfigError::from)?;
         let mut spec = RunSpec::build(&self.defaults, Some(&file))?;
         spec.sandbox.goals = Some(self.goals_dir.clone());
+        spec.thread.origin = Some(run::resume::Origin::goal_file(&self.path, &self.goals_dir));
         Ok(spec)
     }
 }
@@ -641,6 +642,52 @@ impl Daemon {
     }
 
     /// Start the tasks of the runs started since the last call.
+    /// `on_interrupt = "continue"`: a goal's latest run, left interrupted by a daemon that is
+    /// gone, goes on from its transcript (as `sup continue RUN_ID`) instead of only being marked.
+    fn continue_interrupted(&mut self) {
+        for slot in self.slots.values() {
+            let wants = GoalFile::parse(&slot.path, &slot.text).is_ok_and(|f| {
+                f.settings.on_interrupt == Some(crate::config::OnInterrupt::Continue)
+            });
+            let Some(c) = wants
+                .then(|| run::resume::interrupted_run(&self.db, &slot.run_goal))
+                .flatten()
+            else {
+                continue;
+            };
+            let home = self.cfg.home.clone();
+            let cancel = CancellationToken::new();
+            if let Ok(mut all) = self.all_running.lock() {
+                all.push(cancel.clone());
+            }
+            let trigger = Trigger {
+                kind: c.row.trigger,
+                scheduled_for: c
+                    .row
+                    .scheduled_for
+                    .as_deref()
+                    .and_then(crate::store::db::parse_stamp),
+            };
+            self.tasks.spawn(async move {
+                let id = c.row.id.clone();
+                let spec = run::resume::file_spec(&c.origin, Default::default())
+                    .and_then(|s| run::resume::continuation(s, &c, &home));
+                match spec {
+                    Ok(spec) => match run::launch(&spec, &home, trigger, Vec::new(), &cancel).await
+                    {
+                        Ok(l) => tracing::info!(
+                            "run {id}, interrupted, continued as run {}: {}",
+                            l.run_id,
+                            l.outcome.status.as_str()
+                        ),
+                        Err(e) => tracing::error!("run {id} could not be continued: {e}"),
+                    },
+                    Err(e) => tracing::warn!("run {id} cannot be continued: {e}"),
+                }
+            });
+        }
+    }
+
     fn launch_pending(&mut self) {
         if self.pending.is_empty() {
             return;
@@ -834,6 +881,7 @@ pub async fn run(
     );
     d.catch_up(now);
     d.launch_pending();
+    d.continue_interrupted();
     let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     loop {
         let now = clock.now();

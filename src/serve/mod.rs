@@ -14,6 +14,7 @@ mod layout;
 mod peer;
 mod render;
 mod runs;
+mod thread;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -277,7 +277,17 @@ pub(crate) async fn run(
     let trace = trace_for(&run);
     let live = run.status == "running";
     let files = kept_files(&run, &checks);
+    let thread = match fleet(&state) {
+        Some(_) => Default::default(),
+        None => {
+            let id = run.id.clone();
+            with_db(&state, move |db| Ok(super::thread::load(db, &id)))
+                .await
+                .unwrap_or_default()
+        }
+    };
     let body = html! {
+        (super::thread::section(&thread))
         dl.summary {
             dt { "Status" } dd { (status_badge(run.status.as_str()))
                 @if let Some(s) = &run.stop_reason { " · " (s) } }

@@ -133,6 +133,19 @@ const MIGRATIONS: &[&str] = &[
         last_occurrence = coalesce(strftime('%Y-%m-%dT%H:%M:%fZ', last_occurrence), last_occurrence);
     CREATE TABLE spent (goal TEXT NOT NULL, started_at TEXT NOT NULL, cost REAL NOT NULL);
     CREATE INDEX spent_goal ON spent (goal, started_at);",
+    // 5: runs tied together and what an isolated run left (`crate::store::lineage`): the run
+    // a continued run goes on from, a parallel attempt's run and number, the worktree branch,
+    // its base and commit, the diff's summary and the repository.
+    "ALTER TABLE runs ADD COLUMN continued_from TEXT;
+    ALTER TABLE runs ADD COLUMN parent TEXT;
+    ALTER TABLE runs ADD COLUMN attempt INTEGER;
+    ALTER TABLE runs ADD COLUMN branch TEXT;
+    ALTER TABLE runs ADD COLUMN base_commit TEXT;
+    ALTER TABLE runs ADD COLUMN commit_sha TEXT;
+    ALTER TABLE runs ADD COLUMN diff_stat TEXT;
+    ALTER TABLE runs ADD COLUMN repo TEXT;
+    CREATE INDEX runs_parent ON runs (parent);
+    CREATE INDEX runs_continued ON runs (continued_from);",
 ];
 
 /// A time as the store keeps it: RFC 3339, UTC, always with milliseconds, so that the

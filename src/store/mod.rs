@@ -4,6 +4,7 @@
 //! outputs. The states it stores are the enums of `vocab`.
 
 pub mod db;
+pub(crate) mod lineage;
 pub mod pg;
 pub mod query;
 mod vocab;

@@ -19,7 +19,7 @@ use crate::model::Usage;
 use crate::trace::{CheckReport, Status, StopReason};
 
 /// The schema this `sup` knows; a store with a higher version is refused.
-pub(crate) const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PgError {
@@ -300,6 +300,15 @@ const MIGRATIONS: &[&str] = &[
     // across the fleet.
     "ALTER TABLE runs ADD COLUMN cost DOUBLE PRECISION;
     ALTER TABLE runs ADD COLUMN answer TEXT;",
+    // 3: runs tied together and what an isolated run left (as SQLite's migration 5).
+    "ALTER TABLE runs ADD COLUMN continued_from TEXT;
+    ALTER TABLE runs ADD COLUMN parent TEXT;
+    ALTER TABLE runs ADD COLUMN attempt INTEGER;
+    ALTER TABLE runs ADD COLUMN branch TEXT;
+    ALTER TABLE runs ADD COLUMN base_commit TEXT;
+    ALTER TABLE runs ADD COLUMN commit_sha TEXT;
+    ALTER TABLE runs ADD COLUMN diff_stat TEXT;
+    ALTER TABLE runs ADD COLUMN repo TEXT;",
 ];
 
 // The claim's statements (see `PgStore::claim`).

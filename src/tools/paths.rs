@@ -112,7 +112,8 @@ impl Protected {
             .all(|(p, dir)| g.matched_path_or_any_parents(p, *dir).is_ignore())
         {
             return Err(format!(
-                "protect glob `{glob}` matches the whole workspace, so the agent could change                  nothing; name the files the checks read, e.g. [\"tests/**\", \"conftest.py\"]"
+                "protect glob `{glob}` matches the whole workspace, so the agent could change \
+                 nothing; name the files the checks read, e.g. [\"tests/**\", \"conftest.py\"]"
             ));
         }
         Ok(())

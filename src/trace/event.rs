@@ -307,7 +307,45 @@ pub enum Event {
         /// The kinds of the checks that passed in the try that achieved the goal.
         #[serde(default)]
         verified_by: Vec<CheckKind>,
+        /// What an isolated run left, how runs are tied together, a parallel run's attempts.
+        #[serde(flatten)]
+        thread: Thread,
     },
+}
+
+/// The parts of a result that isolation, `sup continue` and `parallel` add.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Thread {
+    /// The worktree branch, when it stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// The commit holding the agent's work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// `git diff --stat` of that commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_stat: Option<String>,
+    /// The run this one continued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_from: Option<String>,
+    /// This attempt's number; in a parallel run's result, the winning attempt's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// A parallel run's attempts, by number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptReport>,
+}
+
+/// How one attempt of a parallel run ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptReport {
+    pub attempt: u32,
+    pub run_id: String,
+    pub status: Status,
+    pub stop_reason: StopReason,
+    /// `cancelled` for an attempt stopped because another won.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Anything that takes events: a renderer, the transcript writer.
@@ -484,6 +522,11 @@ mod tests {
                 error: Some("e".into()),
                 checks: vec![vec![report()]],
                 verified_by: vec![CheckKind::Script, CheckKind::Judge],
+                thread: Thread {
+                    branch: Some("sup/g/r".into()),
+                    attempt: Some(2),
+                    ..Thread::default()
+                },
             },
             Event::Compacted {
                 step: 7,

@@ -5,7 +5,9 @@
 mod event;
 mod human;
 
-pub use event::{CheckKind, CheckReport, Event, EventSink, Events, Status, StopReason};
+pub use event::{
+    AttemptReport, CheckKind, CheckReport, Event, EventSink, Events, Status, StopReason, Thread,
+};
 pub(crate) use event::{JUDGE_PREFIX, verified_by};
 pub(crate) use human::{HumanTrace, Results, escape, has_hidden, notice, one_line, tokens, usd};
 

@@ -98,6 +98,7 @@ impl Outcome {
                 (Status::Achieved, Some(last)) => crate::trace::verified_by(last),
                 _ => Vec::new(),
             },
+            thread: Default::default(),
         }
     }
 }
@@ -118,6 +119,15 @@ fn status_of(stop: StopReason) -> Status {
 
 /// Run `goal` to its end.
 pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
+    run_from(goal, rt, None).await
+}
+
+/// `run`, going on from `history` (a continued run's conversation) instead of the prompt.
+pub(crate) async fn run_from(
+    goal: &Goal,
+    rt: &Runtime<'_>,
+    history: Option<Vec<Message>>,
+) -> Outcome {
     let started = Instant::now();
     let originals = check::snapshot(&goal.checks);
     let frozen = check::freeze(&goal.checks, &rt.run.dir.join("checks"));
@@ -144,7 +154,14 @@ pub async fn run(goal: &Goal, rt: &Runtime<'_>) -> Outcome {
         gate: rt.gate,
     };
     let mut messages = Conversation::new();
-    begin(&mut messages, goal, goal.prompt.clone(), rt.events);
+    match history {
+        Some(earlier) => {
+            for m in earlier {
+                work::push(&mut messages, m, rt.events);
+            }
+        }
+        None => begin(&mut messages, goal, goal.prompt.clone(), rt.events),
+    }
     let mut out = Outcome {
         status: Status::Error,
         stop_reason: StopReason::Error,

@@ -50,6 +50,25 @@ pub struct Limits {
     /// The window the server named in an overflow error (llama.cpp's `n_ctx`), learned
     /// during the run and kept across tries; 0 while unknown.
     pub learned_window: Arc<AtomicU64>,
+    /// Tokens shared with other work loops (a parallel run's attempts): the budget and the
+    /// cost cap then hold over all of them together.
+    pub pool: Option<Arc<Pool>>,
+}
+
+/// What several work loops spent together.
+#[derive(Debug, Default)]
+pub struct Pool(std::sync::Mutex<Usage>);
+
+impl Pool {
+    fn add(&self, used: Usage) {
+        if let Ok(mut u) = self.0.lock() {
+            *u += used;
+        }
+    }
+
+    pub(crate) fn total(&self) -> Usage {
+        self.0.lock().map(|u| *u).unwrap_or_default()
+    }
 }
 
 /// The share of the window past which a conversation is compacted, unless set.
@@ -72,6 +91,7 @@ impl Default for Limits {
             context_window: None,
             compact_at: DEFAULT_COMPACT_AT,
             learned_window: Arc::default(),
+            pool: None,
         }
     }
 }
@@ -225,6 +245,9 @@ impl Work<'_> {
             }
             let mut spent_now = spent;
             spent_now += usage;
+            if let Some(pool) = &self.limits.pool {
+                spent_now = pool.total();
+            }
             if self
                 .limits
                 .token_budget
@@ -342,6 +365,10 @@ impl Work<'_> {
             estimate.reported(&used, bytes);
             let mut total = spent;
             total += usage;
+            if let Some(pool) = &self.limits.pool {
+                pool.add(used);
+            }
+            let all = self.limits.pool.as_ref().map_or(total, |p| p.total());
             if !response.text.is_empty() {
                 events.emit(Event::ModelText {
                     step,
@@ -374,7 +401,7 @@ impl Work<'_> {
                         .unwrap_or_else(|_| Value::String(call.arguments.clone())),
                 });
             }
-            let over_budget = self.limits.token_budget.is_some_and(|b| total.total() >= b);
+            let over_budget = self.limits.token_budget.is_some_and(|b| all.total() >= b);
             let early_stop = if response.finish == FinishReason::Length {
                 Some((StopReason::Length, "the model ran out of output tokens"))
             } else if calls.is_empty() {

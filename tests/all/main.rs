@@ -28,3 +28,4 @@ mod verify_loop;
 mod web;
 mod wire_replay;
 mod work_loop;
+mod worktree;

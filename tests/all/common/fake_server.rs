@@ -85,12 +85,28 @@ pub struct FakeServer {
     requests: Arc<Mutex<Vec<Recorded>>>,
 }
 
+/// What answers a request: the next scripted reply, or a function of the request's body.
+enum Replies {
+    Queue(Mutex<VecDeque<Reply>>),
+    Routed(Box<dyn Fn(&Value) -> Reply + Send + Sync>),
+}
+
 impl FakeServer {
     pub fn start(replies: Vec<Reply>) -> Self {
+        Self::serving(Replies::Queue(Mutex::new(VecDeque::from(replies))))
+    }
+
+    /// A server that answers each request by what `route` makes of its JSON body (requests
+    /// that come at once, from parallel attempts, are told apart by what they hold).
+    pub fn routed(route: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Self {
+        Self::serving(Replies::Routed(Box::new(route)))
+    }
+
+    fn serving(replies: Replies) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let queue = Arc::new(Mutex::new(VecDeque::from(replies)));
+        let queue = Arc::new(replies);
         let recorded = requests.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
@@ -108,7 +124,7 @@ impl FakeServer {
     }
 }
 
-fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, queue: &Mutex<VecDeque<Reply>>) {
+fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, replies: &Replies) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
@@ -134,17 +150,21 @@ fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, queue: &Mutex<VecDe
         .unwrap_or(0);
     let mut body = vec![0; len];
     reader.read_exact(&mut body).unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     recorded.lock().unwrap().push(Recorded {
         path,
         headers,
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        body: body.clone(),
     });
-    let reply = queue.lock().unwrap().pop_front().unwrap_or_else(|| {
-        Reply::json(
-            500,
-            json!({"error": {"message": "the fake server has no more replies"}}),
-        )
-    });
+    let reply = match replies {
+        Replies::Routed(route) => route(&body),
+        Replies::Queue(queue) => queue.lock().unwrap().pop_front().unwrap_or_else(|| {
+            Reply::json(
+                500,
+                json!({"error": {"message": "the fake server has no more replies"}}),
+            )
+        }),
+    };
     let _ = respond(stream, reply);
 }
 

@@ -1,0 +1,391 @@
+//! A run isolated in a git worktree (`isolation = "worktree"`, implied by `parallel`): the
+//! repository holding the workspace is found (it must have a commit), a fresh worktree is made
+//! under `SUP_HOME/worktrees/RUN_ID` on a new branch `sup/GOAL/RUN_ID` from the current HEAD,
+//! and the run's agent and checks work there. At the end the agent's work becomes one commit
+//! on that branch (its message naming the goal, the outcome and the run id), `keep` decides
+//! whether the branch stays, and the worktree folder is removed. The person's working tree,
+//! index and branches are never touched: only `git worktree` and the new branch are.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::config::{Isolation, Keep, Settings};
+use crate::trace::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WorktreeError {
+    #[error(
+        "isolation = \"worktree\": the workspace {0} is not inside a git repository; make it \
+         one (`git init`, then a first commit) or run without isolation"
+    )]
+    NotARepo(String),
+    #[error(
+        "isolation = \"worktree\": the repository {0} has no commit yet; a worktree is made \
+         from HEAD, so a first commit is needed (e.g. `git commit --allow-empty -m init`)"
+    )]
+    NoCommit(String),
+    #[error("isolation = \"worktree\": `git {args}` failed: {message}")]
+    Git { args: String, message: String },
+    #[error("isolation = \"worktree\": {0}")]
+    Protect(String),
+}
+
+impl WorktreeError {
+    /// Whether the user's setup is wrong (exit 2), rather than git failing on the machine.
+    pub(crate) fn is_usage(&self) -> bool {
+        !matches!(self, WorktreeError::Git { .. })
+    }
+}
+
+/// The git repository holding a workspace.
+#[derive(Clone, Debug)]
+pub(crate) struct Repo {
+    /// Its top folder, canonical.
+    pub(crate) top: PathBuf,
+    /// The workspace's path inside it (empty at the top).
+    pub(crate) sub: PathBuf,
+}
+
+/// How a run is isolated, resolved from its settings.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Isolate {
+    /// The repository, when the run works in a worktree.
+    pub(crate) repo: Option<Repo>,
+    pub(crate) keep: Keep,
+    /// Attempts at once (1: a single run).
+    pub(crate) parallel: u32,
+    /// The branch a continued run goes on with.
+    pub(crate) resume: Option<Resume>,
+}
+
+/// Where a continued run picks its worktree up: the folder the interrupted run left (its
+/// uncommitted work in it), else its branch made again at its last commit.
+#[derive(Clone, Debug)]
+pub(crate) struct Resume {
+    pub(crate) branch: String,
+    pub(crate) base: String,
+    pub(crate) commit: Option<String>,
+    pub(crate) path: PathBuf,
+}
+
+impl Isolate {
+    /// `isolation`, `keep` and `parallel` of `s`, with the repository of `workspace` found.
+    pub(crate) fn resolve(s: &Settings, workspace: &Path) -> Result<Isolate, WorktreeError> {
+        let parallel = s.parallel.unwrap_or(1).max(1);
+        let isolated = s.isolation == Some(Isolation::Worktree) || parallel > 1;
+        Ok(Isolate {
+            repo: if isolated {
+                Some(Repo::of(workspace)?)
+            } else {
+                None
+            },
+            keep: s.keep.unwrap_or_default(),
+            parallel,
+            resume: None,
+        })
+    }
+}
+
+/// Run git in `dir` with the environment's git variables left out (they would point it
+/// elsewhere); its output, trimmed, or what it said on failure.
+fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
+    let mut cmd = Command::new("git");
+    cmd.arg("-C").arg(dir).args(args);
+    for var in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_COMMON_DIR",
+        "GIT_CEILING_DIRECTORIES",
+    ] {
+        cmd.env_remove(var);
+    }
+    // The commit is sup's, for the agent: no identity of the person is needed or used.
+    cmd.env("GIT_AUTHOR_NAME", "sup")
+        .env("GIT_AUTHOR_EMAIL", "sup@localhost")
+        .env("GIT_COMMITTER_NAME", "sup")
+        .env("GIT_COMMITTER_EMAIL", "sup@localhost")
+        .stdin(std::process::Stdio::null());
+    let shown = || args.join(" ");
+    let out = cmd.output().map_err(|e| WorktreeError::Git {
+        args: shown(),
+        message: format!("cannot run git: {e}"),
+    })?;
+    if !out.status.success() {
+        return Err(WorktreeError::Git {
+            args: shown(),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+}
+
+impl Repo {
+    /// The repository holding `workspace`, which must have a commit.
+    pub(crate) fn of(workspace: &Path) -> Result<Repo, WorktreeError> {
+        let shown = workspace.display().to_string();
+        let top = git(workspace, &["rev-parse", "--show-toplevel"])
+            .map_err(|_| WorktreeError::NotARepo(shown.clone()))?;
+        let top = std::fs::canonicalize(&top).map_err(|_| WorktreeError::NotARepo(shown))?;
+        if git(&top, &["rev-parse", "--verify", "-q", "HEAD^{commit}"]).is_err() {
+            return Err(WorktreeError::NoCommit(top.display().to_string()));
+        }
+        let sub = workspace
+            .strip_prefix(&top)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Ok(Repo { top, sub })
+    }
+}
+
+/// `sup/GOAL/RUN_ID`, the goal's name made a valid ref component.
+pub(crate) fn branch_name(goal: &str, run_id: &str) -> String {
+    let mut name: String = goal
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    name = name.trim_matches('-').to_string();
+    if name.is_empty() {
+        name = "goal".into();
+    }
+    format!("sup/{name}/{run_id}")
+}
+
+/// A run's worktree while it works. Dropped unfinished (the run could not start), it is
+/// removed with its branch.
+pub(crate) struct Worktree {
+    top: PathBuf,
+    path: PathBuf,
+    pub(crate) branch: String,
+    /// The commit the branch started from.
+    pub(crate) base: String,
+    /// Where the agent works: the workspace's place inside the worktree.
+    pub(crate) workspace: PathBuf,
+    /// Whether the branch was made for this run (and so goes with it when it cannot start).
+    made_branch: bool,
+    done: bool,
+}
+
+/// What a finished worktree left.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Finished {
+    /// The branch, when it stays.
+    pub(crate) branch: Option<String>,
+    pub(crate) commit: Option<String>,
+    pub(crate) diff_stat: String,
+}
+
+impl Worktree {
+    /// A fresh worktree for run `run_id` of `goal`, from HEAD, or a continued run's.
+    pub(crate) fn add(
+        iso: &Isolate,
+        repo: &Repo,
+        home: &Path,
+        goal: &str,
+        run_id: &str,
+    ) -> Result<Worktree, WorktreeError> {
+        let root = home.join("worktrees");
+        std::fs::create_dir_all(&root).map_err(|e| WorktreeError::Git {
+            args: "worktree add".into(),
+            message: format!("cannot create {}: {e}", root.display()),
+        })?;
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        let (path, branch, base, made_branch) = match &iso.resume {
+            // The interrupted run's folder, with what it left uncommitted.
+            Some(r) if r.path.join(".git").exists() => {
+                (r.path.clone(), r.branch.clone(), r.base.clone(), false)
+            }
+            Some(r) => {
+                let path = root.join(run_id);
+                let at = r.commit.as_deref().unwrap_or(&r.base);
+                git(
+                    &repo.top,
+                    &["worktree", "add", "-q", "-B", &r.branch, &s(&path), at],
+                )?;
+                (path, r.branch.clone(), r.base.clone(), false)
+            }
+            None => {
+                let path = root.join(run_id);
+                let branch = branch_name(goal, run_id);
+                let base = git(&repo.top, &["rev-parse", "HEAD^{commit}"])?;
+                git(
+                    &repo.top,
+                    &["worktree", "add", "-q", "-b", &branch, &s(&path), &base],
+                )?;
+                (path, branch, base, true)
+            }
+        };
+        let mut tree = Worktree {
+            top: repo.top.clone(),
+            workspace: path.join(&repo.sub),
+            path,
+            branch,
+            base,
+            made_branch,
+            done: false,
+        };
+        // A workspace folder that HEAD does not hold (untracked) is made empty.
+        if let Err(e) = std::fs::create_dir_all(&tree.workspace) {
+            tree.remove();
+            return Err(WorktreeError::Git {
+                args: "worktree add".into(),
+                message: format!("cannot create {}: {e}", tree.workspace.display()),
+            });
+        }
+        if let Ok(w) = std::fs::canonicalize(&tree.workspace) {
+            tree.workspace = w;
+        }
+        Ok(tree)
+    }
+
+    /// Commit the agent's work as one commit on the branch, keep the branch or not, remove
+    /// the folder.
+    pub(crate) fn finish(
+        mut self,
+        goal: &str,
+        status: Status,
+        run_id: &str,
+        keep: Keep,
+    ) -> Finished {
+        self.done = true;
+        let mut out = Finished::default();
+        let message = format!("sup {goal}: {} · run {run_id}", status.as_str());
+        let committed = git(&self.path, &["reset", "-q", "--soft", &self.base])
+            .and_then(|_| git(&self.path, &["add", "-A"]))
+            .and_then(|_| {
+                git(
+                    &self.path,
+                    &[
+                        "-c",
+                        "core.hooksPath=/dev/null",
+                        "commit",
+                        "-q",
+                        "--allow-empty",
+                        "--no-verify",
+                        "-m",
+                        &message,
+                    ],
+                )
+            })
+            .and_then(|_| git(&self.path, &["rev-parse", "HEAD"]));
+        match committed {
+            Ok(sha) => {
+                out.diff_stat =
+                    git(&self.top, &["diff", "--stat", &self.base, &sha]).unwrap_or_default();
+                out.commit = Some(sha);
+            }
+            Err(e) => tracing::error!("run {run_id}: the agent's work was not committed: {e}"),
+        }
+        let kept = match keep {
+            Keep::Always => true,
+            Keep::Never => false,
+            Keep::Achieved => status == Status::Achieved,
+        };
+        self.remove_folder();
+        if kept && out.commit.is_some() {
+            out.branch = Some(self.branch.clone());
+        } else if let Err(e) = git(&self.top, &["branch", "-q", "-D", &self.branch]) {
+            tracing::warn!(
+                "run {run_id}: cannot delete the branch {}: {e}",
+                self.branch
+            );
+        }
+        out
+    }
+
+    fn remove_folder(&self) {
+        if git(
+            &self.top,
+            &["worktree", "remove", "--force", &s(&self.path)],
+        )
+        .is_err()
+        {
+            let _ = std::fs::remove_dir_all(&self.path);
+            let _ = git(&self.top, &["worktree", "prune"]);
+        }
+    }
+
+    fn remove(&mut self) {
+        self.done = true;
+        self.remove_folder();
+        if self.made_branch {
+            let _ = git(&self.top, &["branch", "-q", "-D", &self.branch]);
+        }
+    }
+}
+
+impl Drop for Worktree {
+    fn drop(&mut self) {
+        if !self.done {
+            self.remove();
+        }
+    }
+}
+
+/// The spec and goal of run `run_id` moved into a fresh worktree, with the worktree; `None`
+/// for a run that is not isolated.
+pub(crate) fn isolate(
+    spec: &super::RunSpec,
+    goal: &crate::verify::Goal,
+    home: &Path,
+    run_id: &str,
+) -> Result<Option<(super::RunSpec, crate::verify::Goal, Worktree)>, WorktreeError> {
+    let Some(repo) = &spec.isolate.repo else {
+        return Ok(None);
+    };
+    let tree = Worktree::add(&spec.isolate, repo, home, &spec.goal.name, run_id)?;
+    let old = crate::verify::default_system(&spec.goal.workspace);
+    let new = crate::verify::default_system(&tree.workspace);
+    let mut spec = spec.clone();
+    let mut goal = goal.clone();
+    spec.goal.workspace = tree.workspace.clone();
+    goal.workspace = tree.workspace.clone();
+    // What the goal protects, it protects in the worktree.
+    let protect = std::sync::Arc::new(
+        crate::tools::Protected::new(
+            &tree.workspace,
+            &spec.goal.protect.patterns,
+            &spec.sandbox.writable,
+        )
+        .map_err(WorktreeError::Protect)?,
+    );
+    spec.goal.protect = protect.clone();
+    goal.protect = protect;
+    // The default system prompt names the workspace: the worktree's now.
+    if spec.system_src.text == old {
+        spec.system_src.text = new.clone();
+        spec.goal.system = new.clone();
+    }
+    if goal.system == old {
+        goal.system = new;
+    }
+    Ok(Some((spec, goal, tree)))
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The diff a run's commit holds, from its base, as `git diff` prints it.
+pub(crate) fn diff(repo: &Path, base: &str, commit: &str) -> Result<String, WorktreeError> {
+    git(repo, &["diff", "--no-color", base, commit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_names_are_valid_refs() {
+        assert_eq!(branch_name("haiku", "r1"), "sup/haiku/r1");
+        assert_eq!(branch_name("a b..c/d", "r1"), "sup/a-b--c-d/r1");
+        assert_eq!(branch_name("..", "r1"), "sup/goal/r1");
+    }
+}

@@ -1,0 +1,128 @@
+//! What ties runs together and what an isolated run left, in the local store: the run a
+//! continued run goes on from (`continued_from`), a parallel attempt's run and number
+//! (`parent`, `attempt`), and a worktree run's branch, base, commit, diff summary and
+//! repository. Written beside the run row, read by `sup show`, the console and
+//! `sup continue`.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::db::{Db, DbError, RunRow};
+
+/// The lineage and the worktree of one run; every part optional.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub(crate) struct Lineage {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) continued_from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) parent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) branch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) base: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) commit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) diff_stat: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) repo: Option<String>,
+}
+
+impl Db {
+    fn lineage_err(&self, source: rusqlite::Error) -> DbError {
+        DbError::Sqlite {
+            path: "sup.db".into(),
+            source,
+        }
+    }
+
+    /// Record what `l` holds for run `id` (a part that is `None` is left as it was).
+    pub(crate) fn set_lineage(&self, id: &str, l: &Lineage) -> Result<(), DbError> {
+        self.conn()
+            .execute(
+                "UPDATE runs SET continued_from = coalesce(?2, continued_from),
+                     parent = coalesce(?3, parent), attempt = coalesce(?4, attempt),
+                     branch = coalesce(?5, branch), base_commit = coalesce(?6, base_commit),
+                     commit_sha = coalesce(?7, commit_sha), diff_stat = coalesce(?8, diff_stat),
+                     repo = coalesce(?9, repo)
+                 WHERE id = ?1",
+                params![
+                    id,
+                    l.continued_from,
+                    l.parent,
+                    l.attempt,
+                    l.branch,
+                    l.base,
+                    l.commit,
+                    l.diff_stat,
+                    l.repo
+                ],
+            )
+            .map_err(|e| self.lineage_err(e))?;
+        Ok(())
+    }
+
+    /// Run `id`'s lineage and worktree.
+    pub(crate) fn lineage(&self, id: &str) -> Result<Lineage, DbError> {
+        self.conn()
+            .query_row(
+                "SELECT continued_from, parent, attempt, branch, base_commit, commit_sha,
+                     diff_stat, repo FROM runs WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok(Lineage {
+                        continued_from: r.get(0)?,
+                        parent: r.get(1)?,
+                        attempt: r.get(2)?,
+                        branch: r.get(3)?,
+                        base: r.get(4)?,
+                        commit: r.get(5)?,
+                        diff_stat: r.get(6)?,
+                        repo: r.get(7)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.lineage_err(e))?
+            .ok_or_else(|| DbError::NoRun(id.to_string()))
+    }
+
+    /// The attempts of a parallel run, by number.
+    pub(crate) fn attempts(&self, parent: &str) -> Result<Vec<(u32, RunRow)>, DbError> {
+        let mut stmt = self
+            .conn()
+            .prepare("SELECT id, attempt FROM runs WHERE parent = ?1 ORDER BY attempt")
+            .map_err(|e| self.lineage_err(e))?;
+        let ids: Vec<(String, u32)> = stmt
+            .query_map([parent], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(Iterator::collect)
+            .map_err(|e| self.lineage_err(e))?;
+        ids.into_iter()
+            .map(|(id, n)| Ok((n, self.run(&id)?)))
+            .collect()
+    }
+
+    /// The run that continued run `id`, if one did.
+    pub(crate) fn continued_by(&self, id: &str) -> Result<Option<String>, DbError> {
+        self.conn()
+            .query_row(
+                "SELECT id FROM runs WHERE continued_from = ?1 ORDER BY started_at DESC LIMIT 1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.lineage_err(e))
+    }
+
+    /// Say why an attempt of a parallel run was cancelled (another attempt won).
+    pub(crate) fn note_cancelled(&self, id: &str, why: &str) -> Result<(), DbError> {
+        self.conn()
+            .execute(
+                "UPDATE runs SET error = ?2 WHERE id = ?1 AND stop_reason = 'cancelled'",
+                params![id, why],
+            )
+            .map_err(|e| self.lineage_err(e))?;
+        Ok(())
+    }
+}
