@@ -832,6 +832,9 @@ async fn launch_in(
     for sink in sinks {
         events = events.with(sink);
     }
+    if let Some(spans) = crate::trace::otel::sink(&goal.name) {
+        events = events.with(spans);
+    }
     if day_start(spec, Utc::now()).is_some() {
         // Under a daily cap the cost is recorded as it grows: a running run, or one killed,
         // counts what it spent.
