@@ -260,6 +260,8 @@ impl RunSpec {
                 .map(|m| ServerSpec {
                     name: m.name.clone(),
                     command: m.command.clone(),
+                    url: m.url.clone(),
+                    headers: m.headers.clone(),
                     args: m.args.clone(),
                     env: m.env.clone(),
                     trust_annotations: m.trust_annotations,

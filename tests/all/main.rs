@@ -12,6 +12,7 @@ mod fleet;
 mod fleet_history;
 mod inprocess;
 mod mcp;
+mod mcp_http;
 mod otel;
 mod perf;
 mod providers;

@@ -13,7 +13,7 @@ use crate::common::{Env, Run, eventually};
 use serde_json::{Value, json};
 
 /// The npm-installed servers; installed on first use when missing.
-fn bin(name: &str) -> PathBuf {
+pub fn bin(name: &str) -> PathBuf {
     static READY: OnceLock<PathBuf> = OnceLock::new();
     let dir = READY.get_or_init(|| {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
