@@ -46,6 +46,8 @@ impl Terminal {
         text: String,
         again: &'static str,
         parse: fn(&str) -> Option<T>,
+        wants_reason: fn(&T) -> bool,
+        with_reason: fn(T, &str) -> T,
     ) -> Option<T> {
         let _one = self.one_at_a_time.lock().await;
         tokio::task::spawn_blocking(move || {
@@ -64,7 +66,15 @@ impl Terminal {
                     return None;
                 }
                 if let Some(t) = parse(line.trim()) {
-                    return Some(t);
+                    if !wants_reason(&t) {
+                        return Some(t);
+                    }
+                    // `n` (or `r`) alone: the reason may come on the next line.
+                    let _ = write!(out, "reason (the model reads it; Enter for none): ");
+                    let _ = out.flush();
+                    let mut reason = String::new();
+                    let _ = input.read_line(&mut reason);
+                    return Some(with_reason(t, reason.trim()));
                 }
                 let _ = write!(out, "{again}");
                 let _ = out.flush();
@@ -78,20 +88,45 @@ impl Terminal {
     pub(crate) async fn ask_call(&self, text: String) -> CallAnswer {
         let text =
             format!("{text}\nAllow? [y]es · [a]lways · [n]o (a reason may follow) · [q]uit: ");
-        self.ask(text, "answer y, a, n [reason] or q: ", parse_call)
-            .await
-            .unwrap_or(CallAnswer::No(Some(
-                "no answer: the terminal closed".into(),
-            )))
+        self.ask(
+            text,
+            "answer y, a, n [reason] or q: ",
+            parse_call,
+            |a| matches!(a, CallAnswer::No(None)),
+            |a, reason| match a {
+                CallAnswer::No(None) if !reason.is_empty() => {
+                    CallAnswer::No(Some(reason.to_string()))
+                }
+                a => a,
+            },
+        )
+        .await
+        .unwrap_or(CallAnswer::No(Some(
+            "no answer: the terminal closed".into(),
+        )))
     }
 
     pub(crate) async fn ask_check(&self, question: String) -> Judgement {
         let text = format!("\n? {question}\n[a]ccept · [r]eject with a reason: ");
-        self.ask(text, "answer a, or r and a reason: ", parse_check)
-            .await
-            .unwrap_or(Judgement::Rejected("no answer: the terminal closed".into()))
+        self.ask(
+            text,
+            "answer a, or r and a reason: ",
+            parse_check,
+            |j| matches!(j, Judgement::Rejected(r) if r == NO_REASON),
+            |j, reason| match j {
+                Judgement::Rejected(_) if !reason.is_empty() => {
+                    Judgement::Rejected(reason.to_string())
+                }
+                j => j,
+            },
+        )
+        .await
+        .unwrap_or(Judgement::Rejected("no answer: the terminal closed".into()))
     }
 }
+
+/// A rejection of a human check that gave no reason.
+const NO_REASON: &str = "rejected without a reason";
 
 fn split_word(s: &str) -> (String, Option<String>) {
     let mut it = s.splitn(2, char::is_whitespace);
@@ -120,7 +155,7 @@ fn parse_check(s: &str) -> Option<Judgement> {
     match word.as_str() {
         "a" | "accept" | "y" | "yes" => Some(Judgement::Accepted),
         "r" | "reject" | "n" | "no" => Some(Judgement::Rejected(
-            rest.unwrap_or_else(|| "rejected without a reason".into()),
+            rest.unwrap_or_else(|| NO_REASON.into()),
         )),
         _ => None,
     }

@@ -251,7 +251,7 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
                 c.outcome,
                 c.duration_ms
             );
-            for path in c.output_path.iter().flat_map(|p| p.split(' ')) {
+            for path in c.output_paths() {
                 if !here {
                     let _ = writeln!(out, "    whole output on host {}: {path}", f.host);
                     continue;

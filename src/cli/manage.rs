@@ -18,7 +18,7 @@ use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind, db::Db};
-use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
+use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
 
 pub(super) fn db() -> Result<Db, Fail> {
     let db = Db::open(&store::home())?;
@@ -222,13 +222,14 @@ pub(crate) fn runs(
     Ok(Ending::Achieved)
 }
 
-pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
+pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
     let db = db()?;
     let run = db.run(id)?;
     let checks = db.checks(id)?;
     let transcript = Path::new(&run.dir).join("transcript.jsonl");
     let text = std::fs::read_to_string(&transcript).unwrap_or_default();
-    let trace = HumanTrace::to(!checks.is_empty(), Box::new(std::io::stdout()));
+    let trace = HumanTrace::to(!checks.is_empty(), Box::new(std::io::stdout()))
+        .with_results(Results::Whole);
     let mut had_result = false;
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<Event>(line) else {
@@ -241,6 +242,9 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
     if text.is_empty() {
         let _ = writeln!(out, "(no transcript at {})", transcript.display());
     }
+    if full {
+        kept_outputs(&mut out, Path::new(&run.dir));
+    }
     if !checks.is_empty() {
         let _ = writeln!(out, "\nchecks:");
         for (t, c) in &checks {
@@ -252,8 +256,9 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
                 c.outcome,
                 c.duration_ms
             );
-            for path in c.output_path.iter().flat_map(|p| p.lines()) {
-                if let Ok((tail, cut)) = crate::tools::process::read_tail(Path::new(path), 4096) {
+            for path in c.output_paths() {
+                let cap = if full { usize::MAX } else { 4096 };
+                if let Ok((tail, cut)) = crate::tools::process::read_tail(Path::new(path), cap) {
                     if tail.trim().is_empty() {
                         continue;
                     }
@@ -267,14 +272,16 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
     }
     let _ = writeln!(
         out,
-        "\noutcome: {}{} · {} tries · {} steps · {} in / {} out tokens{}",
+        "\noutcome: {}{} · {} {} · {} {} · {} in / {} out tokens{}",
         run.status,
         run.stop_reason
             .as_deref()
             .map(|s| format!(" ({s})"))
             .unwrap_or_default(),
         run.tries,
+        if run.tries == 1 { "try" } else { "tries" },
         run.steps,
+        if run.steps == 1 { "step" } else { "steps" },
         run.usage.input_tokens,
         run.usage.output_tokens,
         run.cost
@@ -317,13 +324,51 @@ pub(crate) fn show(id: &str) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub(crate) async fn trigger(dir: &Path, name: &str, json_out: bool) -> Result<Ending, Fail> {
+/// `sup show --full`: each tool output kept whole in the run's `outputs` folder.
+fn kept_outputs(out: &mut impl Write, dir: &Path) {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("outputs"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    if files.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nkept outputs:");
+    for path in files {
+        let text = std::fs::read(&path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let _ = writeln!(out, "  {}:", path.display());
+        for l in text.lines() {
+            let _ = writeln!(out, "    {}", escape(l));
+        }
+    }
+}
+
+pub(crate) async fn trigger(
+    dir: &Path,
+    name: &str,
+    json_out: bool,
+    approval: Option<crate::approval::Mode>,
+) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
-    let inv = invocation(Settings::default())?;
+    let inv = invocation(Settings {
+        approval,
+        ..Settings::default()
+    })?;
     let mut spec = RunSpec::build(&inv, Some(&goal.file)).map_err(Fail::from)?;
     // A run of a daemon's goal cannot change the daemon's goals, however it was started.
     spec.sandbox.goals = Some(dir.to_path_buf());
-    execute(spec, json_out, true, TriggerKind::Manual).await
+    // A goal of a daemon's folder run with no terminal (the console's "run now", a script)
+    // waits for a person as its scheduled runs do, rather than denying every call.
+    if spec.approval.is_none() && crate::approval::Terminal::detect().is_none() {
+        eprintln!(
+            "· approval: no terminal, so mode queue: answer calls with `sup approve ID` or on \
+             the console (--approval sets another)"
+        );
+        spec.approval = Some(crate::approval::Mode::Queue);
+    }
+    execute(spec, json_out, false, true, TriggerKind::Manual).await
 }
 
 pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {

@@ -111,13 +111,33 @@ impl From<crate::run::RunError> for Fail {
     }
 }
 
+/// The end of `sup --help`: exit statuses and the environment `sup` reads.
+const AFTER_HELP: &str = "\
+Exit status: 0 achieved, 1 checks still failing, 2 bad usage or config, 3 stopped by a limit,
+4 model or provider error, 130 interrupted.
+
+Environment:
+  SUP_HOME            the store, runs and kept outputs (default ~/.local/state/sup)
+  SUP_MODEL           PROVIDER:MODEL when neither --model nor the goal file names one
+  SUP_APPROVAL        approval mode below --approval and the goal file's `approval`
+  SUP_SANDBOX         sandbox policy below --sandbox and the goal file's `sandbox`
+  SUP_CONFIG          the user config (default ~/.config/sup/config.toml)
+  SUP_STORE           a fleet's PostgreSQL store (as --store)
+  SUP_STORE_RETRY     how often a fleet daemon retries an unreachable store
+  SUP_HOST            this machine's name in a fleet (default the host name)
+  SUP_SERVE_TOKEN     the console's sign-in secret; required off loopback
+  OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL,
+  DEEPSEEK_API_KEY, DEEPSEEK_BASE_URL, OLLAMA_BASE_URL
+                      provider keys and servers
+  RUST_LOG            log level (default warn; info for daemon and serve)
+Checks get SUP_WORKSPACE, SUP_TRY, SUP_GOAL, SUP_RUN_ID, SUP_ANSWER and SUP_CHECK_DIR.";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "sup",
     version,
     about = "Supervise LLM agent loops: work, verify, schedule.",
-    after_help = "Exit status: 0 achieved, 1 checks still failing, 2 bad usage or config, \
-                  3 stopped by a limit, 4 model or provider error, 130 interrupted."
+    after_help = AFTER_HELP
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -159,6 +179,7 @@ enum Command {
     },
     /// The fleet sharing a --store: each daemon, its last renewal and what it runs.
     Daemons {
+        /// One JSON document on stdout instead of the table.
         #[arg(long)]
         json: bool,
     },
@@ -168,57 +189,85 @@ enum Command {
         /// IP:PORT to listen on.
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: std::net::SocketAddr,
+        /// The folder of goal files.
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
     },
     /// The goals of a folder: schedules, next occurrences, last results, file errors.
     Goals {
+        /// The folder of goal files.
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
+        /// One JSON document on stdout instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// The run history, newest first.
     Runs {
+        /// Only the runs of this goal (by name; `run` for `sup run`).
         #[arg(long)]
         goal: Option<String>,
         /// achieved, failed, unfinished, error, interrupted or running.
         #[arg(long)]
         status: Option<crate::store::RunStatus>,
+        /// The newest runs, this many at most.
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// One JSON document on stdout instead of the table.
         #[arg(long)]
         json: bool,
     },
-    /// One run: its transcript rendered like the trace, its checks, its outcome.
-    Show { run_id: String },
+    /// One run: its transcript rendered like the trace with every tool result, its checks,
+    /// its outcome.
+    Show {
+        /// The run's id (as `sup runs` lists it).
+        run_id: String,
+        /// Also print the whole kept outputs: tool outputs cut for the model, and each
+        /// check's whole output rather than its last part.
+        #[arg(long)]
+        full: bool,
+    },
     /// Run a goal of the folder now, recorded as manual.
     Trigger {
+        /// The goal's name (its file's stem in --goals).
         name: String,
+        /// The folder of goal files.
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
+        /// One JSON object per event on stdout instead of the human trace.
         #[arg(long)]
         json: bool,
+        /// ask, queue, auto or never; wins over the goal file's `approval` and
+        /// $SUP_APPROVAL. Without any: ask at a terminal, else queue (answer with `sup
+        /// approve` or on the console).
+        #[arg(long, value_parser = crate::config::parse_enum::<crate::approval::Mode>)]
+        approval: Option<crate::approval::Mode>,
     },
     /// Pause a goal: the daemon skips its occurrences until it is resumed.
     Pause {
+        /// The goal's name (its file's stem in --goals).
         name: String,
+        /// The folder of goal files.
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
     },
     /// Resume a paused goal.
     Resume {
+        /// The goal's name (its file's stem in --goals).
         name: String,
+        /// The folder of goal files.
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
     },
     /// Approval requests waiting for a person.
     Approvals {
+        /// One JSON document on stdout instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// Approve a waiting request (a tool call, or a human check).
     Approve {
+        /// The request's id (as `sup approvals` lists it).
         id: String,
         /// Allow the same tool and argument for the rest of that run.
         #[arg(long)]
@@ -226,15 +275,19 @@ enum Command {
     },
     /// Deny a waiting request; the reason goes back to the model.
     Deny {
+        /// The request's id (as `sup approvals` lists it).
         id: String,
+        /// Why, for the model (it reads it as the call's result) or the check's report.
         #[arg(long)]
         reason: Option<String>,
     },
     /// Health for monitors: per goal the last and next occurrence, the last verdict, and
     /// whether it is overdue; exit 0 when every goal is healthy, 1 otherwise.
     Status {
+        /// The folder of goal files.
         #[arg(long, default_value = "goals")]
         goals: PathBuf,
+        /// One JSON document on stdout instead of the table.
         #[arg(long)]
         json: bool,
     },
@@ -256,6 +309,10 @@ pub(crate) struct RunArgs {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Show no tool results in the trace, only a line per call and result (`sup show
+    /// RUN_ID` shows them afterwards).
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
     /// Print the effective settings and where each came from, then exit.
     #[arg(long)]
     pub(crate) print_config: bool,
@@ -270,7 +327,8 @@ pub(crate) struct GoalArgs {
     /// A goal file (`goals/NAME.toml`); flags override it.
     #[arg(long)]
     pub(crate) file: Option<PathBuf>,
-    /// A check script, run by extension (.js/.mjs node, .py python3, .sh bash, else directly).
+    /// A check script, run by extension (.js/.mjs node, .py python3, .sh bash, else directly);
+    /// `--check human` asks a person to accept or reject the work.
     #[arg(long = "check")]
     pub(crate) checks: Vec<PathBuf>,
     /// A check as a shell command line (`cargo test`).
@@ -291,6 +349,10 @@ pub(crate) struct GoalArgs {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Show no tool results in the trace, only a line per call and result (`sup show
+    /// RUN_ID` shows them afterwards).
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
     /// Print the effective settings and where each came from, then exit.
     #[arg(long)]
     pub(crate) print_config: bool,
@@ -379,8 +441,13 @@ pub fn main() -> ExitCode {
                 limit,
                 json,
             } => manage::runs(goal.as_deref(), status, limit, json),
-            Command::Show { run_id } => manage::show(&run_id),
-            Command::Trigger { name, goals, json } => manage::trigger(&goals, &name, json).await,
+            Command::Show { run_id, full } => manage::show(&run_id, full),
+            Command::Trigger {
+                name,
+                goals,
+                json,
+                approval,
+            } => manage::trigger(&goals, &name, json, approval).await,
             Command::Pause { name, goals } => manage::pause(&goals, &name, true),
             Command::Resume { name, goals } => manage::pause(&goals, &name, false),
             Command::Approvals { json } => manage::approvals(json),
@@ -396,11 +463,28 @@ pub fn main() -> ExitCode {
     match result {
         Ok(ending) => ExitCode::from(ending.code()),
         Err(fail) => {
-            let message = format!("{:#}", fail.error);
+            let message = message(&fail.error);
             eprintln!("sup: error: {}", crate::redact::text(&message));
             ExitCode::from(fail.ending.code())
         }
     }
+}
+
+/// An error and its causes, `: `-joined as `{:#}` writes them, but without a cause that the
+/// message so far already says (an error that writes its source into its own text, as
+/// `cannot read F: No such file or directory (os error 2)`, would say it twice).
+fn message(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 /// A command against a PostgreSQL store (`--store`, `SUP_STORE`).
@@ -478,8 +562,10 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             )
             .await
         }
-        Command::Show { run_id } => fleet::show(url, &run_id).await,
-        Command::Trigger { name, goals, json } => fleet::trigger(url, &goals, &name, json).await,
+        Command::Show { run_id, .. } => fleet::show(url, &run_id).await,
+        Command::Trigger {
+            name, goals, json, ..
+        } => fleet::trigger(url, &goals, &name, json).await,
         Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,
         Command::Resume { name, goals } => fleet::pause(url, &goals, &name, false).await,
         Command::Approvals { json } => fleet::approvals(url, json).await,

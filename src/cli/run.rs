@@ -9,16 +9,16 @@ use super::{Ending, Fail, GoalArgs, RunArgs};
 use crate::config::Settings;
 use crate::run::{self, Invocation, RunSpec, Trigger};
 use crate::store::{self, TriggerKind};
-use crate::trace::{EventSink, HumanTrace, JsonLines, Status};
+use crate::trace::{EventSink, HumanTrace, JsonLines, Results, Status};
 
 pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
     let mut inv = invocation(args.settings)?;
     inv.flags.prompt = Some(args.prompt);
     let spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
     if args.print_config {
-        return Ok(print_config(&spec));
+        return Ok(print_config(&spec, false));
     }
-    execute(spec, args.json, false, TriggerKind::Cli).await
+    execute(spec, args.json, args.quiet, false, TriggerKind::Cli).await
 }
 
 pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
@@ -47,15 +47,16 @@ pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
     for line in &args.check_cmds {
         inv.checks.push(run::command_check(line));
     }
+    let flag_checks = !inv.checks.is_empty();
     let spec = RunSpec::build(&inv, file.as_ref()).map_err(Fail::from)?;
     if args.print_config {
-        return Ok(print_config(&spec));
+        return Ok(print_config(&spec, flag_checks));
     }
-    execute(spec, args.json, true, TriggerKind::Cli).await
+    execute(spec, args.json, args.quiet, true, TriggerKind::Cli).await
 }
 
 /// `--print-config`: every setting, its effective value and where it came from.
-fn print_config(spec: &RunSpec) -> Ending {
+fn print_config(spec: &RunSpec, flag_checks: bool) -> Ending {
     use std::io::Write;
     let e = &spec.effective;
     let mut out = std::io::stdout().lock();
@@ -65,27 +66,100 @@ fn print_config(spec: &RunSpec) -> Ending {
         .map(|(k, s)| (k, s.iter().map(ToString::to_string).collect()))
         .collect();
     for (key, value) in e.settings.shown() {
-        let from = sources
-            .get(key)
-            .map_or_else(|| "default (unset)".to_string(), |s| s.join(" + "));
+        let from = sources.get(key).map(|s| s.join(" + "));
+        let (value, from) = match applied(spec, key, from, flag_checks) {
+            Some(v) => v,
+            None => (value, None),
+        };
+        let from = from
+            .or_else(|| sources.get(key).map(|s| s.join(" + ")))
+            .unwrap_or_else(|| "default (unset)".to_string());
         let _ = writeln!(
             out,
             "{key:<18} {:<40} {from}",
             crate::trace::one_line(&value, 200)
         );
     }
-    let _ = writeln!(
-        out,
-        "{:<18} {:<40} resolved",
-        "price",
-        spec.price
-            .map(|p| format!("{p:?}"))
-            .unwrap_or_else(|| "unknown".into())
+    let price = spec.price.map_or_else(
+        || "unknown".into(),
+        |p| format!("${} in · ${} out per million tokens", p.input, p.output),
     );
+    let _ = writeln!(out, "{:<18} {:<40} resolved", "price", price);
     if let Some(why) = &spec.price_refusal {
         eprintln!("sup: a run with these settings would not start: {why}");
     }
     Ending::Achieved
+}
+
+/// What applies for a key whose setting alone does not say it: the checks and tools a run
+/// has (from `[[check]]`, or `--check` and `--check-cmd` instead; `[[tool]]`), and the
+/// approval mode and sandbox a run with these settings gets when none is set; with where
+/// it came from when that is not the setting's own source.
+fn applied(
+    spec: &RunSpec,
+    key: &str,
+    from: Option<String>,
+    flag_checks: bool,
+) -> Option<(String, Option<String>)> {
+    use crate::verify::check::CheckKind;
+    let list = |items: Vec<String>| {
+        if items.is_empty() {
+            "—".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    let file = || {
+        spec.effective
+            .provenance
+            .iter()
+            .flat_map(|(_, sources)| sources.iter())
+            .find(|s| matches!(s, crate::config::Source::GoalFile(_)))
+            .map(ToString::to_string)
+    };
+    match key {
+        "check" => {
+            let checks: Vec<String> = spec
+                .goal
+                .checks
+                .iter()
+                .map(|c| match &c.kind {
+                    CheckKind::Script(_) => format!("script {}", c.name),
+                    CheckKind::Command(line) => format!("run {line}"),
+                    CheckKind::Human(q) => format!("human {q}"),
+                })
+                .collect();
+            let from = match (checks.is_empty(), flag_checks) {
+                (true, _) => None,
+                (false, true) => Some("flag".to_string()),
+                (false, false) => from.or_else(file),
+            };
+            Some((list(checks), from))
+        }
+        "tool" => Some((
+            list(spec.tools.iter().map(|t| t.name.clone()).collect()),
+            (!spec.tools.is_empty()).then(file).flatten(),
+        )),
+        "approval" => Some(match spec.approval {
+            Some(_) => return None,
+            None if crate::approval::Terminal::detect().is_some() => {
+                ("ask".into(), Some("default (a terminal to ask at)".into()))
+            }
+            None => (
+                "never".into(),
+                Some(
+                    "default (no terminal: calls no rule allows are denied; scheduled runs \
+                     queue)"
+                        .into(),
+                ),
+            ),
+        }),
+        "sandbox" if from.is_none() => Some((
+            spec.sandbox.policy.unwrap_or_default().name().to_string(),
+            Some("default".into()),
+        )),
+        _ => None,
+    }
 }
 
 /// The flags' layer with the environment's.
@@ -120,13 +194,19 @@ pub(super) fn watch_signals(cancel: CancellationToken) -> Result<(), Fail> {
 pub(crate) async fn execute(
     spec: RunSpec,
     json: bool,
+    quiet: bool,
     is_goal: bool,
     trigger: TriggerKind,
 ) -> Result<Ending, Fail> {
     let sink: Arc<dyn EventSink> = if json {
         Arc::new(JsonLines::new())
     } else {
-        Arc::new(HumanTrace::new(is_goal))
+        let results = if quiet {
+            Results::Hidden
+        } else {
+            Results::Head
+        };
+        Arc::new(HumanTrace::new(is_goal).with_results(results))
     };
     let cancel = CancellationToken::new();
     watch_signals(cancel.clone())?;

@@ -36,6 +36,7 @@ pub(crate) enum Action {
         /// The daemon's --grace at shutdown; the stop timeout is longer.
         #[arg(long, default_value = "30s", value_parser = super::duration)]
         grace: Duration,
+        /// The daemon's --max-concurrent: goals running at once at most.
         #[arg(long, default_value_t = 4)]
         max_concurrent: usize,
         /// Write the service file only: do not enable or start it.

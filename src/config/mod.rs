@@ -398,24 +398,79 @@ macro_rules! show_debug {
 }
 
 show_debug!(
-    Policy,
-    String,
-    u32,
-    u64,
-    usize,
-    bool,
-    f64,
-    PathBuf,
-    Mode,
-    Overlap,
-    UnknownPrice,
-    RuleLists,
-    McpServer,
-    RawCheck,
-    RawTool,
-    crate::notify::RawNotify,
-    crate::model::prices::Price
+    String, u32, u64, usize, bool, f64, PathBuf, RawCheck, RawTool
 );
+
+/// A value as it is written in a file: the word of an enum, a table as inline JSON.
+macro_rules! show_serde {
+    ($($t:ty),*) => {$(
+        impl Show for $t {
+            fn show(&self) -> String {
+                match serde_json::to_value(self) {
+                    Ok(serde_json::Value::String(s)) => s,
+                    Ok(v) => v.to_string(),
+                    Err(_) => String::new(),
+                }
+            }
+        }
+    )*};
+}
+
+show_serde!(Mode, Overlap, crate::model::prices::Price);
+
+impl Show for Policy {
+    fn show(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+impl Show for UnknownPrice {
+    fn show(&self) -> String {
+        match self {
+            UnknownPrice::Allow => "allow",
+            UnknownPrice::Refuse => "refuse",
+        }
+        .to_string()
+    }
+}
+
+impl Show for RuleLists {
+    fn show(&self) -> String {
+        let lists = [
+            ("allow", &self.allow),
+            ("ask", &self.ask),
+            ("deny", &self.deny),
+        ];
+        let set: Vec<String> = lists
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(k, l)| format!("{k} {}", l.join(", ")))
+            .collect();
+        if set.is_empty() {
+            "—".into()
+        } else {
+            set.join(" · ")
+        }
+    }
+}
+
+impl Show for McpServer {
+    fn show(&self) -> String {
+        let mut argv = self.command.clone();
+        argv.extend(self.args.iter().cloned());
+        format!("{}={}", self.name, argv.join(" "))
+    }
+}
+
+impl Show for crate::notify::RawNotify {
+    fn show(&self) -> String {
+        match (&self.webhook, &self.command) {
+            (Some(url), _) => format!("webhook {url}"),
+            (None, Some(argv)) => format!("command {}", argv.join(" ")),
+            (None, None) => "—".into(),
+        }
+    }
+}
 
 /// `--max-cost`: US dollars, 0 or more.
 fn parse_cost(s: &str) -> Result<f64, String> {

@@ -340,10 +340,19 @@ pub(crate) async fn exchange(
             });
         }
         if failure.retryable && attempt < opts.max_attempts && in_time {
+            // Briefly: the whole error is said once, when the last attempt fails.
+            let brief = match failure.status {
+                Some(status) => format!("HTTP {status} from {}", ep.url),
+                None => failure
+                    .message
+                    .split(": ")
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            };
             tracing::warn!(
-                "{}: {}; attempt {attempt} of {} failed, retrying in {:.1}s",
+                "{}: {brief}; attempt {attempt} of {} failed, retrying in {:.1}s",
                 ep.provider,
-                failure.message,
                 opts.max_attempts,
                 wait.as_secs_f64()
             );
@@ -585,7 +594,11 @@ fn shown_bytes(n: usize) -> String {
 
 /// A reqwest error with its causes.
 fn plain(e: &reqwest::Error) -> String {
+    // The URL is named by the caller already.
     let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(&format!(" for url ({url})"), "");
+    }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         text.push_str(": ");

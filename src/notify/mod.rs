@@ -114,7 +114,7 @@ pub struct RawNotify {
     pub(crate) timeout: Option<String>,
 }
 
-/// How a webhook's body is written.
+/// How a notice is written: a webhook's body, a command's stdin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Format {
     /// The notice document (README: "Notifications").
@@ -123,6 +123,18 @@ pub(crate) enum Format {
     Slack,
     /// The notice as plain text (ntfy and the like).
     Text,
+}
+
+impl Format {
+    /// `format = "…"`: json (the default), slack or text.
+    fn parse(word: Option<&str>) -> Result<Format, NotifyError> {
+        match word {
+            None | Some("json") => Ok(Format::Json),
+            Some("slack") => Ok(Format::Slack),
+            Some("text") => Ok(Format::Text),
+            Some(other) => Err(NotifyError::Format(other.to_string())),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -135,8 +147,8 @@ pub(crate) enum Channel {
         /// The environment variable holding the HMAC-SHA256 key of `X-Sup-Signature`.
         secret_env: Option<String>,
     },
-    /// argv; the notice's JSON on stdin.
-    Command(Vec<String>),
+    /// argv; the notice on stdin, as `format` says (JSON by default).
+    Command(Vec<String>, Format),
 }
 
 /// A checked `[[notify]]` table.
@@ -177,12 +189,7 @@ impl Notify {
                         why: "write http://HOST/… or https://HOST/…".into(),
                     });
                 }
-                let format = match raw.format.as_deref() {
-                    None | Some("json") => Format::Json,
-                    Some("slack") => Format::Slack,
-                    Some("text") => Format::Text,
-                    Some(other) => return Err(NotifyError::Format(other.to_string())),
-                };
+                let format = Format::parse(raw.format.as_deref())?;
                 Channel::Webhook {
                     url: parsed,
                     format,
@@ -194,16 +201,13 @@ impl Notify {
                 if argv.is_empty() {
                     return Err(NotifyError::EmptyCommand);
                 }
-                if raw.format.is_some() {
-                    return Err(NotifyError::WebhookOnly("format"));
-                }
                 if !raw.headers.is_empty() {
                     return Err(NotifyError::WebhookOnly("headers"));
                 }
                 if raw.secret_env.is_some() {
                     return Err(NotifyError::WebhookOnly("secret_env"));
                 }
-                Channel::Command(argv)
+                Channel::Command(argv, Format::parse(raw.format.as_deref())?)
             }
             _ => return Err(NotifyError::Channel),
         };

@@ -73,7 +73,7 @@ fn shown(channel: &Channel) -> String {
                 url.port().map(|p| format!(":{p}")).unwrap_or_default()
             ) + url.path()
         }
-        Channel::Command(argv) => argv.first().cloned().unwrap_or_default(),
+        Channel::Command(argv, _) => argv.first().cloned().unwrap_or_default(),
     }
 }
 
@@ -166,6 +166,19 @@ fn record(home: &Path, notice: &Notice, channel: &str, attempt: u32, ok: bool, d
     }
 }
 
+/// The notice as `format` writes it, with its content type.
+fn body(format: Format, notice: &Notice, json: &[u8]) -> (Vec<u8>, &'static str) {
+    let text = || crate::redact::text(&notice.text()).into_owned();
+    match format {
+        Format::Json => (json.to_vec(), "application/json"),
+        Format::Slack => (
+            serde_json::to_vec(&serde_json::json!({ "text": text() })).unwrap_or_default(),
+            "application/json",
+        ),
+        Format::Text => (text().into_bytes(), "text/plain; charset=utf-8"),
+    }
+}
+
 async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
     match &n.channel {
         Channel::Webhook {
@@ -174,15 +187,7 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
             headers,
             secret_env,
         } => {
-            let text = || crate::redact::text(&notice.text()).into_owned();
-            let (body, content_type) = match format {
-                Format::Json => (json.to_vec(), "application/json"),
-                Format::Slack => (
-                    serde_json::to_vec(&serde_json::json!({ "text": text() })).unwrap_or_default(),
-                    "application/json",
-                ),
-                Format::Text => (text().into_bytes(), "text/plain; charset=utf-8"),
-            };
+            let (body, content_type) = body(*format, notice, json);
             let client = match reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
@@ -228,7 +233,8 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
                 Err(e) => Attempt::Retry(format!("cannot reach it: {e}")),
             }
         }
-        Channel::Command(argv) => {
+        Channel::Command(argv, format) => {
+            let (input, _) = body(*format, notice, json);
             let mut cmd = tokio::process::Command::new(&argv[0]);
             // The user's own command: it gets the environment sup started with.
             cmd.args(&argv[1..])
@@ -245,7 +251,7 @@ async fn once(n: &Notify, notice: &Notice, json: &[u8]) -> Attempt {
             };
             if let Some(mut stdin) = child.stdin.take() {
                 // A command that does not read its input still counts by its exit status.
-                let _ = stdin.write_all(json).await;
+                let _ = stdin.write_all(&input).await;
             }
             match child.wait().await {
                 Ok(s) if s.success() => Attempt::Ok("exit 0".into()),

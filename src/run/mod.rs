@@ -566,7 +566,7 @@ fn previous_of(p: &crate::store::db::RunRow, checks: &[(u32, CheckReport)]) -> t
     let mut failed = String::new();
     for (_, c) in checks.iter().filter(|(t, c)| *t == last_try && !c.passed) {
         failed.push_str(&format!("{} ({})\n", c.name, c.outcome));
-        for path in c.output_path.iter().flat_map(|p| p.split(' ')) {
+        for path in c.output_paths() {
             if let Ok((tail, _)) = crate::tools::process::read_tail(Path::new(path), 2000) {
                 failed.push_str(&tail);
                 if !tail.ends_with('\n') {

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
 
-use super::pages::{PageError, Viewer, error_page, layout};
+use super::layout::{PageError, Viewer, error_page, layout};
 use super::peer::{Conn, Peer, identify};
 use super::{Session, State};
 

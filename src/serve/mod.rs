@@ -7,15 +7,19 @@
 //! With a fleet's store (`--store`) runs, transcripts, approvals and goal figures come from
 //! PostgreSQL, and answers reach waiting runs on any machine.
 
+mod approvals;
 mod auth;
-mod pages;
+mod goals;
+mod layout;
 mod peer;
 mod render;
+mod runs;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -37,8 +41,6 @@ pub(crate) enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("the web console stopped: {0}")]
-    Serve(std::io::Error),
 }
 
 /// What the console serves and how.
@@ -111,33 +113,84 @@ pub(crate) async fn bind(cfg: Config, shutdown: CancellationToken) -> Result<Ser
     })
 }
 
+/// How long a client has to send a request's headers (the first request's from the
+/// connection's start, each later one's from the end of the last response); then the
+/// connection is closed, so half-open connections cannot hold the console.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once at most; more are closed as they come.
+pub(crate) const MAX_CONNECTIONS: usize = 128;
+
 impl Server {
-    /// Serve until the shutdown token is cancelled.
+    /// Serve until the shutdown token is cancelled, then let each connection finish.
     pub(crate) async fn run(self) -> Result<(), ServeError> {
         let stop = self.state.shutdown.clone();
-        let app = self.app.into_make_service_with_connect_info::<peer::Conn>();
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .map_err(ServeError::Serve)
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(a) => a,
+                    // Out of descriptors and the like: wait, as a listener does.
+                    Err(e) => {
+                        tracing::debug!("console accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = stop.cancelled() => break,
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!("console: {MAX_CONNECTIONS} connections open; {peer} closed");
+                continue;
+            };
+            let conn = peer::Conn {
+                peer,
+                local: stream.local_addr().ok(),
+            };
+            let app = self
+                .app
+                .clone()
+                .layer(axum::Extension(axum::extract::ConnectInfo(conn)));
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT);
+                let served = http.serve_connection(
+                    hyper_util::rt::TokioIo::new(stream),
+                    hyper_util::service::TowerToHyperService::new(app),
+                );
+                let mut served = std::pin::pin!(served);
+                tokio::select! {
+                    _ = served.as_mut() => {}
+                    _ = stop.cancelled() => {
+                        served.as_mut().graceful_shutdown();
+                        let _ = served.await;
+                    }
+                }
+                drop(slot);
+            });
+        }
+        // Every connection has ended when every slot is back.
+        let _ = slots.acquire_many(MAX_CONNECTIONS as u32).await;
+        Ok(())
     }
 }
 
 fn router(state: Arc<State>) -> Router {
     Router::new()
-        .route("/", get(pages::index))
-        .route("/runs", get(pages::runs))
-        .route("/runs/{id}", get(pages::run))
-        .route("/runs/{id}/events", get(pages::run_events))
-        .route("/runs/{id}/files/{*path}", get(pages::run_file))
-        .route("/approvals", get(pages::approvals))
-        .route("/approvals/{id}/{verb}", post(pages::answer))
-        .route("/goals", get(pages::goals))
-        .route("/goals/{name}/{verb}", post(pages::goal_action))
+        .route("/", get(layout::index))
+        .route("/runs", get(runs::runs))
+        .route("/runs/{id}", get(runs::run))
+        .route("/runs/{id}/events", get(runs::run_events))
+        .route("/runs/{id}/files/{*path}", get(runs::run_file))
+        .route("/approvals", get(approvals::approvals))
+        .route("/approvals/{id}/{verb}", post(approvals::answer))
+        .route("/goals", get(goals::goals))
+        .route("/goals/{name}/{verb}", post(goals::goal_action))
         .route("/signin", get(auth::signin_page).post(auth::signin))
         .route("/signout", post(auth::signout))
-        .route("/static/style.css", get(pages::style))
-        .route("/static/live.js", get(pages::script))
+        .route("/static/style.css", get(layout::style))
+        .route("/static/live.js", get(layout::script))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::guard,

@@ -12,9 +12,6 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
-
 use crate::tools::sandbox::{parent_of, run_of};
 
 /// Both ends of an accepted connection, as the server sees them.
@@ -22,15 +19,6 @@ use crate::tools::sandbox::{parent_of, run_of};
 pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
     pub(crate) local: Option<SocketAddr>,
-}
-
-impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Conn {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        Conn {
-            peer: *stream.remote_addr(),
-            local: stream.io().local_addr().ok(),
-        }
-    }
 }
 
 /// Who sent a request.

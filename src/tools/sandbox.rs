@@ -165,8 +165,12 @@ impl SandboxSettings {
 // Start-up hardening and secrets.
 
 /// Whether a variable is withheld from the agent's processes: its name contains KEY, SECRET,
-/// TOKEN, PASSWORD, PASSWD, CREDENTIAL or AUTH, in any case.
+/// TOKEN, PASSWORD, PASSWD, CREDENTIAL or AUTH, in any case (cargo's `CARGO_PKG_*` aside).
 pub(crate) fn is_secret_name(name: &str) -> bool {
+    // Cargo's own description of a package (`CARGO_PKG_AUTHORS`) under `cargo run`.
+    if name.starts_with("CARGO_PKG_") {
+        return false;
+    }
     let upper = name.to_ascii_uppercase();
     [
         "KEY",

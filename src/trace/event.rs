@@ -97,6 +97,17 @@ pub struct CheckReport {
     pub(crate) output_path: Option<String>,
 }
 
+impl CheckReport {
+    /// The files its whole output is kept in (stdout, then stderr): `output_path` holds them
+    /// one a line, as a path may hold spaces.
+    pub(crate) fn output_paths(&self) -> impl Iterator<Item = &str> {
+        self.output_path
+            .iter()
+            .flat_map(|p| p.lines())
+            .filter(|p| !p.is_empty())
+    }
+}
+
 /// One thing that happened in a run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

@@ -11,12 +11,32 @@ use super::event::{Event, EventSink, Status, StopReason};
 pub(crate) struct HumanTrace {
     /// Word the outcome as a goal (checks and tries) rather than a plain run.
     goal: bool,
+    /// How much of each tool result shows under its line.
+    results: Results,
     state: Mutex<State>,
 }
+
+/// How much of each tool result the trace shows under the result's line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Results {
+    /// None (`--quiet`, and the console, which folds the whole result under the line).
+    Hidden,
+    /// The first `HEAD_LINES` lines, each cut at `HEAD_WIDTH` characters (the live trace).
+    Head,
+    /// All of it, as the model was given it (`sup show`).
+    Whole,
+}
+
+/// Lines of a tool result the live trace shows…
+const HEAD_LINES: usize = 5;
+/// …and characters of each.
+const HEAD_WIDTH: usize = 200;
 
 struct State {
     /// Streamed text was printed in this step and its line is still open.
     streaming: bool,
+    /// The model error the work loop's end showed, so the outcome need not say it again.
+    error_shown: Option<String>,
     out: Box<dyn Write + Send>,
 }
 
@@ -30,11 +50,53 @@ impl HumanTrace {
     pub(crate) fn to(goal: bool, out: Box<dyn Write + Send>) -> Self {
         HumanTrace {
             goal,
+            results: Results::Hidden,
             state: Mutex::new(State {
                 streaming: false,
+                error_shown: None,
                 out,
             }),
         }
+    }
+}
+
+impl HumanTrace {
+    /// The same trace, showing `results` of each tool result.
+    pub(crate) fn with_results(mut self, results: Results) -> Self {
+        self.results = results;
+        self
+    }
+
+    /// The lines shown under a tool result's line, indented: none, its head with how many
+    /// lines were left out, or all of it.
+    fn result_lines(&self, content: &str) -> Option<String> {
+        let lines: Vec<&str> = content.trim_end().lines().collect();
+        if lines.is_empty() {
+            return None;
+        }
+        let shown = match self.results {
+            Results::Hidden => return None,
+            Results::Head => HEAD_LINES.min(lines.len()),
+            Results::Whole => lines.len(),
+        };
+        let mut out: Vec<String> = lines[..shown]
+            .iter()
+            .map(|l| {
+                if self.results == Results::Head && l.chars().count() > HEAD_WIDTH {
+                    format!("    {} …", l.chars().take(HEAD_WIDTH).collect::<String>())
+                } else {
+                    format!("    {l}")
+                }
+            })
+            .collect();
+        let left = lines.len() - shown;
+        if left > 0 {
+            out.push(format!(
+                "    … {left} more line{} (`sup show RUN_ID` shows them)",
+                if left == 1 { "" } else { "s" }
+            ));
+        }
+        Some(out.join("\n"))
     }
 }
 
@@ -299,8 +361,28 @@ impl EventSink for HumanTrace {
             state.streaming = false;
             let _ = writeln!(err);
         }
-        if let Some(line) = self.line(event) {
+        if let Some(mut line) = self.line(event) {
+            match event {
+                Event::WorkFinished {
+                    error: Some(e),
+                    stop_reason: StopReason::Error,
+                    ..
+                } => state.error_shown = Some(e.clone()),
+                Event::Result {
+                    status: Status::Error,
+                    error: Some(e),
+                    ..
+                } if state.error_shown.as_ref() == Some(e) => {
+                    line = line.replacen(e.as_str(), "the model error above", 1);
+                }
+                _ => {}
+            }
             let _ = writeln!(err, "{}", escape(&line));
+        }
+        if let Event::ToolResult { content, .. } = event
+            && let Some(lines) = self.result_lines(content)
+        {
+            let _ = writeln!(err, "{}", escape(&lines));
         }
     }
 }

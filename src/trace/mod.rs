@@ -8,7 +8,7 @@ mod human;
 pub mod otel;
 
 pub use event::{CheckReport, Event, EventSink, Events, Status, StopReason};
-pub(crate) use human::{HumanTrace, escape, has_hidden, one_line, usd};
+pub(crate) use human::{HumanTrace, Results, escape, has_hidden, one_line, usd};
 
 use std::io::Write;
 use std::sync::Mutex;

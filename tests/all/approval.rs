@@ -2,9 +2,10 @@
 //! commands, no terminal, the prompt on a pseudo-terminal, the queue answered from other
 //! processes, and a person as a check. Wherever the answer was not yes, nothing ran.
 
+use crate::common::{Killed, SpawnKilled};
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -239,7 +240,7 @@ fn rules_come_from_the_goal_file_and_the_user_config() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("tool(pattern)"));
 }
 
-fn spawn_queued(env: &Env, turns: Value, args: &[&str]) -> Child {
+fn spawn_queued(env: &Env, turns: Value, args: &[&str]) -> Killed {
     let script = env.script(turns);
     env.sup()
         .args(["goal", "work", "--json", "--approval", "queue", "--model"])
@@ -247,8 +248,7 @@ fn spawn_queued(env: &Env, turns: Value, args: &[&str]) -> Child {
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .spawn_killed()
 }
 
 fn pending(env: &Env, n: usize) -> Vec<Value> {
@@ -449,7 +449,10 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
 
 /// Run `sup` on a pseudo-terminal that is its controlling terminal; returns the child, the
 /// terminal's writer and everything it has printed so far.
-fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex<String>>) {
+pub(crate) fn on_a_terminal(
+    env: &Env,
+    args: &[String],
+) -> (Killed, std::fs::File, Arc<Mutex<String>>) {
     let pty = nix::pty::openpty(None, None).unwrap();
     let slave = std::fs::File::from(pty.slave);
     let mut cmd = env.sup();
@@ -468,7 +471,7 @@ fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex
             Ok(())
         });
     }
-    let child = cmd.spawn().unwrap();
+    let child = cmd.spawn_killed();
     drop(slave);
     let master = std::fs::File::from(pty.master);
     let reader = master.try_clone().unwrap();
@@ -489,7 +492,7 @@ fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex
     (child, master, seen)
 }
 
-fn wait_for(seen: &Mutex<String>, what: &str, count: usize) {
+pub(crate) fn wait_for(seen: &Mutex<String>, what: &str, count: usize) {
     eventually(
         Duration::from_secs(20),
         &format!("{count}× {what:?}"),

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+
+use crate::common::{Killed, SpawnKilled};
 use std::time::{Duration, Instant};
 
 use crate::common::{Env, eventually};
@@ -32,7 +34,7 @@ fn goal(env: &Env, name: &str, schedule: &str, delay_ms: u64, extra: &str) -> Pa
     path
 }
 
-fn daemon(env: &Env, args: &[&str]) -> Child {
+fn daemon(env: &Env, args: &[&str]) -> Killed {
     let log = std::fs::File::create(env.home.path().join(format!(
         "daemon-{}.log",
         std::fs::read_dir(env.home.path()).unwrap().count()
@@ -45,15 +47,14 @@ fn daemon(env: &Env, args: &[&str]) -> Child {
         .args(args)
         .stdout(Stdio::null())
         .stderr(log)
-        .spawn()
-        .unwrap()
+        .spawn_killed()
 }
 
 fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
-fn stop(mut child: Child) -> i32 {
+fn stop(mut child: Killed) -> i32 {
     signal(&child, Signal::SIGTERM);
     child.wait().unwrap().code().unwrap_or(-1)
 }
@@ -429,8 +430,7 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
         .arg(&dir)
         .stdout(Stdio::null())
         .stderr(log)
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let p = eventually(Duration::from_secs(15), "a queued approval", || {
         let pending = Db::open(env.home.path())
             .unwrap()
@@ -506,8 +506,7 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
         .arg(&dir)
         .stdout(Stdio::null())
         .stderr(log)
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     until("a run of a and of c finish", 15, || {
         ["a", "c"]
             .iter()

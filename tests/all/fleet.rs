@@ -11,6 +11,8 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+
+use crate::common::{Killed, SpawnKilled};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -185,7 +187,7 @@ impl Fleet {
         cmd
     }
 
-    pub(crate) fn daemon(&mut self, m: usize, args: &[&str]) -> Child {
+    pub(crate) fn daemon(&mut self, m: usize, args: &[&str]) -> Killed {
         let log = std::fs::File::create(self.log(m)).unwrap();
         let goals = self.goals.path().to_path_buf();
         self.sup(m)
@@ -195,8 +197,7 @@ impl Fleet {
             .args(args)
             .stdout(Stdio::null())
             .stderr(log)
-            .spawn()
-            .unwrap()
+            .spawn_killed()
     }
 
     pub(crate) fn log(&self, m: usize) -> PathBuf {
@@ -227,7 +228,7 @@ impl Fleet {
     }
 }
 
-pub(crate) fn stop(mut child: Child) -> i32 {
+pub(crate) fn stop(mut child: Killed) -> i32 {
     let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     child.wait().unwrap().code().unwrap_or(-1)
 }
@@ -244,7 +245,7 @@ pub(crate) fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 fn three_daemons_fire_every_per_second_occurrence_exactly_once() {
     let mut f = Fleet::new();
     f.goal("tick", Some("* * * * * *"), 0, "");
-    let ds: Vec<Child> = (0..3).map(|m| f.daemon(m, &["--lease", "3s"])).collect();
+    let ds: Vec<Killed> = (0..3).map(|m| f.daemon(m, &["--lease", "3s"])).collect();
     until("three daemons joined", 20, || {
         f.pg.one("SELECT count(*) FROM daemons WHERE state = 'alive'") == "3"
     });
@@ -510,8 +511,7 @@ fn an_outcome_the_store_cannot_take_waits_on_disk_and_is_written_later() {
         .args(["--lease", "3s"])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(f.log(0)).unwrap())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     until("the daemon serves the goal", 20, || {
         f.pg.one("SELECT count(*) FROM goal_versions") == "1"
     });
@@ -734,8 +734,7 @@ fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
         .arg(other.path())
         .stdout(Stdio::null())
         .stderr(log)
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     until("both versions published", 20, || {
         f.pg.one("SELECT count(DISTINCT hash) FROM goal_versions WHERE goal = 'v'") == "2"
     });
@@ -1061,8 +1060,7 @@ fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
         .sup(2)
         .args(["trigger", "g", "--goals", "."])
         .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     until("the claim waits", 20, || waiting(&f, "WITH asked AS"));
     rt.block_on(holder.batch_execute("COMMIT")).unwrap();
     let out = second.wait_with_output().unwrap();

@@ -4,7 +4,9 @@
 //! with `--store`.
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
+
+use crate::common::{Killed, SpawnKilled};
 
 use crate::common;
 use crate::fleet::{Fleet, stop, until};
@@ -12,7 +14,7 @@ use crate::unattended::priced_turn;
 use common::fake_server::FakeServer;
 
 /// A daemon on machine `m` that reaches the fake provider and prices its model.
-fn priced_daemon(f: &mut Fleet, m: usize, server: &FakeServer, config: &Path) -> Child {
+fn priced_daemon(f: &mut Fleet, m: usize, server: &FakeServer, config: &Path) -> Killed {
     let log = std::fs::File::create(f.log(m)).unwrap();
     f.sup(m)
         .env("SUP_CONFIG", config)
@@ -21,8 +23,7 @@ fn priced_daemon(f: &mut Fleet, m: usize, server: &FakeServer, config: &Path) ->
         .args(["daemon", "--goals", "."])
         .stdout(Stdio::null())
         .stderr(log)
-        .spawn()
-        .unwrap()
+        .spawn_killed()
 }
 
 /// Wait until daemon `m` serves its goals.
@@ -37,7 +38,7 @@ fn serving(f: &Fleet, m: usize) {
 
 /// Goal `w`, whose one `write_file` call waits in the queue for a yes, and machine 0's
 /// daemon serving it.
-fn queued_write(f: &mut Fleet) -> Child {
+fn queued_write(f: &mut Fleet) -> Killed {
     f.goal_turns(
         "w",
         None,

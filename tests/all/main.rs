@@ -14,6 +14,7 @@ mod inprocess;
 mod mcp;
 mod mcp_http;
 mod otel;
+mod newuser;
 mod perf;
 mod providers;
 mod reliability;

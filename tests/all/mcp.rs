@@ -3,30 +3,25 @@
 //! through the binary with the scripted model (and once with a fake OpenAI server, to see the
 //! tools offered). After every test no server process remains.
 
+use crate::common::SpawnKilled;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::common::fake_server::{FakeServer, Indexing, Turn, openai_stream};
 use crate::common::{Env, Run, eventually};
 use serde_json::{Value, json};
 
-/// The npm-installed servers; installed on first use when missing.
+/// The npm-installed servers of `tests/mcp`; a test that needs them fails, naming the
+/// command that installs them, when they are missing (nothing is downloaded behind the
+/// back of `cargo test`).
 pub fn bin(name: &str) -> PathBuf {
-    static READY: OnceLock<PathBuf> = OnceLock::new();
-    let dir = READY.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-        if !dir.join("node_modules/.bin/mcp-server-everything").exists() {
-            let status = std::process::Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(&dir)
-                .status()
-                .expect("npm is needed to install the MCP test servers");
-            assert!(status.success(), "npm ci in tests/mcp failed");
-        }
-        dir.join("node_modules/.bin")
-    });
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/node_modules/.bin");
+    assert!(
+        dir.join("mcp-server-everything").exists(),
+        "the MCP test servers are missing: run `npm ci --no-audit --no-fund` in tests/mcp \
+         (or `bash .ci/run`, which installs them)"
+    );
     dir.join(name)
 }
 
@@ -241,8 +236,7 @@ fn a_long_running_tool_is_cancelled_with_the_run() {
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     // Wait until the call is on its way, then interrupt.
     eventually(Duration::from_secs(30), "the call to start", || {
         let t = m.env.run_dirs().pop().map(|d| d.join("transcript.jsonl"));

@@ -4,9 +4,10 @@
 //! keep-alives, validation, and a provider key echoed by a tool or a 401.
 
 use crate::common;
+use crate::common::{Killed, SpawnKilled};
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::fake_server::{FakeServer, Indexing, Reply, Turn, openai_json, openai_stream};
@@ -118,8 +119,7 @@ fn queued_approval_with_timeout(timeout: &str) {
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let pending = || -> Vec<Value> {
         let out = env.sup().args(["approvals", "--json"]).output().unwrap();
         serde_json::from_slice(&out.stdout).unwrap_or_default()
@@ -209,7 +209,7 @@ fn two_huge_usages_do_not_wrap_below_the_budget() {
 // ------------------------------------------------------------------- no outcome is lost
 
 /// A run that answers after `delay_ms`, started in the background.
-fn slow_run(env: &Env, delay_ms: u64) -> Child {
+fn slow_run(env: &Env, delay_ms: u64) -> Killed {
     let script = env.script(json!([{"text": "the answer", "delay_ms": delay_ms}]));
     env.sup()
         .args(["run", "work"])
@@ -217,8 +217,7 @@ fn slow_run(env: &Env, delay_ms: u64) -> Child {
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .spawn_killed()
 }
 
 fn running_row(env: &Env) -> bool {
@@ -313,8 +312,7 @@ fn read_file_on_a_2_gb_sparse_file_reads_only_its_page() {
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let pid = child.id();
     let mut peak = 0;
     while child.try_wait().unwrap().is_none() {
@@ -841,8 +839,7 @@ fn soak_kill_9_of_the_daemon_twenty_times() {
             .env("SUP_APPROVAL", "auto")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
+            .spawn_killed()
     };
     let started = Instant::now();
     for round in 0..20 {
@@ -936,8 +933,7 @@ fn a_daemon_goal_told_to_wait_1e30_seconds_errors_and_runs_again_next_occurrence
         .env("OPENAI_API_KEY", KEY)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let finished = || {
         Db::open(env.home.path())
             .ok()

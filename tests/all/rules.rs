@@ -5,11 +5,12 @@
 //! to another origin, MCP annotations taken as hints, and a bad rule in a goal file.
 
 use crate::common;
+use crate::common::{Killed, SpawnKilled};
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -477,7 +478,7 @@ fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
 
 /// Run `sup` on a pseudo-terminal that is its controlling terminal; returns the child, the
 /// terminal's writer and everything it has printed so far.
-fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex<Vec<u8>>>) {
+fn on_a_terminal(env: &Env, args: &[String]) -> (Killed, std::fs::File, Arc<Mutex<Vec<u8>>>) {
     let pty = nix::pty::openpty(None, None).unwrap();
     let slave = std::fs::File::from(pty.slave);
     let mut cmd = env.sup();
@@ -496,7 +497,7 @@ fn on_a_terminal(env: &Env, args: &[String]) -> (Child, std::fs::File, Arc<Mutex
             Ok(())
         });
     }
-    let child = cmd.spawn().unwrap();
+    let child = cmd.spawn_killed();
     drop(slave);
     let master = std::fs::File::from(pty.master);
     let reader = master.try_clone().unwrap();
@@ -615,8 +616,7 @@ fn sup_approvals_escapes_a_waiting_command() {
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let deadline = Instant::now() + Duration::from_secs(20);
     let listed = loop {
         let out = env.sup().arg("approvals").output().unwrap();

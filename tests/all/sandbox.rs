@@ -6,6 +6,7 @@
 //! `sup` itself.
 
 use crate::common;
+use crate::common::SpawnKilled;
 
 use std::path::Path;
 
@@ -678,8 +679,7 @@ fn a_goals_command_cannot_read_keys_from_the_daemons_environment() {
     let mut daemon = sup_as_nobody(&env, &["daemon", "--goals", goals.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let result = common::eventually(
         std::time::Duration::from_secs(30),
         "a run of the goal answered its command",
@@ -761,8 +761,7 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
         .arg(format!("script:{}", script.display()))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let pids: Vec<u32> = ["l.pid", "s.pid", "b.pid"]
         .iter()
         .map(|f| pid_in(&env.ws().join(f)))

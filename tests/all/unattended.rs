@@ -4,6 +4,7 @@
 //! `sup status`, `sup service`, `--print-config`, and the bad input each of them refuses.
 
 use crate::common;
+use crate::common::{Killed, SpawnKilled};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -264,8 +265,7 @@ fn a_queued_approval_sends_a_notice_with_its_request_id() {
         .arg(format!("script:{}", script.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     until("the approval notice", 30, || !hook.got().is_empty());
     let n = hook.got()[0].json();
     assert_eq!(n["event"], "approval_needed");
@@ -545,8 +545,7 @@ fn the_previous_answer_carries_over_between_two_daemon_runs() {
         .arg(env.home.path().join("goals"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let runs = || {
         sup::store::db::Db::open(env.home.path())
             .unwrap()
@@ -822,18 +821,17 @@ fn print_config_shows_each_setting_and_where_it_came_from() {
 }
 
 /// `sup daemon --goals HOME/goals`, its output discarded.
-fn daemon(env: &Env) -> std::process::Child {
+fn daemon(env: &Env) -> Killed {
     env.sup()
         .args(["daemon", "--goals"])
         .arg(env.home.path().join("goals"))
         .env_remove("DEEPSEEK_API_KEY")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+        .spawn_killed()
 }
 
-fn stop(mut daemon: std::process::Child) {
+fn stop(mut daemon: Killed) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -994,8 +992,7 @@ fn the_days_spending_counts_a_run_killed_while_it_ran() {
     let mut child = goal_cmd(&env, &config, &server, &file)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     until("the second call", 30, || server.requests().len() == 2);
     child.kill().unwrap();
     child.wait().unwrap();

@@ -4,11 +4,12 @@
 //! (`tests/web/e2e.mjs`), a person's path through `sup daemon --serve`.
 
 use crate::common;
+use crate::common::{Killed, SpawnKilled};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Env, read_jsonl, tool_messages};
@@ -16,9 +17,11 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "a-long-enough-secret-token";
 
-/// A console (or daemon with one) running as a child process; killed when dropped.
+/// A console (or daemon with one) running as a child process; killed when dropped (its
+/// `Killed`).
 pub(crate) struct Console {
-    child: Child,
+    /// Held so that the console ends with its test.
+    _child: Killed,
     pub(crate) addr: String,
     /// Its log (stderr) so far.
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
@@ -30,20 +33,12 @@ impl Console {
     }
 }
 
-impl Drop for Console {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Start `cmd` (whose stderr says `listening on http://ADDR`) and wait for the address.
 pub(crate) fn console(mut cmd: Command) -> Console {
     let mut child = cmd
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
     let addr = loop {
@@ -63,7 +58,11 @@ pub(crate) fn console(mut cmd: Command) -> Console {
             keep.lock().unwrap().push(line);
         }
     });
-    Console { child, addr, log }
+    Console {
+        _child: child,
+        addr,
+        log,
+    }
 }
 
 fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
@@ -219,12 +218,11 @@ fn goals_dir(env: &Env) -> PathBuf {
 }
 
 /// A running command started with `--json`: its child and its run id (from `run_started`).
-fn spawn_json(mut cmd: Command) -> (Child, String, BufReader<ChildStdout>) {
+fn spawn_json(mut cmd: Command) -> (Killed, String, BufReader<ChildStdout>) {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -959,8 +957,7 @@ fn a_daemon_serving_off_loopback_without_a_token_is_exit_2() {
         .env_remove("SUP_SERVE_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let code = common::eventually(Duration::from_secs(20), "the daemon exits", || {
         child.try_wait().unwrap()
     });

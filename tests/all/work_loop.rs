@@ -1,5 +1,6 @@
 //! The work loop through the binary, with the scripted model.
 
+use crate::common::SpawnKilled;
 use std::time::{Duration, Instant};
 
 use crate::common::{Env, Run, eventually, tool_messages};
@@ -546,8 +547,7 @@ fn sigint_during_a_long_command_kills_it_and_keeps_the_transcript() {
         .arg(format!("script:{}", script.display()))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     let pid_file = env.ws.path().join("sleep.pid");
     let sleep_pid: i32 = eventually(Duration::from_secs(20), "the command to start", || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
@@ -590,8 +590,7 @@ fn sigint_while_the_model_thinks_cancels_the_request() {
         .arg(format!("script:{}", script.display()))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_killed();
     // Wait for the run to start (its transcript appears).
     eventually(Duration::from_secs(20), "the run to start", || {
         (!env.run_dirs().is_empty()).then_some(())

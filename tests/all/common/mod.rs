@@ -233,3 +233,55 @@ pub fn user_messages(transcript: &[Value]) -> Vec<String> {
         .map(|e| e["message"]["content"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// A child process (a `sup daemon`, a `sup serve`, a run in the background) that is killed
+/// and reaped when dropped: when its test ends, however it ends (a failed assertion or a
+/// timeout unwinds through it). Used as the `Child` it holds.
+pub struct Killed(Option<std::process::Child>);
+
+impl Killed {
+    /// Start `cmd`, guarded.
+    pub fn spawn(cmd: &mut Command) -> Killed {
+        Killed(Some(cmd.spawn().expect("start the process")))
+    }
+
+    /// Wait for it to end on its own and take what it printed (it is still killed if the
+    /// test ends while waiting).
+    pub fn wait_with_output(mut self) -> std::io::Result<Output> {
+        let child = self.0.take().expect("a child");
+        child.wait_with_output()
+    }
+}
+
+impl std::ops::Deref for Killed {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("a child")
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("a child")
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `cmd.spawn_killed()`: `Killed::spawn(cmd)` at the end of a builder chain.
+pub trait SpawnKilled {
+    fn spawn_killed(&mut self) -> Killed;
+}
+
+impl SpawnKilled for Command {
+    fn spawn_killed(&mut self) -> Killed {
+        Killed::spawn(self)
+    }
+}

@@ -1,0 +1,494 @@
+//! The run pages: the list of runs (filters, pages), one run (summary, transcript live over
+//! server-sent events, checks, kept outputs) and a run's kept files as plain text.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::{Path, Query, State as Ext};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use maud::html;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::State;
+use super::layout::{
+    PageError, Viewer, db_error, error_page, fleet, layout, pg_error, short, status_badge,
+    urlencode, with_db,
+};
+use super::render;
+use crate::store::db::{RunRow, parse_stamp};
+use crate::store::pg::PgStore;
+use crate::store::query::{self, RunFilter};
+use crate::trace::{CheckReport, Event, HumanTrace};
+
+const STATUSES: &[&str] = &[
+    "running",
+    "achieved",
+    "failed",
+    "unfinished",
+    "error",
+    "interrupted",
+];
+const PER_PAGE: u32 = 50;
+/// How often a live transcript looks for new lines: in the run's file…
+const TAIL_POLL: Duration = Duration::from_millis(50);
+/// …and in the fleet's store.
+const FLEET_TAIL_POLL: Duration = Duration::from_millis(250);
+
+/// Transcript events from the fleet's store as JSON lines, each with the sequence number
+/// after it.
+fn event_lines(events: &[(i64, Value)]) -> Vec<(String, u64)> {
+    events
+        .iter()
+        .map(|(seq, v)| (format!("{v}\n"), (*seq + 1).max(0) as u64))
+        .collect()
+}
+
+fn duration(run: &RunRow) -> String {
+    let (Some(start), end) = (
+        parse_stamp(&run.started_at),
+        run.ended_at.as_deref().and_then(parse_stamp),
+    ) else {
+        return String::new();
+    };
+    let end = end.unwrap_or_else(Utc::now);
+    let secs = (end - start).num_milliseconds().max(0) as f64 / 1000.0;
+    if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else {
+        humantime::format_duration(Duration::from_secs(secs as u64)).to_string()
+    }
+}
+
+fn link_query(goal: Option<&str>, status: Option<&str>, page: u32, per: u32) -> String {
+    let mut q = vec![format!("page={page}")];
+    if let Some(g) = goal {
+        q.push(format!("goal={}", urlencode(g)));
+    }
+    if let Some(s) = status {
+        q.push(format!("status={}", urlencode(s)));
+    }
+    if per != PER_PAGE {
+        q.push(format!("per={per}"));
+    }
+    format!("/runs?{}", q.join("&"))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RunsQuery {
+    goal: Option<String>,
+    status: Option<String>,
+    page: Option<u32>,
+    per: Option<u32>,
+}
+
+pub(crate) async fn runs(
+    Ext(state): Ext<Arc<State>>,
+    Extension(viewer): Extension<Viewer>,
+    Query(q): Query<RunsQuery>,
+) -> Response {
+    let goal = q.goal.filter(|g| !g.is_empty());
+    let status = q.status.filter(|s| !s.is_empty());
+    let per = q.per.unwrap_or(PER_PAGE).clamp(1, 500);
+    let page = q.page.unwrap_or(1).max(1);
+    let (g, s) = (goal.clone(), status.clone());
+    let offset = (page - 1).saturating_mul(per);
+    let loaded = match fleet(&state) {
+        Some(pg) => {
+            async {
+                let (rows, total) = pg
+                    .runs_page(g.as_deref(), s.as_deref(), offset, per)
+                    .await
+                    .map_err(pg_error)?;
+                let goals = pg.goal_names().await.map_err(pg_error)?;
+                Ok((rows.into_iter().map(|f| f.run).collect(), total, goals))
+            }
+            .await
+        }
+        None => {
+            with_db(&state, move |db| {
+                let filter = RunFilter {
+                    goal: g.as_deref(),
+                    status: s.as_deref(),
+                };
+                let (rows, total) = query::runs_page(db, &filter, offset, per).map_err(db_error)?;
+                let goals = query::goal_names(db).map_err(db_error)?;
+                Ok((rows, total, goals))
+            })
+            .await
+        }
+    };
+    let (rows, total, goals) = match loaded {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let pages = total.div_ceil(u64::from(per)).max(1);
+    let body = html! {
+        form.filters method="get" action="/runs" {
+            label { "goal "
+                select name="goal" {
+                    option value="" { "all" }
+                    @for g in &goals {
+                        option value=(g) selected[goal.as_deref() == Some(g)] { (g) }
+                    }
+                }
+            }
+            label { "status "
+                select name="status" {
+                    option value="" { "all" }
+                    @for s in STATUSES {
+                        option value=(s) selected[status.as_deref() == Some(*s)] { (s) }
+                    }
+                }
+            }
+            button type="submit" { "Filter" }
+            span.count { (total) " run" @if total != 1 { "s" } }
+        }
+        @if rows.is_empty() {
+            p.empty { "No runs." }
+        } @else {
+            table.runs {
+                thead { tr {
+                    th { "Run" } th { "Goal" } th { "Status" } th { "Stop reason" }
+                    th.num { "Tries" } th.num { "Steps" } th.num { "Tokens in / out" }
+                    th.num { "Cost" } th.num { "Duration" } th { "Trigger" } th { "Started (UTC)" }
+                } }
+                tbody {
+                    @for r in &rows {
+                        tr {
+                            td { a href={ "/runs/" (r.id) } { (r.id) } }
+                            td { (r.goal) }
+                            td { (status_badge(r.status.as_str())) }
+                            td { (r.stop_reason.as_deref().unwrap_or("")) }
+                            td.num { (r.tries) }
+                            td.num { (r.steps) }
+                            td.num { (r.usage.input_tokens) " / " (r.usage.output_tokens) }
+                            td.num { (r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into())) }
+                            td.num { (duration(r)) }
+                            td { (r.trigger) }
+                            td { (short(&r.started_at)) }
+                        }
+                    }
+                }
+            }
+        }
+        nav.pages {
+            @if page > 1 {
+                a rel="prev" href=(link_query(goal.as_deref(), status.as_deref(), page - 1, per)) { "← newer" }
+            }
+            span { "page " (page) " of " (pages) }
+            @if u64::from(page) < pages {
+                a rel="next" href=(link_query(goal.as_deref(), status.as_deref(), page + 1, per)) { "older →" }
+            }
+        }
+    };
+    layout("Runs", &viewer, body).into_response()
+}
+
+/// The complete lines of a transcript from `from`, and the offset after them.
+fn read_lines(path: &FsPath, from: u64) -> (String, u64) {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return (String::new(), from);
+    };
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut buf).is_err() {
+        return (String::new(), from);
+    }
+    let end = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    buf.truncate(end);
+    (
+        String::from_utf8_lossy(&buf).into_owned(),
+        from + end as u64,
+    )
+}
+
+/// Files kept for a run, relative to its folder: cut tool outputs and check outputs.
+fn kept_files(run: &RunRow, checks: &[(u32, CheckReport)]) -> Vec<String> {
+    let dir = PathBuf::from(&run.dir);
+    let mut outputs: Vec<String> = std::fs::read_dir(dir.join("outputs"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().is_file())
+                .map(|e| format!("outputs/{}", e.file_name().to_string_lossy()))
+                .collect()
+        })
+        .unwrap_or_default();
+    outputs.sort();
+    let mut files = vec!["transcript.jsonl".to_string()];
+    files.append(&mut outputs);
+    for (_, c) in checks {
+        for p in c.output_paths() {
+            if let Ok(rel) = FsPath::new(p).strip_prefix(&dir) {
+                let rel = rel.to_string_lossy().into_owned();
+                if !files.contains(&rel) {
+                    files.push(rel);
+                }
+            }
+        }
+    }
+    files
+}
+
+fn trace_for(run: &RunRow) -> HumanTrace {
+    HumanTrace::to(run.goal != "run", Box::new(std::io::sink()))
+}
+
+pub(crate) async fn run(
+    Ext(state): Ext<Arc<State>>,
+    Extension(viewer): Extension<Viewer>,
+    Path(id): Path<String>,
+) -> Response {
+    let loaded = match fleet(&state) {
+        Some(pg) => {
+            async {
+                let f = pg.run(&id).await.map_err(pg_error)?;
+                let checks = pg.checks(&f.run.id).await.map_err(pg_error)?;
+                let events = pg.events_from(&f.run.id, 0).await.map_err(pg_error)?;
+                let lines = event_lines(&events);
+                let offset = lines.last().map_or(0, |(_, at)| *at);
+                let text: String = lines.into_iter().map(|(l, _)| l).collect();
+                Ok((f.run, checks, text, offset, Some(f.host)))
+            }
+            .await
+        }
+        None => {
+            with_db(&state, move |db| {
+                let run = db.run(&id).map_err(db_error)?;
+                let checks = db.checks(&id).map_err(db_error)?;
+                let transcript = FsPath::new(&run.dir).join("transcript.jsonl");
+                let (text, offset) = read_lines(&transcript, 0);
+                Ok((run, checks, text, offset, None))
+            })
+            .await
+        }
+    };
+    let (run, checks, text, offset, host) = match loaded {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let trace = trace_for(&run);
+    let live = run.status == "running";
+    let files = kept_files(&run, &checks);
+    let body = html! {
+        dl.summary {
+            dt { "Status" } dd { (status_badge(run.status.as_str()))
+                @if let Some(s) = &run.stop_reason { " · " (s) } }
+            dt { "Goal" } dd { a href={ "/runs?goal=" (urlencode(&run.goal)) } { (run.goal) } }
+            dt { "Trigger" } dd { (run.trigger)
+                @if let Some(s) = &run.scheduled_for { " · scheduled for " (short(s)) } }
+            @if let Some(h) = &host { dt { "Host" } dd { (h) } }
+            dt { "Model" } dd { (run.model) }
+            dt { "Workspace" } dd { code { (run.workspace) } }
+            dt { "Tries · steps" } dd { (run.tries) " · " (run.steps) }
+            dt { "Tokens" } dd { (run.usage.input_tokens) " in · " (run.usage.output_tokens) " out" }
+            @if let Some(c) = run.cost { dt { "Cost" } dd { (crate::trace::usd(c)) } }
+            dt { "Started · duration" } dd { (short(&run.started_at)) " UTC · " (duration(&run)) }
+            @if let Some(e) = &run.error { dt { "Error" } dd.problem { (render::clean(e)) } }
+        }
+        h2 { "Transcript" @if live { " " span.live { "live" } } }
+        div id="transcript" class="transcript"
+            data-live=(if live { "1" } else { "0" })
+            data-src={ "/runs/" (run.id) "/events?from=" (offset) } {
+            @for e in render::events(&text) {
+                @if let Some(m) = render::event(&trace, &e) { (m) }
+            }
+            @if text.is_empty() { p.empty { "No transcript yet." } }
+        }
+        @if !checks.is_empty() {
+            h2 { "Checks" }
+            table.checks {
+                thead { tr { th { "Try" } th { "Check" } th { "Outcome" } th.num { "Time" } } }
+                tbody {
+                    @for (t, c) in &checks {
+                        tr class=(if c.passed { "ok" } else { "err" }) {
+                            td { (t) }
+                            td { (if c.passed { "✓ " } else { "✗ " }) (c.name) }
+                            td { (c.outcome) }
+                            td.num { (c.duration_ms) "ms" }
+                        }
+                    }
+                }
+            }
+        }
+        @if !files.is_empty() {
+            h2 { "Kept outputs" }
+            ul.files {
+                @for f in &files {
+                    li { a href={ "/runs/" (run.id) "/files/" (f) } { (f) } }
+                }
+            }
+        }
+    };
+    layout(&format!("Run {}", run.id), &viewer, body).into_response()
+}
+
+#[derive(Deserialize)]
+pub(crate) struct FromQuery {
+    from: Option<u64>,
+}
+
+/// The transcript from an offset on, as server-sent events: `line` (one event's HTML, its id
+/// the offset after it) until the run ends, then `end`.
+pub(crate) async fn run_events(
+    Ext(state): Ext<Arc<State>>,
+    Path(id): Path<String>,
+    Query(q): Query<FromQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let run = match load_run(&state, id).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let from = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .or(q.from)
+        .unwrap_or(0);
+    let tail = Tail {
+        path: FsPath::new(&run.dir).join("transcript.jsonl"),
+        offset: from,
+        queued: VecDeque::new(),
+        done: false,
+        polls: 0,
+        trace: trace_for(&run),
+        fleet: fleet(&state).cloned(),
+        state,
+        id: run.id,
+    };
+    let stream = futures::stream::unfold(tail, Tail::next);
+    axum::response::sse::Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+struct Tail {
+    path: PathBuf,
+    offset: u64,
+    queued: VecDeque<Sse>,
+    done: bool,
+    polls: u32,
+    trace: HumanTrace,
+    /// The fleet's store, where the events are when there is one.
+    fleet: Option<PgStore>,
+    state: Arc<State>,
+    id: String,
+}
+
+/// A run by its id, from the store the console serves.
+async fn load_run(state: &Arc<State>, id: String) -> Result<RunRow, PageError> {
+    match fleet(state) {
+        Some(pg) => pg.run(&id).await.map(|f| f.run).map_err(pg_error),
+        None => with_db(state, move |db| db.run(&id).map_err(db_error)).await,
+    }
+}
+
+impl Tail {
+    async fn next(mut self) -> Option<(Result<Sse, Infallible>, Tail)> {
+        loop {
+            if let Some(e) = self.queued.pop_front() {
+                return Some((Ok(e), self));
+            }
+            if self.done || self.state.shutdown.is_cancelled() {
+                return None;
+            }
+            let lines = match &self.fleet {
+                Some(pg) => pg
+                    .events_from(&self.id, self.offset as i64)
+                    .await
+                    .map(|e| event_lines(&e))
+                    .unwrap_or_default(),
+                None => {
+                    let (text, _) = read_lines(&self.path, self.offset);
+                    let mut at = self.offset;
+                    text.split_inclusive('\n')
+                        .map(|l| {
+                            at += l.len() as u64;
+                            (l.to_string(), at)
+                        })
+                        .collect()
+                }
+            };
+            for (line, at) in lines {
+                self.offset = at;
+                let Ok(event) = serde_json::from_str::<Event>(&line) else {
+                    continue;
+                };
+                if let Some(html) = render::event(&self.trace, &event) {
+                    // A newline inside <pre> as a character reference: one `data:` line.
+                    let data = html.into_string().replace('\n', "&#10;");
+                    self.queued
+                        .push_back(Sse::default().event("line").id(at.to_string()).data(data));
+                }
+                if matches!(event, Event::Result { .. }) {
+                    self.done = true;
+                }
+            }
+            if self.done {
+                self.queued
+                    .push_back(Sse::default().event("end").data("end"));
+                continue;
+            }
+            if !self.queued.is_empty() {
+                continue;
+            }
+            // Every second without news: has the run ended without a result (killed)?
+            self.polls += 1;
+            if self.polls.is_multiple_of(20) {
+                let running = load_run(&self.state, self.id.clone())
+                    .await
+                    .is_ok_and(|r| r.status == "running");
+                if !running {
+                    self.done = true;
+                    continue;
+                }
+            }
+            let poll = if self.fleet.is_some() {
+                FLEET_TAIL_POLL
+            } else {
+                TAIL_POLL
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(poll) => {}
+                _ = self.state.shutdown.cancelled() => {}
+            }
+        }
+    }
+}
+
+/// A kept file of a run, as plain text; nothing outside the run's folder.
+pub(crate) async fn run_file(
+    Ext(state): Ext<Arc<State>>,
+    Path((id, path)): Path<(String, String)>,
+) -> Response {
+    let run = match load_run(&state, id).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let not_found = || error_page(StatusCode::NOT_FOUND, "No such file kept for this run.");
+    // Opened beneath the run folder (`openat2` with RESOLVE_BENEATH where the kernel has it):
+    // its `tmp` is the agent's, and a symlink flipped there between a check of the path and
+    // the read would serve any file the console can read (its own /proc/self/environ).
+    let Ok(dir) = cap_std::fs::Dir::open_ambient_dir(&run.dir, cap_std::ambient_authority()) else {
+        return not_found();
+    };
+    match tokio::task::spawn_blocking(move || dir.read(&path)).await {
+        Ok(Ok(bytes)) => (
+            [
+                (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (header::CONTENT_SECURITY_POLICY, "sandbox"),
+            ],
+            bytes,
+        )
+            .into_response(),
+        _ => not_found(),
+    }
+}
