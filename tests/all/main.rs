@@ -7,14 +7,15 @@ mod common;
 
 mod approval;
 mod config;
+mod console_health;
 mod daemon;
 mod fleet;
 mod fleet_history;
 mod inprocess;
 mod mcp;
 mod mcp_http;
-mod otel;
 mod newuser;
+mod otel;
 mod perf;
 mod providers;
 mod reliability;
