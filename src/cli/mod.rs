@@ -433,6 +433,11 @@ pub fn main() -> ExitCode {
         .with_writer(|| crate::redact::Writer(std::io::stderr()))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // Before the runtime: the exporter's HTTP client runs on a thread of its own.
+    if let Err(e) = crate::trace::otel::init() {
+        eprintln!("sup: error: {e}");
+        return ExitCode::from(Ending::Usage.code());
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -504,6 +509,7 @@ pub fn main() -> ExitCode {
     });
     // Tool processes are killed by their own guards; do not wait on stragglers.
     runtime.shutdown_timeout(Duration::from_millis(200));
+    crate::trace::otel::shutdown();
     match result {
         Ok(ending) => ExitCode::from(ending.code()),
         Err(fail) => {

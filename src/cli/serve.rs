@@ -46,6 +46,7 @@ pub(crate) async fn serve(
     use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
+    serve::STANDALONE.store(true, std::sync::atomic::Ordering::Relaxed);
     let handle = start(listen, goals, fleet, shutdown.clone()).await?;
     tokio::select! {
         _ = term.recv() => {}

@@ -6,13 +6,13 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::manage::{db, goal_files};
 use super::{Ending, Fail};
+use crate::schedule::overview;
 use crate::store::db::{Db, RunRow, stamp};
 use crate::store::pg::PgStore;
 
@@ -57,12 +57,6 @@ impl Source {
     }
 }
 
-/// How late an occurrence may still be starting before it counts as overdue.
-const SLACK: Duration = Duration::from_secs(120);
-
-/// Occurrence states that are a verdict or on the way to one: not overdue.
-const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
-
 pub(crate) async fn status(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     status_in(&Source::Local(db()?), dir, json_out).await
 }
@@ -82,19 +76,14 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
         };
         let name = &g.file.name;
         let (paused, last, last_occurrence) = source.known(name).await?;
-        let since: DateTime<Utc> = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .map(DateTime::<Utc>::from)
-            .unwrap_or(now);
+        let since = overview::written_at(&path, now);
         let mut overdue = None;
-        if let Some(s) = g.schedule.as_ref().filter(|_| !paused) {
-            let until = now - chrono::Duration::from_std(SLACK + g.jitter).unwrap_or_default();
-            if let Some(expected) = latest(s, since, until) {
-                let seen = source.occurrence(name, expected).await?;
-                let accounted = seen.is_some_and(|st| ACCOUNTED.contains(&st.as_str()));
-                if !accounted {
-                    overdue = Some(expected.with_timezone(&s.tz).to_rfc3339());
-                }
+        if let Some(expected) = overview::due_occurrence(&g, since, now, paused)
+            && let Some(s) = &g.schedule
+        {
+            let seen = source.occurrence(name, expected).await?;
+            if !overview::accounted(seen.as_deref()) {
+                overdue = Some(expected.with_timezone(&s.tz).to_rfc3339());
             }
         }
         let verdict_ok = last.as_ref().is_none_or(|r| r.status == "achieved");
@@ -135,31 +124,6 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
     } else {
         Ending::ChecksFailed
     })
-}
-
-/// The latest occurrence in `(since, until]`, looking back in widening windows so a
-/// per-second schedule is not walked from a file written long ago.
-fn latest(
-    s: &crate::schedule::cron::Schedule,
-    since: DateTime<Utc>,
-    until: DateTime<Utc>,
-) -> Option<DateTime<Utc>> {
-    for back in [
-        chrono::Duration::minutes(2),
-        chrono::Duration::hours(2),
-        chrono::Duration::days(2),
-        chrono::Duration::days(62),
-        chrono::Duration::days(800),
-    ] {
-        let from = (until - back).max(since);
-        if let Some(t) = s.between(from, until, 1).0.last() {
-            return Some(*t);
-        }
-        if from == since {
-            return None;
-        }
-    }
-    None
 }
 
 fn line(r: &Value) -> String {

@@ -50,13 +50,18 @@ pub struct RawTool {
     timeout: Option<Duration>,
 }
 
-/// An MCP server over stdio: `[[mcp]]` in a file, `--mcp NAME=COMMAND` on the command line.
+/// An MCP server: over stdio (`command`; `--mcp NAME=COMMAND` on the command line) or over
+/// streamable HTTP (`url`, with `headers` whose `${VAR}` come from the environment).
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct McpServer {
     pub(crate) name: String,
-    #[serde(deserialize_with = "argv")]
+    /// Empty for a server over HTTP.
+    #[serde(default, deserialize_with = "argv")]
     pub(crate) command: Vec<String>,
+    pub(crate) url: Option<String>,
+    #[serde(default)]
+    pub(crate) headers: BTreeMap<String, String>,
     #[serde(default)]
     pub(crate) args: Vec<String>,
     #[serde(default)]
@@ -173,6 +178,70 @@ pub(super) fn check_notify(
             line: line_at(text, t.span().start),
             message: e.to_string(),
         })?;
+    }
+    Ok(())
+}
+
+/// Check `[[mcp]]` tables: a server is a `command` or a `url`, and a header that carries a
+/// credential takes it from the environment (`${VAR}`), never from the file.
+pub(super) fn check_mcp(path: &Path, text: &str) -> Result<(), GoalFileError> {
+    #[derive(Deserialize)]
+    struct Tables {
+        #[serde(default)]
+        mcp: Vec<toml::Spanned<toml::Table>>,
+    }
+    let Ok(tables) = toml::from_str::<Tables>(text) else {
+        return Ok(());
+    };
+    for t in &tables.mcp {
+        let err = |message: String| GoalFileError {
+            file: path.display().to_string(),
+            line: line_at(text, t.span().start),
+            message,
+        };
+        let table = t.get_ref();
+        match (table.get("command"), table.get("url")) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "an [[mcp]] server has `command` (stdio) or `url` (streamable HTTP), not \
+                     both"
+                        .into(),
+                ));
+            }
+            (None, None) => {
+                return Err(err(
+                    "an [[mcp]] server needs `command = [\"argv\", …]` (stdio) or `url = \
+                     \"https://…/mcp\"` (streamable HTTP)"
+                        .into(),
+                ));
+            }
+            (None, Some(url)) => {
+                let url = url.as_str().unwrap_or("");
+                if !reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https")) {
+                    return Err(err(format!(
+                        "key `mcp.url`: `{url}` is not an http:// or https:// URL"
+                    )));
+                }
+            }
+            (Some(_), None) => {
+                if table.contains_key("headers") {
+                    return Err(err(
+                        "key `mcp.headers`: headers are for a server over HTTP (`url`)".into(),
+                    ));
+                }
+            }
+        }
+        let headers = table.get("headers").and_then(|h| h.as_table());
+        for (name, value) in headers.into_iter().flatten() {
+            let value = value.as_str().unwrap_or("");
+            if crate::tools::sandbox::is_secret_name(name) && !value.contains("${") {
+                return Err(err(format!(
+                    "key `mcp.headers.{name}`: a credential is never written in the goal file: \
+                     write e.g. `{name} = \"Bearer ${{MCP_TOKEN}}\"` and set MCP_TOKEN in \
+                     the environment"
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -296,6 +365,7 @@ impl GoalFile {
         let mut settings: Settings = from_toml(path, text)?;
         check_notify(path, text, &settings.notify)?;
         check_rules(path, text)?;
+        check_mcp(path, text)?;
         settings.writable = writable(path, text)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         settings.workspace = settings.workspace.map(|w| dir.join(w));

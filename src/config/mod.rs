@@ -821,6 +821,7 @@ impl UserConfig {
         let mut settings: Settings = goal::from_toml(path, text)?;
         goal::check_notify(path, text, &settings.notify)?;
         goal::check_rules(path, text)?;
+        goal::check_mcp(path, text)?;
         settings.writable = goal::writable(path, text)?;
         if let Some(key) = settings.goal_only_keys().first() {
             return Err(ConfigError::Invalid(format!(
@@ -1007,6 +1008,8 @@ fn mcp_server(s: &str) -> Result<McpServer, String> {
     Ok(McpServer {
         name: name.trim().to_string(),
         command,
+        url: None,
+        headers: Default::default(),
         args: Vec::new(),
         env: Default::default(),
         trust_annotations: false,

@@ -297,6 +297,8 @@ impl RunSpec {
                 .map(|m| ServerSpec {
                     name: m.name.clone(),
                     command: m.command.clone(),
+                    url: m.url.clone(),
+                    headers: m.headers.clone(),
                     args: m.args.clone(),
                     env: m.env.clone(),
                     trust_annotations: m.trust_annotations,
@@ -992,6 +994,9 @@ pub(crate) async fn launch_in(
     let mut events = Events::new().with(Arc::new(transcript));
     for sink in sinks {
         events = events.with(sink);
+    }
+    if let Some(spans) = crate::trace::otel::sink(&goal.name) {
+        events = events.with(spans);
     }
     if day_start(spec, Utc::now()).is_some() {
         // Under a daily cap the cost is recorded as it grows: a running run, or one killed,

@@ -1,6 +1,8 @@
 //! The goals of a folder as people see them (`sup goals`, the web console): each goal file
 //! loaded or with its error, its schedule and time zone, next occurrences, paused or not,
-//! skipped and missed counts, and its last run; and finding one goal by name.
+//! skipped and missed counts, and its last run; the occurrence that should have a verdict
+//! by now (`sup status` and the console call a goal overdue when it has none); and finding
+//! one goal by name.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +26,64 @@ pub(crate) enum OverviewError {
     Broken(String),
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+/// How late an occurrence may still be starting before it counts as overdue.
+pub(crate) const SLACK: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Occurrence states that are a verdict or on the way to one: not overdue.
+const ACCOUNTED: &[&str] = &["claimed", "running", "queued", "done", "skipped", "paused"];
+
+/// Whether an occurrence recorded with `status` is accounted for (not overdue).
+pub(crate) fn accounted(status: Option<&str>) -> bool {
+    status.is_some_and(|st| ACCOUNTED.contains(&st))
+}
+
+/// The latest occurrence of `g` that should have started by `now` (allowing the slack and
+/// the goal's jitter) since its file was written at `since`: overdue unless the store has
+/// it `accounted`. None for a paused goal or one without a schedule.
+pub(crate) fn due_occurrence(
+    g: &ScheduledGoal,
+    since: DateTime<Utc>,
+    now: DateTime<Utc>,
+    paused: bool,
+) -> Option<DateTime<Utc>> {
+    let s = g.schedule.as_ref().filter(|_| !paused)?;
+    let until = now - chrono::Duration::from_std(SLACK + g.jitter).unwrap_or_default();
+    latest(s, since, until)
+}
+
+/// When the goal file at `path` was last written (`now` when that cannot be read).
+pub(crate) fn written_at(path: &Path, now: DateTime<Utc>) -> DateTime<Utc> {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(DateTime::<Utc>::from)
+        .unwrap_or(now)
+}
+
+/// The latest occurrence in `(since, until]`, looking back in widening windows so a
+/// per-second schedule is not walked from a file written long ago.
+fn latest(
+    s: &crate::schedule::cron::Schedule,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    for back in [
+        chrono::Duration::minutes(2),
+        chrono::Duration::hours(2),
+        chrono::Duration::days(2),
+        chrono::Duration::days(62),
+        chrono::Duration::days(800),
+    ] {
+        let from = (until - back).max(since);
+        if let Some(t) = s.between(from, until, 1).0.last() {
+            return Some(*t);
+        }
+        if from == since {
+            return None;
+        }
+    }
+    None
 }
 
 /// A goal file of the folder, loaded or with its error.

@@ -1,6 +1,9 @@
 //! The goals page: each goal file's schedule, next occurrences, last verdict, paused state
-//! and file errors, and its actions (run now, pause, resume).
+//! and file errors, its health as `sup status` judges it (overdue or not, a daemon alive),
+//! a chart of its last runs drawn on the server as SVG, and its actions (run now, pause,
+//! resume).
 
+use std::collections::HashMap;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
@@ -20,7 +23,7 @@ use super::layout::{
 };
 use super::render;
 use crate::schedule::overview;
-use crate::store::db::GoalStats;
+use crate::store::db::{GoalStats, RunRow, parse_stamp};
 use crate::store::pg::PgStore;
 use crate::store::query;
 
@@ -31,7 +34,7 @@ pub(crate) async fn goals(
     let dir = state.cfg.goals_dir.clone();
     if !dir.is_dir() {
         // Nothing to list (a console started where there is no goals folder): say so.
-        return goals_page(&state, &viewer, &[]);
+        return goals_page(&state, &viewer, &[], &HashMap::new());
     }
     let loaded = match fleet(&state) {
         Some(pg) => fleet_goals(pg, &dir).await,
@@ -41,7 +44,150 @@ pub(crate) async fn goals(
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    goals_page(&state, &viewer, &rows)
+    let health = match fleet(&state) {
+        Some(pg) => fleet_health(pg, &state.cfg.goals_dir).await,
+        None => local_health(&state, state.cfg.goals_dir.clone()).await,
+    };
+    match health {
+        Ok(h) => goals_page(&state, &viewer, &rows, &h),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// How many runs a goal's chart shows.
+const HISTORY: u32 = 50;
+
+/// A goal's health as `sup status` judges it, and its recent runs.
+#[derive(Default)]
+struct Health {
+    /// The occurrence (UTC) that should have a verdict by now and has none.
+    overdue: Option<String>,
+    /// Whether a daemon that serves the goal is alive; None where this console cannot know.
+    daemon: Option<bool>,
+    /// Its last runs, newest first.
+    history: Vec<RunRow>,
+}
+
+async fn local_health(
+    state: &Arc<State>,
+    dir: PathBuf,
+) -> Result<HashMap<String, Health>, PageError> {
+    // The console of `sup daemon --serve` is the daemon's own: alive while it answers.
+    let daemon = (!super::STANDALONE.load(std::sync::atomic::Ordering::Relaxed)).then_some(true);
+    with_db(state, move |db| {
+        let now = Utc::now();
+        let mut out = HashMap::new();
+        let files = overview::goal_files(&dir)
+            .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        for (path, g) in files {
+            let Ok(g) = g else { continue };
+            let name = g.file.name.clone();
+            let paused = db.paused(&name).map_err(db_error)?;
+            let due = overview::due_occurrence(&g, overview::written_at(&path, now), now, paused);
+            let overdue = match due {
+                Some(at) => {
+                    let seen = db.occurrence_status(&name, at).map_err(db_error)?;
+                    let seen = seen.map(|st| st.to_string());
+                    (!overview::accounted(seen.as_deref())).then(|| at.to_rfc3339())
+                }
+                None => None,
+            };
+            let history = db.runs(Some(&name), None, HISTORY).map_err(db_error)?;
+            out.insert(
+                name,
+                Health {
+                    overdue,
+                    daemon,
+                    history,
+                },
+            );
+        }
+        Ok(out)
+    })
+    .await
+}
+
+async fn fleet_health(pg: &PgStore, dir: &FsPath) -> Result<HashMap<String, Health>, PageError> {
+    let now = Utc::now();
+    let mut out = HashMap::new();
+    let files = overview::goal_files(dir)
+        .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    for (path, g) in files {
+        let Ok(g) = g else { continue };
+        let name = g.file.name.clone();
+        let (paused, _) = pg.goal_state(&name).await.map_err(pg_error)?;
+        let due = overview::due_occurrence(&g, overview::written_at(&path, now), now, paused);
+        let overdue = match due {
+            Some(at) => {
+                let seen = pg.occurrence_status(&name, at).await.map_err(pg_error)?;
+                (!overview::accounted(seen.as_deref())).then(|| at.to_rfc3339())
+            }
+            None => None,
+        };
+        let daemon = Some(pg.live_daemon_for(&name).await.map_err(pg_error)?);
+        let history = pg
+            .runs(Some(&name), None, HISTORY)
+            .await
+            .map_err(pg_error)?
+            .into_iter()
+            .map(|f| f.run)
+            .collect();
+        out.insert(
+            name,
+            Health {
+                overdue,
+                daemon,
+                history,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Seconds a run took (so far, while it runs).
+fn seconds(run: &RunRow) -> f64 {
+    let Some(start) = parse_stamp(&run.started_at) else {
+        return 0.0;
+    };
+    let end = run
+        .ended_at
+        .as_deref()
+        .and_then(parse_stamp)
+        .unwrap_or_else(Utc::now);
+    ((end - start).num_milliseconds().max(0) as f64) / 1000.0
+}
+
+/// The goal's last runs as bars, oldest on the left: the height is the duration, the colour
+/// the outcome; each bar links to its run and names it, its outcome, duration and cost.
+fn history_chart(runs: &[RunRow]) -> maud::Markup {
+    const W: f64 = 9.0;
+    const GAP: f64 = 2.0;
+    const H: f64 = 48.0;
+    let bars: Vec<(&RunRow, f64)> = runs.iter().rev().map(|r| (r, seconds(r))).collect();
+    let longest = bars.iter().map(|(_, d)| *d).fold(0.001, f64::max);
+    let width = (bars.len() as f64 * (W + GAP)).max(W);
+    let achieved = runs.iter().filter(|r| r.status == "achieved").count();
+    let cost: f64 = runs.iter().filter_map(|r| r.cost).sum();
+    html! {
+        svg.history xmlns="http://www.w3.org/2000/svg" width=(width) height=(H)
+            viewBox={ "0 0 " (width) " " (H) } role="img"
+            aria-label={ "the last " (runs.len()) " runs" } {
+            @for (i, (r, d)) in bars.iter().enumerate() {
+                @let bar = (d / longest * (H - 4.0)).max(3.0);
+                a href={ "/runs/" (r.id) } {
+                    rect class={ "bar " (r.status.as_str()) } x=(i as f64 * (W + GAP))
+                        y=(H - bar) width=(W) height=(bar) {
+                        title { (r.id) " · " (r.status.as_str()) " · " (format!("{d:.1}s"))
+                            @if let Some(c) = r.cost { " · " (crate::trace::usd(c)) } }
+                    }
+                }
+            }
+        }
+        p.meta.history-summary {
+            (runs.len()) " runs · " (achieved) " achieved"
+            @if cost > 0.0 { " · " (crate::trace::usd(cost)) " in all" }
+        }
+    }
 }
 
 /// Each goal of the folder as `overview` shows it, with its occurrences skipped while
@@ -100,7 +246,13 @@ async fn local_goals(state: &Arc<State>, dir: PathBuf) -> Result<Vec<(Value, u64
     .await
 }
 
-fn goals_page(state: &State, viewer: &Viewer, rows: &[(Value, u64)]) -> Response {
+fn goals_page(
+    state: &State,
+    viewer: &Viewer,
+    rows: &[(Value, u64)],
+    health: &HashMap<String, Health>,
+) -> Response {
+    let none = Health::default();
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let body = html! {
         p.meta { "Goal files in " code { (state.cfg.goals_dir.display()) } }
@@ -117,6 +269,8 @@ fn goals_page(state: &State, viewer: &Viewer, rows: &[(Value, u64)]) -> Response
             } @else {
                 @let name = s(&r["name"]);
                 @let paused = r["paused"] == true;
+                @let h = health.get(&name).unwrap_or(&none);
+                @let failing = r["last"].is_object() && r["last"]["status"] != "achieved";
                 section.goal id={ "goal-" (name) } {
                     h3 { (name) @if paused { " " span.badge.paused { "paused" } } }
                     dl {
@@ -133,6 +287,24 @@ fn goals_page(state: &State, viewer: &Viewer, rows: &[(Value, u64)]) -> Response
                                 " · " a href={ "/runs/" (s(&r["last"]["run_id"])) } { "run " (s(&r["last"]["run_id"])) }
                             } @else { "never run" }
                         }
+                        dt { "Health" }
+                        dd.health {
+                            @if let Some(at) = &h.overdue {
+                                span.badge.failed { "overdue" } " the occurrence of " (short(at))
+                                    " has no verdict"
+                            } @else if failing {
+                                span.badge.failed { "failing" } " its last run did not achieve"
+                            } @else { span.badge.achieved { "healthy" } }
+                            " · daemon: "
+                            @match h.daemon {
+                                Some(true) => { span.daemon.alive { "alive" } }
+                                Some(false) => { span.daemon.dead { "none alive serves it" } }
+                                None => { span.daemon { "not known to a console alone (see "
+                                    code { "sup status" } ")" } }
+                            }
+                        }
+                        dt { "History" }
+                        dd { @if h.history.is_empty() { "no runs yet" } @else { (history_chart(&h.history)) } }
                         dt { "Occurrences" }
                         dd.counts { "skipped " (r["skipped"]) " · missed " (r["missed"]) " · skipped while paused " span.paused-count { (paused_skips) } }
                         dt { "File" } dd { code { (s(&r["file"])) } }

@@ -44,6 +44,11 @@ pub(crate) enum ServeError {
     },
 }
 
+/// Set by `sup serve`: a console of its own, outside any daemon, which cannot tell whether a
+/// local daemon runs.
+pub(crate) static STANDALONE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// What the console serves and how.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {

@@ -1,4 +1,5 @@
-//! The run pages: the list of runs (filters, pages), one run (summary, transcript live over
+//! The run pages: the list of runs (filters, pages), one run (summary, its waiting approval
+//! requests with their buttons, a rerun button, step durations, transcript live over
 //! server-sent events, checks, kept outputs) and a run's kept files as plain text.
 
 use std::collections::VecDeque;
@@ -274,6 +275,17 @@ pub(crate) async fn run(
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
+    let run_id = run.id.clone();
+    let waiting = match fleet(&state) {
+        Some(pg) => pg.approvals("pending").await.map_err(pg_error),
+        None => with_db(&state, |db| db.pending_approvals().map_err(db_error)).await,
+    };
+    let waiting: Vec<_> = match waiting {
+        Ok(w) => w.into_iter().filter(|a| a.run_id == run_id).collect(),
+        Err(e) => return e.into_response(),
+    };
+    let steps = step_durations(&text);
+    let rerun = crate::schedule::overview::find(&state.cfg.goals_dir, &run.goal).is_ok();
     let trace = trace_for(&run);
     let live = run.status == "running";
     let files = kept_files(&run, &checks);
@@ -302,6 +314,50 @@ pub(crate) async fn run(
             @if let Some(c) = run.cost { dt { "Cost" } dd { (crate::trace::usd(c)) } }
             dt { "Started · duration" } dd { (short(&run.started_at)) " UTC · " (duration(&run)) }
             @if let Some(e) = &run.error { dt { "Error" } dd.problem { (render::clean(e)) } }
+        }
+        @if !waiting.is_empty() {
+            h2 { "Waiting for a person" }
+            @for a in &waiting {
+                section.request id={ "req-" (a.id) } {
+                    p.meta { @if a.kind == "check" { "human check " } @else { (a.tool) " " } code { (a.id) }
+                        " · denied at " (short(&a.deadline)) " UTC unless answered" }
+                    pre.what { (render::clean(&crate::trace::one_line(&a.input, 400))) }
+                    @if let Some(sess) = &viewer.0 {
+                        div.actions {
+                            form method="post" action={ "/approvals/" (a.id) "/approve" } {
+                                input type="hidden" name="csrf" value=(sess.csrf);
+                                button.approve type="submit" { "Approve" }
+                            }
+                            form.deny method="post" action={ "/approvals/" (a.id) "/deny" } {
+                                input type="hidden" name="csrf" value=(sess.csrf);
+                                input type="text" name="reason" placeholder="reason (the model reads it)" maxlength="2000";
+                                button.deny type="submit" { "Deny" }
+                            }
+                        }
+                    } @else {
+                        p { a href={ "/signin?next=/runs/" (run.id) } { "Sign in" } " to answer." }
+                    }
+                }
+            }
+        }
+        @if rerun && !live {
+            @if let Some(sess) = &viewer.0 {
+                form.rerun method="post" action={ "/goals/" (urlencode(&run.goal)) "/trigger" } {
+                    input type="hidden" name="csrf" value=(sess.csrf);
+                    button type="submit" { "Run " (run.goal) " again" }
+                }
+            }
+        }
+        @if !steps.is_empty() {
+            h2 { "Steps" }
+            table.steps {
+                thead { tr { th { "Step" } th.num { "Time" } } }
+                tbody {
+                    @for (step, ms) in &steps {
+                        tr { td { (step) } td.num { (ms) "ms" } }
+                    }
+                }
+            }
         }
         h2 { "Transcript" @if live { " " span.live { "live" } } }
         div id="transcript" class="transcript"
@@ -338,6 +394,35 @@ pub(crate) async fn run(
         }
     };
     layout(&format!("Run {}", run.id), &viewer, body).into_response()
+}
+
+/// Each step's wall time, from the transcript's timestamps: from its `step_started` to the
+/// next step, or to the end of its work loop. A step still running is left out.
+fn step_durations(text: &str) -> Vec<(u64, i64)> {
+    let mut out = Vec::new();
+    let mut open: Option<(u64, chrono::DateTime<Utc>)> = None;
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let Some(at) = v["at"]
+            .as_str()
+            .and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok())
+        else {
+            continue;
+        };
+        let at = at.with_timezone(&Utc);
+        let kind = v["type"].as_str().unwrap_or("");
+        if matches!(kind, "step_started" | "work_finished")
+            && let Some((step, from)) = open.take()
+        {
+            out.push((step, (at - from).num_milliseconds().max(0)));
+        }
+        if kind == "step_started" {
+            open = v["step"].as_u64().map(|s| (s, at));
+        }
+    }
+    out
 }
 
 #[derive(Deserialize)]

@@ -1,4 +1,6 @@
-//! MCP tools: the servers a goal names, started over stdio with the official SDK (`rmcp`),
+//! MCP tools: the servers a goal names, started over stdio, or reached over streamable HTTP
+//! (`url`, with `headers` whose `${VAR}` come from the environment), with the official SDK
+//! (`rmcp`),
 //! initialized, their tools listed (every page) and offered to the model as `SERVER__TOOL`
 //! through the same schema gate as every tool; calls with a timeout and cancellation; risk
 //! `exec`, or from annotations (`readOnlyHint` → read) when the server is trusted with
@@ -32,8 +34,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug)]
 pub struct ServerSpec {
     pub(crate) name: String,
-    /// The program and its first arguments.
+    /// The program and its first arguments (empty for a server over HTTP).
     pub(crate) command: Vec<String>,
+    /// A server over streamable HTTP instead of a program.
+    pub(crate) url: Option<String>,
+    /// Headers sent to a server over HTTP, `${VAR}` taken from the environment.
+    pub(crate) headers: BTreeMap<String, String>,
     pub(crate) args: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
     /// Believe the server's annotations: `readOnlyHint` makes a tool `read`.
@@ -50,6 +56,12 @@ pub enum McpError {
     Spawn {
         name: String,
         command: String,
+        reason: String,
+    },
+    #[error("MCP server `{name}` at {url}: {reason}")]
+    Http {
+        name: String,
+        url: String,
         reason: String,
     },
     #[error("MCP server `{name}` did not initialize: {reason}{stderr}")]
@@ -193,6 +205,9 @@ async fn start_one(
     jail: &super::sandbox::Jail,
     run_id: &str,
 ) -> Result<(Server, Vec<rmcp::model::Tool>), McpError> {
+    if let Some(url) = &spec.url {
+        return start_http(spec, url, log_dir).await;
+    }
     let shown = spec
         .command
         .iter()
@@ -314,6 +329,102 @@ async fn start_one(
             })
         }
     }
+}
+
+/// `${NAME}` in `value`, each from the environment `sup` started with (secrets included);
+/// what was taken is redacted from then on.
+fn expand(value: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(len) = rest[start + 2..].find('}') else {
+            return Err(format!("`{value}` has a `${{` without its `}}`"));
+        };
+        let name = &rest[start + 2..start + 2 + len];
+        let Some(v) = crate::startup::var(name) else {
+            return Err(format!(
+                "its header needs the environment variable {name}, which is not set"
+            ));
+        };
+        crate::redact::add(&v);
+        out.push_str(&v);
+        rest = &rest[start + 3 + len..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// What a failed start over HTTP says: the status where the server gave one.
+fn http_reason(error: &str) -> String {
+    if error.contains("Auth required") {
+        "the server answered 401 Unauthorized: check this server's `headers` (e.g. \
+         `Authorization = \"Bearer ${MCP_TOKEN}\"`) and that the variable holds a valid token"
+            .to_string()
+    } else if error.contains("Insufficient scope") {
+        "the server answered 403 Forbidden: the token lacks the scope it needs".to_string()
+    } else if error.contains("error sending request") || error.contains("Connection refused") {
+        format!("cannot reach the server (is it running, and is the URL right?): {error}")
+    } else {
+        format!("it did not initialize: {error}")
+    }
+}
+
+/// Reach a server over streamable HTTP, initialize it and list its tools.
+async fn start_http(
+    spec: &ServerSpec,
+    url: &str,
+    log_dir: &Path,
+) -> Result<(Server, Vec<rmcp::model::Tool>), McpError> {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let fail = |reason: String| McpError::Http {
+        name: spec.name.clone(),
+        url: url.to_string(),
+        reason,
+    };
+    let mut headers = std::collections::HashMap::new();
+    for (name, value) in &spec.headers {
+        let value = expand(value).map_err(fail)?;
+        let header = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| fail(format!("header `{name}`: {e}")))?;
+        let mut value = reqwest::header::HeaderValue::from_str(&value)
+            .map_err(|e| fail(format!("header `{name}`: {e}")))?;
+        value.set_sensitive(true);
+        headers.insert(header, value);
+    }
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+    let transport = StreamableHttpClientTransport::from_config(config);
+    let started = tokio::time::timeout(START_TIMEOUT, async {
+        let client = ().serve(transport).await.map_err(|e| fail(http_reason(&format!("{e:#}"))))?;
+        let tools = client
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| fail(format!("tools/list failed: {e}")))?;
+        Ok::<_, McpError>((client, tools))
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(fail(format!(
+            "no answer within {}s",
+            START_TIMEOUT.as_secs()
+        )))
+    })?;
+    let (client, tools) = started;
+    Ok((
+        Server {
+            name: spec.name.clone(),
+            peer: client.peer().clone(),
+            client: tokio::sync::Mutex::new(Some(client)),
+            group: None,
+            log: log_dir.join(format!(
+                "mcp-{}.log",
+                crate::tools::process::safe_name(&spec.name)
+            )),
+        },
+        tools,
+    ))
 }
 
 /// One tool of one server.

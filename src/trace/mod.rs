@@ -1,9 +1,11 @@
 //! The event stream every layer reports through, and its renderers: the human trace on
 //! stderr (one line per event, icons ▶ ⚙ ✓ ✗ ◆) and JSON lines on stdout (`--json`).
-//! The transcript writer in `store` is one more sink on the same stream.
+//! The transcript writer in `store` is one more sink on the same stream, and so are the
+//! OpenTelemetry spans (`otel`).
 
 mod event;
 mod human;
+pub mod otel;
 
 pub use event::{
     AttemptReport, CheckKind, CheckReport, Event, EventSink, Events, Status, StopReason, Thread,

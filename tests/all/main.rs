@@ -7,6 +7,7 @@ mod common;
 
 mod approval;
 mod config;
+mod console_health;
 mod daemon;
 mod exam;
 mod fleet;
@@ -16,7 +17,9 @@ mod jail;
 mod judge;
 mod long_runs;
 mod mcp;
+mod mcp_http;
 mod newuser;
+mod otel;
 mod perf;
 mod providers;
 mod reliability;

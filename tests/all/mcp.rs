@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 /// The npm-installed servers of `tests/mcp`; a test that needs them fails, naming the
 /// command that installs them, when they are missing (nothing is downloaded behind the
 /// back of `cargo test`).
-fn bin(name: &str) -> PathBuf {
+pub fn bin(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/node_modules/.bin");
     assert!(
         dir.join("mcp-server-everything").exists(),

@@ -84,13 +84,20 @@ async function main() {
   await goal.getByRole("button", { name: "Pause" }).click();
   await page.waitForURL(/\/goals$/);
   await goal.locator(".badge.paused").waitFor();
-  for (let i = 0; ; i++) {
-    const n = Number(await goal.locator(".paused-count").innerText());
-    if (n > 0) break;
-    if (i > 40) throw new Error("the daemon did not skip the paused goal");
-    await page.waitForTimeout(250);
-    await page.reload();
-  }
+  // The list refreshes itself: the skip shows up without a reload.
+  await page.evaluate(() => { window.__samePage = true; });
+  await page.waitForFunction(
+    (name) => window.__samePage &&
+      Number(document.querySelector(`#goal-${name} .paused-count`)?.innerText) > 0 &&
+      Number(document.querySelector("main").dataset.refreshed || 0) > 0,
+    cfg.goal,
+  );
+
+  step("the goal's health: its daemon alive, a chart of its runs");
+  await goal.locator(".daemon.alive").waitFor();
+  const bars = await goal.locator("svg.history rect.bar.achieved").count();
+  if (bars < 1) throw new Error(`the history chart shows ${bars} achieved runs`);
+  await goal.locator(".history-summary").waitFor();
   await shot("goals");
   if (foreign.length) throw new Error(`requests to other sites: ${foreign.join(", ")}`);
 }
