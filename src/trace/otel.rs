@@ -366,9 +366,13 @@ impl RunSpans {
                 let span = cx.span();
                 span.set_attributes([
                     KeyValue::new("sup.check.name", report.name.clone()),
+                    KeyValue::new("sup.check.kind", report.kind.as_str()),
                     KeyValue::new("sup.check.passed", report.passed),
                     KeyValue::new("sup.check.outcome", report.outcome.clone()),
                 ]);
+                if let Some(model) = &report.model {
+                    span.set_attribute(KeyValue::new("sup.check.model", model.clone()));
+                }
                 if !report.passed {
                     span.set_status(Status::error(report.outcome.clone()));
                 }

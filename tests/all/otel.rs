@@ -231,6 +231,7 @@ fn a_run_with_two_tries_a_tool_call_and_a_check_is_exported_as_genai_spans() {
     );
     for c in &checks {
         assert_eq!(text(c, "sup.check.name"), "grep -q two out.txt");
+        assert_eq!(text(c, "sup.check.kind"), "command");
         assert!(
             try_ids.contains(&&c.parent_span_id),
             "a check is in its try"
