@@ -42,6 +42,8 @@ fn python_project(env: &Env) {
 /// `sup goal` on the Python project with its runner as the check, as root or as 65534.
 fn goal_run(env: &Env, nobody: bool, turns: Value, args: &[&str]) -> Run {
     let script = env.script(turns);
+    // The agent's git is pinned to the real repository, so its `git init` may fail: the
+    // `.git` file itself is what the protection must catch.
     let mut c = if nobody {
         env.sup_as_nobody()
     } else {
@@ -232,7 +234,7 @@ fn empty_repository(nobody: bool) {
         cmd(
             "c",
             "echo 'debug = true' > app/settings.txt; echo done > app/notes.txt; \
-             git init -q --bare app/.g && git --git-dir=app/.g config core.bare false && \
+             (git init -q --bare app/.g && git --git-dir=app/.g config core.bare false); \
              printf 'gitdir: .g\\n' > app/.git"
         ),
         say("done")
