@@ -54,6 +54,17 @@ pub struct ToolCall {
     pub(crate) arguments: String,
 }
 
+impl ToolCall {
+    /// A call as a model would propose it (models outside the crate: benches, tests).
+    pub fn new(id: &str, name: &str, arguments: &str) -> Self {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
     pub call_id: String,

@@ -442,6 +442,14 @@ impl EventSink for HumanTrace {
             let _ = err.flush();
             return;
         }
+        // A partial answer not streamed here (`sup show`) shows its text.
+        if let Event::Partial { text, .. } = event
+            && !state.streaming
+            && !text.is_empty()
+        {
+            let lines: Vec<String> = text.lines().map(|l| format!("  {l}")).collect();
+            let _ = writeln!(err, "{}", escape(&lines.join("\n")));
+        }
         if let Event::ModelText { .. } = event {
             if state.streaming {
                 state.streaming = false;

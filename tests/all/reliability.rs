@@ -498,7 +498,7 @@ fn the_partial_answer_of_a_failed_stream_is_in_the_transcript() {
     let transcript = env.transcript();
     let text: String = transcript
         .iter()
-        .filter(|e| e["type"] == "model_text")
+        .filter(|e| e["type"] == "partial")
         .map(|e| e["text"].as_str().unwrap().to_string())
         .collect();
     assert!(text.starts_with("the first part"), "{transcript:?}");
