@@ -401,3 +401,60 @@ fn a_4_gb_allocation_is_killed_with_a_result_that_says_so() {
         assert!(sandbox_line(&run).contains("512M of memory"));
     });
 }
+
+/// `sup` as `env.sup()` (or `env.sup_as_nobody()`) sets it up, but from `program`.
+fn sup_from(env: &Env, program: &std::path::Path, nobody: bool) -> std::process::Command {
+    let mut c = if nobody {
+        // Gives SUP_HOME and the workspace to 65534.
+        drop(env.sup_as_nobody());
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(program)
+            .env("HOME", env.home.path());
+        c
+    } else {
+        std::process::Command::new(program)
+    };
+    c.env("SUP_HOME", env.home.path())
+        .env("SUP_APPROVAL", "auto")
+        .env("SUP_CONFIG", env.home.path().join("no-config.toml"))
+        .env_remove("SUP_MODEL")
+        .env_remove("RUST_LOG")
+        .current_dir(env.ws())
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+#[test]
+fn a_byte_identical_copy_of_the_binary_cannot_approve_through_the_console() {
+    use crate::web::{attack_loop, console, goals_dir, run_beside_a_loop};
+    both(|nobody| {
+        let env = Env::new();
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("helper");
+        std::fs::copy(env!("CARGO_BIN_EXE_sup"), &copy).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut serve = if nobody {
+            env.sup_as_nobody()
+        } else {
+            env.sup()
+        };
+        serve
+            .args(["serve", "--listen", "127.0.0.1:0", "--goals"])
+            .arg(goals_dir(&env));
+        let c = console(serve);
+        env.write("loop.sh", &attack_loop(&c.addr));
+        let run = run_beside_a_loop(&env, sup_from(&env, &copy, nobody));
+        let codes = std::fs::read_to_string(env.ws().join("codes")).unwrap_or_default();
+        assert!(!env.ws().join("forbidden.txt").exists(), "{codes}");
+        assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+        assert!(codes.contains("signin 403"), "{codes}");
+        assert!(
+            codes.lines().all(|l| l.ends_with(" 403")),
+            "only refusals: {codes}"
+        );
+        let said = std::fs::read_to_string(env.ws().join("signin.out")).unwrap();
+        assert!(said.contains("jail"), "{said}");
+    });
+}
