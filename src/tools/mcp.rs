@@ -282,13 +282,20 @@ async fn start_one(
     });
     match started {
         Ok((client, tools)) => Ok((
-            Server {
-                name: spec.name.clone(),
-                peer: client.peer().clone(),
-                client: tokio::sync::Mutex::new(Some(client)),
-                group,
-                _held: held,
-                log,
+            // What the server runs now is its own; what it starts from here on (a tool's
+            // job) is the agent's, and swept before the checks.
+            {
+                if let Some(h) = &held {
+                    h.freeze();
+                }
+                Server {
+                    name: spec.name.clone(),
+                    peer: client.peer().clone(),
+                    client: tokio::sync::Mutex::new(Some(client)),
+                    group,
+                    _held: held,
+                    log,
+                }
             },
             tools,
         )),

@@ -458,3 +458,72 @@ fn a_byte_identical_copy_of_the_binary_cannot_approve_through_the_console() {
         assert!(said.contains("jail"), "{said}");
     });
 }
+
+/// A minimal MCP server over stdio with one tool, `run`, that starts a shell command in the
+/// background as its own child (as many MCP servers' command tools do).
+const RUNNER: &str = r#"
+import json, subprocess, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if 'id' not in m:
+        continue
+    meth = m.get('method')
+    if meth == 'initialize':
+        r = {"protocolVersion": m['params'].get('protocolVersion', '2024-11-05'),
+             "capabilities": {"tools": {}}, "serverInfo": {"name": "runner", "version": "1"}}
+    elif meth == 'tools/list':
+        r = {"tools": [{"name": "run", "description": "run a command in the background",
+             "inputSchema": {"type": "object", "properties": {"command": {"type": "string"}},
+                             "required": ["command"]}}]}
+    elif meth == 'tools/call':
+        subprocess.Popen(m['params']['arguments']['command'], shell=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        r = {"content": [{"type": "text", "text": "started"}]}
+    else:
+        r = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": m['id'], "result": r}), flush=True)
+"#;
+
+#[test]
+fn a_job_an_mcp_tool_started_is_gone_before_the_check() {
+    both(|nobody| {
+        let env = Env::new();
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let server = dir.path().join("runner.py");
+        std::fs::write(&server, RUNNER).unwrap();
+        let tag = format!("mcpjob{}{}", std::process::id(), nobody as u8);
+        env.write(
+            "job.sh",
+            "while :; do echo 42 > answer.txt; sleep 0.05; done\n",
+        );
+        let body = format!(
+            "{GOAL}tries = 1\n[[mcp]]\nname = \"runner\"\ncommand = [\"python3\", \"{}\"]\n\
+             [[check]]\nrun = \"echo 41 > answer.txt; sleep 0.3; grep -qx 41 answer.txt\"\n",
+            server.display()
+        );
+        let run = goal(
+            &env,
+            nobody,
+            &body,
+            json!([
+                {"tool_calls": [{"id": "j", "name": "runner__run",
+                  "input": {"command": format!("bash job.sh {tag}")}}]},
+                cmd(
+                    "wait",
+                    "for i in $(seq 200); do grep -qx 42 answer.txt 2>/dev/null && break; \
+                     sleep 0.02; done; cat answer.txt"
+                ),
+                say("done")
+            ]),
+        );
+        assert!(
+            text(run.tool_result("wait")).contains("42"),
+            "{}",
+            run.stdout
+        );
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    });
+}
