@@ -376,6 +376,14 @@ impl Jail {
         hidden.dedup();
         let mut keep: Vec<PathBuf> = self.writable.clone();
         keep.extend([self.run_dir.clone(), self.workspace.clone()]);
+        // The goal's own folder (its command tools and check data) and the daemon's goals
+        // folder stay visible, wherever SUP_HOME is.
+        keep.extend(
+            s.protect
+                .iter()
+                .filter_map(|p| p.parent().map(Path::to_path_buf)),
+        );
+        keep.extend(s.goals.iter().cloned());
         keep.extend(readable);
         let keep: Vec<PathBuf> = keep.iter().map(|k| lenient_canonical(k)).collect();
         let empty = self.run_dir.join("empty");
