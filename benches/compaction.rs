@@ -157,6 +157,7 @@ async fn run(steps: u32, dir: &std::path::Path) -> (Arc<Seen>, Duration) {
         jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
         started: Instant::now(),
         gate: None,
+        guarded: Default::default(),
     };
     let mut messages = sup::model::Conversation::new();
     let started = Instant::now();

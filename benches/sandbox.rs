@@ -1,6 +1,7 @@
 //! What the sandbox costs a command: `bash -c true` (what `run_command "true"` runs) through
-//! the process runner, unconfined and in the default `workspace-write` jail (Landlock only,
-//! with a `.git` folder, which adds a mount namespace with a read-only bind, and with a goal
+//! the process runner, unconfined and in the default `workspace-write` jail (the run's PID
+//! namespace with its relay and own `/proc`, the seccomp filter, the hidden files, the
+//! limits and Landlock; with a `.git` folder, which adds a read-only bind, and with a goal
 //! file two folders deep, whose parents are bound onto themselves too). Median and mean per
 //! command, and the sandbox's extra time beside its target. Run: `cargo bench --bench sandbox`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

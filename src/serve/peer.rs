@@ -4,15 +4,18 @@
 //! `sup` started (or from one that cannot be identified) is refused, so the agent cannot
 //! answer its own approvals. The client socket is found in `/proc/net/tcp{,6}` (its local
 //! address is the peer's, its remote ours), its holders by `socket:[INODE]` among
-//! `/proc/*/fd`, and each holder's parent chain is walked: an ancestor that runs this very
-//! binary (same file, by device and inode; by name where the kernel hides the file of a
-//! non-dumpable process), or any process of the chain that started with `SUP_RUN_ID`, is
-//! `sup`'s. Orphans are re-parented to `sup` (a subreaper), so double forks still lead there.
+//! `/proc/*/fd`, and each holder's parent chain is walked: a process that lives in a run's
+//! jail (a PID namespace other than the console's own, by `/proc/PID/ns/pid`: a copy of
+//! the binary under any name is no exception), an ancestor that runs this very binary (same
+//! file, by device and inode; by name where the kernel hides the file of a non-dumpable
+//! process), or any process of the chain that started with `SUP_RUN_ID`, is `sup`'s.
+//! Orphans outside a jail are re-parented to `sup` (a subreaper), so double forks still
+//! lead there.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 
-use crate::tools::sandbox::{parent_of, run_of};
+use crate::tools::sandbox::{ns_of, parent_of, run_of};
 
 /// Both ends of an accepted connection, as the server sees them.
 #[derive(Clone, Copy, Debug)]
@@ -118,6 +121,12 @@ fn comm(pid: i32) -> String {
 
 /// Why process `pid` counts as `sup`'s own, if it does.
 fn sups(pid: i32, me: (u64, u64), my_comm: &str) -> Option<String> {
+    let theirs = ns_of(pid);
+    if theirs.is_some() && theirs != ns_of(std::process::id() as i32) {
+        return Some(format!(
+            "process {pid} lives in a run's jail (its own PID namespace)"
+        ));
+    }
     match std::fs::metadata(format!("/proc/{pid}/exe")) {
         Ok(m) if (m.dev(), m.ino()) == me => return Some(format!("process {pid} runs sup")),
         Ok(_) => {}

@@ -75,11 +75,6 @@ pub enum McpError {
 /// Process groups of live servers, so that even a hard exit can end them.
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
-/// The process groups of live servers (the sweep leaves them alone).
-pub(crate) fn live_groups() -> Vec<i32> {
-    LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default()
-}
-
 /// Kill every server process group still alive (used on a hard exit).
 pub(crate) fn kill_all() {
     if let Ok(groups) = LIVE_GROUPS.lock() {
@@ -97,6 +92,8 @@ pub(crate) struct Server {
     client: tokio::sync::Mutex<Option<Client>>,
     peer: rmcp::service::Peer<RoleClient>,
     group: Option<i32>,
+    /// Left alone by the sweep while the server lives (the reaper's registry).
+    _held: Option<crate::tools::sandbox::Held>,
     log: PathBuf,
 }
 
@@ -251,7 +248,7 @@ async fn start_one(
         .apply(&mut cmd, &extra, spec.sandbox)
         .map_err(|e| spawn_err(e.to_string()))?;
     // Known as a live server before any sweep can see it.
-    let (transport, stderr, group) = {
+    let (transport, stderr, group, held) = {
         let _spawning = crate::tools::sandbox::spawning();
         let (transport, stderr) = TokioChildProcess::builder(cmd)
             .stderr(Stdio::piped())
@@ -261,7 +258,8 @@ async fn start_one(
         if let (Some(g), Ok(mut live)) = (group, LIVE_GROUPS.lock()) {
             live.push(g);
         }
-        (transport, stderr, group)
+        let held = group.map(crate::tools::sandbox::Held::new);
+        (transport, stderr, group, held)
     };
     drop(armed);
     if let Some(g) = group {
@@ -304,12 +302,20 @@ async fn start_one(
     });
     match started {
         Ok((client, tools)) => Ok((
-            Server {
-                name: spec.name.clone(),
-                peer: client.peer().clone(),
-                client: tokio::sync::Mutex::new(Some(client)),
-                group,
-                log,
+            // What the server runs now is its own; what it starts from here on (a tool's
+            // job) is the agent's, and swept before the checks.
+            {
+                if let Some(h) = &held {
+                    h.freeze();
+                }
+                Server {
+                    name: spec.name.clone(),
+                    peer: client.peer().clone(),
+                    client: tokio::sync::Mutex::new(Some(client)),
+                    group,
+                    _held: held,
+                    log,
+                }
             },
             tools,
         )),
@@ -418,6 +424,7 @@ async fn start_http(
             peer: client.peer().clone(),
             client: tokio::sync::Mutex::new(Some(client)),
             group: None,
+            _held: None,
             log: log_dir.join(format!(
                 "mcp-{}.log",
                 crate::tools::process::safe_name(&spec.name)

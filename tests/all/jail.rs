@@ -401,3 +401,129 @@ fn a_4_gb_allocation_is_killed_with_a_result_that_says_so() {
         assert!(sandbox_line(&run).contains("512M of memory"));
     });
 }
+
+/// `sup` as `env.sup()` (or `env.sup_as_nobody()`) sets it up, but from `program`.
+fn sup_from(env: &Env, program: &std::path::Path, nobody: bool) -> std::process::Command {
+    let mut c = if nobody {
+        // Gives SUP_HOME and the workspace to 65534.
+        drop(env.sup_as_nobody());
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(program)
+            .env("HOME", env.home.path());
+        c
+    } else {
+        std::process::Command::new(program)
+    };
+    c.env("SUP_HOME", env.home.path())
+        .env("SUP_APPROVAL", "auto")
+        .env("SUP_CONFIG", env.home.path().join("no-config.toml"))
+        .env_remove("SUP_MODEL")
+        .env_remove("RUST_LOG")
+        .current_dir(env.ws())
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+#[test]
+fn a_byte_identical_copy_of_the_binary_cannot_approve_through_the_console() {
+    use crate::web::{attack_loop, console, goals_dir, run_beside_a_loop};
+    both(|nobody| {
+        let env = Env::new();
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("helper");
+        std::fs::copy(env!("CARGO_BIN_EXE_sup"), &copy).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut serve = if nobody {
+            env.sup_as_nobody()
+        } else {
+            env.sup()
+        };
+        serve
+            .args(["serve", "--listen", "127.0.0.1:0", "--goals"])
+            .arg(goals_dir(&env));
+        let c = console(serve);
+        env.write("loop.sh", &attack_loop(&c.addr));
+        let run = run_beside_a_loop(&env, sup_from(&env, &copy, nobody));
+        let codes = std::fs::read_to_string(env.ws().join("codes")).unwrap_or_default();
+        assert!(!env.ws().join("forbidden.txt").exists(), "{codes}");
+        assert_eq!(run.tool_result("w")["is_error"], true, "{}", run.stdout);
+        assert!(codes.contains("signin 403"), "{codes}");
+        assert!(
+            codes.lines().all(|l| l.ends_with(" 403")),
+            "only refusals: {codes}"
+        );
+        let said = std::fs::read_to_string(env.ws().join("signin.out")).unwrap();
+        assert!(said.contains("jail"), "{said}");
+    });
+}
+
+/// A minimal MCP server over stdio with one tool, `run`, that starts a shell command in the
+/// background as its own child (as many MCP servers' command tools do).
+const RUNNER: &str = r#"
+import json, subprocess, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if 'id' not in m:
+        continue
+    meth = m.get('method')
+    if meth == 'initialize':
+        r = {"protocolVersion": m['params'].get('protocolVersion', '2024-11-05'),
+             "capabilities": {"tools": {}}, "serverInfo": {"name": "runner", "version": "1"}}
+    elif meth == 'tools/list':
+        r = {"tools": [{"name": "run", "description": "run a command in the background",
+             "inputSchema": {"type": "object", "properties": {"command": {"type": "string"}},
+                             "required": ["command"]}}]}
+    elif meth == 'tools/call':
+        subprocess.Popen(m['params']['arguments']['command'], shell=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        r = {"content": [{"type": "text", "text": "started"}]}
+    else:
+        r = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": m['id'], "result": r}), flush=True)
+"#;
+
+#[test]
+fn a_job_an_mcp_tool_started_is_gone_before_the_check() {
+    both(|nobody| {
+        let env = Env::new();
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let server = dir.path().join("runner.py");
+        std::fs::write(&server, RUNNER).unwrap();
+        let tag = format!("mcpjob{}{}", std::process::id(), nobody as u8);
+        env.write(
+            "job.sh",
+            "while :; do echo 42 > answer.txt; sleep 0.05; done\n",
+        );
+        let body = format!(
+            "{GOAL}tries = 1\n[[mcp]]\nname = \"runner\"\ncommand = [\"python3\", \"{}\"]\n\
+             [[check]]\nrun = \"echo 41 > answer.txt; sleep 0.3; grep -qx 41 answer.txt\"\n",
+            server.display()
+        );
+        let run = goal(
+            &env,
+            nobody,
+            &body,
+            json!([
+                {"tool_calls": [{"id": "j", "name": "runner__run",
+                  "input": {"command": format!("bash job.sh {tag}")}}]},
+                cmd(
+                    "wait",
+                    "for i in $(seq 200); do grep -qx 42 answer.txt 2>/dev/null && break; \
+                     sleep 0.02; done; cat answer.txt"
+                ),
+                say("done")
+            ]),
+        );
+        assert!(
+            text(run.tool_result("wait")).contains("42"),
+            "{}",
+            run.stdout
+        );
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+    });
+}

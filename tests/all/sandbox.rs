@@ -416,47 +416,64 @@ fn approvals_record_the_os_user_not_dollar_user() {
     assert!(!by.contains("mallory"), "{by}");
 }
 
-/// The pid a command wrote to `file` in the workspace, once it is there.
-fn pid_in(file: &Path) -> u32 {
-    for _ in 0..200 {
-        if let Ok(s) = std::fs::read_to_string(file)
-            && let Ok(p) = s.trim().parse()
-        {
-            return p;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("no pid in {}", file.display());
+/// Host pids of the processes whose command line holds `tag` (a jailed process knows only
+/// its pid in the run's PID namespace, so witnesses are found by name).
+fn tagged(tag: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (String::from_utf8_lossy(&cmdline).contains(tag) && alive(pid)).then_some(pid)
+        })
+        .collect()
+}
+
+/// A tag no other test uses.
+fn new_tag() -> String {
+    format!("supwitness{}", uuid_like())
+}
+
+fn uuid_like() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{n:x}{}", std::process::id())
 }
 
 #[test]
 fn setsid_and_background_jobs_are_gone_before_the_check_runs() {
     let env = Env::new();
-    let spawn = "setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
-                 (sleep 300 & echo $! > b.pid) ; \
-                 for i in $(seq 100); do [ -s s.pid ] && [ -s b.pid ] && break; sleep 0.02; done";
+    let tag = new_tag();
+    let spawn = format!(
+        "setsid bash -c 'echo $$ > s.pid; exec -a {tag}s sleep 300' >/dev/null 2>&1 < /dev/null & \
+         (exec -a {tag}b sleep 300 & echo $! > b.pid) ; \
+         for i in $(seq 100); do [ -s s.pid ] && [ -s b.pid ] && break; sleep 0.02; done"
+    );
     let check = "for f in s.pid b.pid; do test -e /proc/$(cat $f) && { echo alive $f; exit 1; }; done; exit 0";
     let run = env.json(
         &["goal", "do it", "--check-cmd", check, "--tries", "1"],
-        json!([cmd("spawn", spawn), say("done")]),
+        json!([cmd("spawn", &spawn), say("done")]),
         &[],
     );
     assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
-    for f in ["s.pid", "b.pid"] {
-        let pid = pid_in(&env.ws().join(f));
-        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{f} alive");
-    }
+    assert!(tagged(&tag).is_empty(), "alive after the run");
 }
 
 #[test]
 fn keep_background_leaves_them_running_for_the_checks_but_not_after_the_run() {
     let env = Env::new();
+    let tag = new_tag();
     let goal = env.write(
         "g/goal.toml",
         "prompt = \"work\"\nkeep_background = true\n[[check]]\nrun = \"test -e /proc/$(cat s.pid)\"\n",
     );
-    let spawn = "setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
-                 for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done";
+    let spawn = format!(
+        "setsid bash -c 'echo $$ > s.pid; exec -a {tag} sleep 300' >/dev/null 2>&1 < /dev/null & \
+         for i in $(seq 100); do [ -s s.pid ] && break; sleep 0.02; done"
+    );
     let run = env.json(
         &[
             "goal",
@@ -467,15 +484,11 @@ fn keep_background_leaves_them_running_for_the_checks_but_not_after_the_run() {
             "--tries",
             "1",
         ],
-        json!([cmd("spawn", spawn), say("done")]),
+        json!([cmd("spawn", &spawn), say("done")]),
         &[],
     );
     assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
-    let pid = pid_in(&env.ws().join("s.pid"));
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "alive after the run"
-    );
+    assert!(tagged(&tag).is_empty(), "alive after the run");
 }
 
 const KEY: &str = "sk-test-very-secret-4242";
@@ -751,10 +764,12 @@ fn alive(pid: u32) -> bool {
 #[test]
 fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
     let env = Env::new();
-    let spawn = "echo $$ > l.pid; \
-                 setsid bash -c 'echo $$ > s.pid; exec sleep 300' >/dev/null 2>&1 < /dev/null & \
-                 (sleep 300 & echo $! > b.pid); sleep 300";
-    let script = env.script(json!([cmd("spawn", spawn), say("done")]));
+    let tag = new_tag();
+    let spawn = format!(
+        "setsid bash -c 'exec -a {tag}s sleep 300' >/dev/null 2>&1 < /dev/null & \
+         (exec -a {tag}b sleep 300 &); exec -a {tag}l sleep 300"
+    );
+    let script = env.script(json!([cmd("spawn", &spawn), say("done")]));
     let mut first = env
         .sup()
         .args(["run", "w", "--json", "--tool-timeout", "600s", "--model"])
@@ -762,16 +777,26 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn_killed();
-    let pids: Vec<u32> = ["l.pid", "s.pid", "b.pid"]
-        .iter()
-        .map(|f| pid_in(&env.ws().join(f)))
-        .collect();
+    let mut pids = Vec::new();
+    for _ in 0..500 {
+        pids = tagged(&tag);
+        if pids.len() == 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(pids.len(), 3, "the three did not start");
     first.kill().unwrap();
     first.wait().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    // The direct child dies with sup; what escaped its group and session does not, yet.
-    assert!(!alive(pids[0]), "the tool's leader outlived sup");
-    assert!(alive(pids[1]) && alive(pids[2]), "nothing escaped?");
+    // The jail's init dies with sup, and the kernel ends every process of the jail: the
+    // tool's leader, what left its group and its session too.
+    for _ in 0..500 {
+        if tagged(&tag).is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(tagged(&tag).is_empty(), "outlived sup: {:?}", tagged(&tag));
     // The killed run says it is running, under a pid that is always alive.
     let db = env.home.path().join("sup.db");
     let sql = |q: &str| {
@@ -786,9 +811,6 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
     sql("update runs set pid = 1");
     let run = env.run_json(json!([say("done")]), &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    for pid in &pids {
-        assert!(!alive(*pid), "{pid} survived the next start");
-    }
     let out = env.sup().args(["runs", "--json"]).output().unwrap();
     assert!(out.status.success());
     let statuses = sql("select status from runs order by started_at");
@@ -1377,24 +1399,31 @@ fn the_goal_key_sandbox_required_refuses_a_goal_without_the_sandbox() {
 
 #[test]
 fn a_sandboxed_command_cannot_signal_sup() {
-    if landlock_abi() < 6 {
-        return;
-    }
+    // sup is outside the run's PID namespace: a command cannot name it, by $PPID (0 there)
+    // or by the pid it has on the machine, which the test hands it.
     let env = Env::new();
-    let run = env.run_json(
-        json!([
-            cmd(
-                "sig",
-                "kill -STOP $PPID; s=$?; kill -CONT $PPID; kill -TERM $PPID; t=$?; \
-                 echo stop=$s term=$t; test $s -ne 0 && test $t -ne 0"
-            ),
-            say("done")
-        ]),
-        &[],
-    );
+    let script = env.script(json!([
+        cmd(
+            "sig",
+            "for i in $(seq 200); do [ -s sup.pid ] && break; sleep 0.02; done; p=$(cat sup.pid); \
+             kill -STOP $p; s=$?; kill -CONT $p; kill -TERM $p; t=$?; kill -0 $PPID; z=$?; \
+             echo stop=$s term=$t ppid=$PPID; test $s -ne 0 && test $t -ne 0"
+        ),
+        say("done")
+    ]));
+    let child = env
+        .sup()
+        .args(["run", "w", "--json", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(env.ws().join("sup.pid"), child.id().to_string()).unwrap();
+    let run = Run::new(child.wait_with_output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
     let r = run.tool_result("sig");
-    assert!(text(r).contains("stop=1 term=1"), "{r}");
+    assert!(text(r).contains("stop=1 term=1 ppid=0"), "{r}");
     assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
 }
 

@@ -28,7 +28,7 @@ pub(crate) struct Console {
 }
 
 impl Console {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
 }
@@ -65,7 +65,7 @@ pub(crate) fn console(mut cmd: Command) -> Console {
     }
 }
 
-fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
+pub(crate) fn serve(env: &Env, goals: &Path, extra: &[(&str, &str)], listen: &str) -> Console {
     let mut cmd = env.sup();
     cmd.args(["serve", "--listen", listen, "--goals"])
         .arg(goals);
@@ -211,7 +211,7 @@ pub(crate) fn sign_in(addr: &str, name: &str, token: Option<&str>) -> String {
     )
 }
 
-fn goals_dir(env: &Env) -> PathBuf {
+pub(crate) fn goals_dir(env: &Env) -> PathBuf {
     let dir = env.home.path().join("goals");
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -655,7 +655,7 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
 /// What a hostile model's background loop does against the console at `a`: sign in under a
 /// name of its choosing and approve what waits with that session, and with a person's session
 /// (`stolen`, when there) too; each answer's status goes to `codes`, each body to `*.out`.
-fn attack_loop(a: &str) -> String {
+pub(crate) fn attack_loop(a: &str) -> String {
     format!(
         r#"read cookie csrf < stolen 2>/dev/null
 for i in $(seq 200); do
@@ -681,7 +681,7 @@ done
 
 /// A run (`cmd`) whose first call starts `loop.sh` in the background, without `SUP_RUN_ID`
 /// and orphaned to `sup`, and whose second is a write that waits for a person (3 s).
-fn run_beside_a_loop(env: &Env, mut cmd: Command) -> common::Run {
+pub(crate) fn run_beside_a_loop(env: &Env, mut cmd: Command) -> common::Run {
     let script = env.script(json!([
         {"tool_calls": [{"id": "loop", "name": "run_command", "input": {"command":
           "nohup env -i PATH=\"$PATH\" bash loop.sh >/dev/null 2>&1 &"}}]},

@@ -35,6 +35,7 @@ pub(super) static PROBLEMS: OnceLock<Vec<String>> = OnceLock::new();
 /// they can be found and ended), and move every secret-named variable from its environment
 /// into memory. Failures are kept for the trace; none stops a run.
 pub fn at_start() {
+    super::pidns::init_if_asked();
     let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
     let mut problems = Vec::new();
     // SAFETY: prctl with integer arguments only.

@@ -16,8 +16,9 @@ use super::mounts::{
     Bind, Hide, MAX_SHOWN, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts,
     mount_flags,
 };
+use super::pidns::PidNs;
 use super::policy::{Policy, Sandbox};
-use super::reaper::{GROUPS, Held, LIVE, TOKEN, live_run, lock, spawning, start_time, sweep};
+use super::reaper::{GROUPS, Held, INITS, JAIL, lock, spawning, start_time, sweep};
 use super::seccomp::Filter;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr,
@@ -68,10 +69,8 @@ pub struct Jail {
     pub(crate) missing: Vec<String>,
     pub(crate) tmp: PathBuf,
     run_id: String,
-    /// A secret of the run in its processes' environment (`SUP_RUN_TOKEN`), which tells them
-    /// from other runs' in the sweep: a sandboxed process cannot read another's environment
-    /// (Landlock denies it), so it cannot claim to belong to another run.
-    token: String,
+    /// The run's PID namespace: every jailed process lives in it.
+    ns: Option<PidNs>,
     /// Where commands start; relative paths in their messages are relative to it.
     workspace: PathBuf,
     /// The run folder, where the lock and the process-group record live.
@@ -153,7 +152,7 @@ impl Jail {
             missing: Vec::new(),
             tmp: std::env::temp_dir(),
             run_id: String::new(),
-            token: String::new(),
+            ns: None,
             workspace: PathBuf::new(),
             run_dir: PathBuf::new(),
             _lock: None,
@@ -201,7 +200,7 @@ impl Jail {
             missing: PROBLEMS.get().cloned().unwrap_or_default(),
             tmp: tmp.clone(),
             run_id: run_id.to_string(),
-            token: live_run(),
+            ns: None,
             workspace: workspace.to_path_buf(),
             run_dir: run_dir.to_path_buf(),
             _lock: Some(held),
@@ -286,6 +285,19 @@ impl Jail {
         jail.protect(keep_out);
         jail.hide(s, home);
         jail.limits = Some(Limits::new(run_id, s.max_processes, s.max_memory));
+        match PidNs::new() {
+            Ok(ns) => {
+                if let Ok(mut inits) = INITS.lock() {
+                    inits.push(ns.init());
+                }
+                let _ = std::fs::write(run_dir.join(JAIL), format!("{} {}\n", ns.id.0, ns.id.1));
+                jail.ns = Some(ns);
+            }
+            Err(e) => jail.missing.push(format!(
+                "no PID namespace for the run ({e}): its processes are known by their parent \
+                 only, and a double fork escapes the sweep"
+            )),
+        }
         jail.own_pts = true;
         if Filter::supported() {
             jail.seccomp = Some(Filter::new(s.unix_sockets));
@@ -365,6 +377,14 @@ impl Jail {
         hidden.dedup();
         let mut keep: Vec<PathBuf> = self.writable.clone();
         keep.extend([self.run_dir.clone(), self.workspace.clone()]);
+        // The goal's own folder (its command tools and check data) and the daemon's goals
+        // folder stay visible, wherever SUP_HOME is.
+        keep.extend(
+            s.protect
+                .iter()
+                .filter_map(|p| p.parent().map(Path::to_path_buf)),
+        );
+        keep.extend(s.goals.iter().cloned());
         keep.extend(readable);
         let keep: Vec<PathBuf> = keep.iter().map(|k| lenient_canonical(k)).collect();
         let empty = self.run_dir.join("empty");
@@ -545,7 +565,6 @@ impl Jail {
         let mut cmd = std::process::Command::new("true");
         // Marked as this run's, so a concurrent run's sweep leaves it alone.
         cmd.env("SUP_RUN_ID", &self.run_id)
-            .env(TOKEN, &self.token)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -601,6 +620,12 @@ impl Jail {
         if let Some(f) = &self.seccomp {
             s.push_str(&format!("; {}", f.describe()));
         }
+        if let Some(n) = &self.ns {
+            s.push_str(&format!(
+                "; jail: PID namespace {} held by sup (ends with the run and with sup)",
+                n.id.1
+            ));
+        }
         if let Some(l) = &self.limits {
             s.push_str(&format!("; {}", l.describe()));
         }
@@ -638,9 +663,6 @@ impl Jail {
             .envs(extra.iter().map(|(k, v)| (k, v)))
             .envs(git_explicit_bare(&self.env))
             .env("TMPDIR", &self.tmp);
-        if !self.token.is_empty() {
-            cmd.env(TOKEN, &self.token);
-        }
         // A direct child dies with `sup`, however `sup` ends. It leads a session of its own
         // (and so a process group, which its timeout kills): without a controlling terminal
         // it cannot open `/dev/tty`, to type an answer into the approval prompt (TIOCSTI) or
@@ -670,10 +692,17 @@ impl Jail {
         let binds = self.binds.clone();
         let hides = self.hides.clone();
         let limits = self.limits.as_ref().map(Limits::entry);
+        let (pid_ns, user_ns) = self.ns.as_ref().map_or((-1, -1), |n| {
+            (
+                n.pid_ns.as_raw_fd(),
+                n.user_ns.as_ref().map_or(-1, |u| u.as_raw_fd()),
+            )
+        });
         let empty = self.empty.clone();
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let maps = (uid != 0).then(|| {
+        // In the jail's user namespace already, an ordinary user needs no other.
+        let maps = (uid != 0 && self.ns.is_none()).then(|| {
             (
                 format!("{uid} {uid} 1").into_bytes(),
                 format!("{gid} {gid} 1").into_bytes(),
@@ -687,8 +716,19 @@ impl Jail {
             if let Some(l) = &limits {
                 l.enter()?;
             }
-            if !binds.is_empty() || own_pts || !hides.is_empty() {
-                hide_behind_read_only_mounts(&binds, maps.as_ref(), own_pts, &hides, &empty)?;
+            if pid_ns >= 0 {
+                super::pidns::enter(pid_ns, user_ns)?;
+            }
+            let own_proc = pid_ns >= 0;
+            if !binds.is_empty() || own_pts || !hides.is_empty() || own_proc {
+                hide_behind_read_only_mounts(
+                    &binds,
+                    maps.as_ref(),
+                    own_pts,
+                    &hides,
+                    &empty,
+                    own_proc,
+                )?;
             }
             if own_pts && fd >= 0 {
                 // The new terminal folder and its ptmx are other inodes than the rules the
@@ -845,12 +885,13 @@ impl Jail {
         }
     }
 
-    /// End every process this run left behind: its orphans (background jobs, `setsid`,
-    /// `nohup` and double-fork escapes, which the subreaper brought back to `sup`) and all
-    /// their descendants. Processes of other live runs of this `sup` (told by their
-    /// `SUP_RUN_TOKEN`), running tool processes and MCP servers are left alone.
+    /// End every process this run left behind: every member of its jail (background jobs,
+    /// `setsid`, `nohup` and double-fork escapes included, whoever their parent is) but the
+    /// running tool processes and MCP servers, and, outside any jail, the orphans the
+    /// subreaper brought back to `sup`, with all their descendants. Other runs' jails are
+    /// not this one's, whatever their processes' environment says.
     pub(crate) fn sweep(&self) -> usize {
-        sweep(&self.token)
+        sweep(self.ns.as_ref().map(|n| (n.id, n.init())))
     }
 
     /// Note a process group this run started, with its start time, so that a later `sup`
@@ -869,8 +910,8 @@ impl Jail {
 impl Drop for Jail {
     /// A run that ends normally leaves nothing to sweep after it.
     fn drop(&mut self) {
-        if let Ok(mut live) = LIVE.lock() {
-            live.retain(|t| *t != self.token);
+        if let (Some(ns), Ok(mut inits)) = (&self.ns, INITS.lock()) {
+            inits.retain(|i| *i != ns.init());
         }
         if !self.run_dir.as_os_str().is_empty() {
             let _ = std::fs::remove_file(self.run_dir.join(GROUPS));

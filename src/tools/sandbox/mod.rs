@@ -10,16 +10,20 @@ mod hardening;
 mod jail;
 mod limits;
 mod mounts;
+mod pidns;
 mod policy;
 mod reaper;
 mod seccomp;
 
-pub use hardening::{at_start, hide_in_cmdline};
 pub(crate) use hardening::is_secret_name;
+pub use hardening::{at_start, hide_in_cmdline};
 pub use jail::{Armed, Jail};
+pub(crate) use pidns::ns_of;
 pub use policy::{Policy, Sandbox};
 pub(crate) use policy::{SandboxSettings, check_env_pass, goal_path, parse_size};
-pub(crate) use reaper::{parent_of, run_alive, run_of, spawn_held, spawning, sweep_dead_runs};
+pub(crate) use reaper::{
+    Held, parent_of, run_alive, run_of, spawn_held, spawning, sweep_dead_runs,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

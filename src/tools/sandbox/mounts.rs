@@ -52,6 +52,7 @@ pub(super) fn hide_behind_read_only_mounts(
     own_pts: bool,
     hides: &[Hide],
     empty: &std::ffi::CStr,
+    own_proc: bool,
 ) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error;
     // SAFETY: system calls on NUL-terminated strings that live as long as the closure.
@@ -104,6 +105,18 @@ pub(super) fn hide_behind_read_only_mounts(
             }
         }
         hide_paths(hides, empty)?;
+        // The jail's own processes, and no other, under `/proc` (its pids are the jail's).
+        if own_proc
+            && libc::mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ) != 0
+        {
+            return Err(err());
+        }
         if own_pts {
             // A terminal folder of its own: the person's terminals are not in it, so no
             // command opens the one where sup asks for approval to draw over the question,
@@ -218,7 +231,7 @@ pub(super) fn allow_own_pts(ruleset: i32, access: u64) -> std::io::Result<()> {
 }
 
 /// Write `data` to a `/proc` file with raw system calls (safe between fork and exec).
-unsafe fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
+pub(super) unsafe fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
     // SAFETY: the caller is in the child; the path is NUL-terminated.
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);

@@ -9,20 +9,12 @@ use std::sync::Mutex;
 use super::SandboxError;
 
 pub(super) const LOCK: &str = "lock";
-/// The variable that carries a run's token.
-pub(super) const TOKEN: &str = "SUP_RUN_TOKEN";
-
-/// The tokens of the runs alive in this process.
-pub(super) static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-/// A new run's token, registered as alive until its jail is dropped.
-pub(super) fn live_run() -> String {
-    let token = uuid::Uuid::new_v4().simple().to_string();
-    if let Ok(mut live) = LIVE.lock() {
-        live.push(token.clone());
-    }
-    token
-}
+/// The inits of the jails alive in this process: children of sup, never swept as orphans
+/// (what lives below them is the jail's, swept by membership).
+pub(super) static INITS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+/// The file of a run folder that names its jail (device and inode of its PID namespace),
+/// for the sweep after a `sup` that was killed.
+pub(super) const JAIL: &str = "jail";
 pub(super) const GROUPS: &str = "process-groups";
 
 pub(super) fn lock(run_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError> {
@@ -70,9 +62,26 @@ pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
         |id: &str| !id.is_empty() && !id.contains('/') && run_alive(&runs.join(id)) == Some(false);
     let mut killed = 0;
     let procs = processes();
+    // The jails of dead runs whose namespace is still there (a jail's init ends with its
+    // sup, so this is rare): every member.
+    let jails: Vec<(u64, u64)> = std::fs::read_dir(&runs)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| dead(&e.file_name().to_string_lossy()))
+                .filter_map(|e| {
+                    let t = std::fs::read_to_string(e.path().join(JAIL)).ok()?;
+                    let (dev, ino) = t.trim().split_once(' ')?;
+                    Some((dev.parse().ok()?, ino.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let mut doomed: Vec<i32> = procs
         .iter()
-        .filter(|(pid, _)| run_of(*pid).is_some_and(|r| dead(&r)))
+        .filter(|(pid, _)| {
+            run_of(*pid).is_some_and(|r| dead(&r))
+                || super::pidns::ns_of(*pid).is_some_and(|n| jails.contains(&n))
+        })
         .map(|(pid, _)| *pid)
         .collect();
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
@@ -165,10 +174,50 @@ impl Held {
     }
 }
 
+impl Held {
+    /// From now on only what runs below this leader now (with the same start time) is left
+    /// alone, not what it starts later: an MCP server keeps its own processes, but a job one
+    /// of its tools starts is the agent's, swept before the checks like any other.
+    pub(crate) fn freeze(&self) {
+        let procs = processes();
+        let mut members = vec![self.0];
+        let mut i = 0;
+        while i < members.len() {
+            let parent = members[i];
+            members.extend(
+                procs
+                    .iter()
+                    .filter(|(_, pp)| *pp == parent)
+                    .map(|(p, _)| *p),
+            );
+            i += 1;
+        }
+        let frozen: Vec<(i32, u64)> = members
+            .into_iter()
+            .filter_map(|p| Some((p, start_time(p)?)))
+            .collect();
+        if let Ok(mut f) = FROZEN.lock() {
+            f.get_or_insert_with(HashMap::new).insert(self.0, frozen);
+        }
+    }
+}
+
+/// The leaders frozen with `Held::freeze`, and the processes (pid, start time) below them
+/// when they were.
+static FROZEN: Mutex<Option<Frozen>> = Mutex::new(None);
+
+/// Per frozen leader, the processes (pid, start time) below it when it was frozen.
+type Frozen = HashMap<i32, Vec<(i32, u64)>>;
+
 impl Drop for Held {
     fn drop(&mut self) {
         if let Ok(mut l) = LEADERS.lock() {
             l.retain(|p| *p != self.0);
+        }
+        if let Ok(mut f) = FROZEN.lock()
+            && let Some(m) = f.as_mut()
+        {
+            m.remove(&self.0);
         }
     }
 }
@@ -206,53 +255,83 @@ pub(crate) fn run_of(pid: i32) -> Option<String> {
     env_of(pid, "SUP_RUN_ID")
 }
 
-/// See `Jail::sweep`: `token` is the sweeping run's. Returns how many processes were killed.
-pub(crate) fn sweep(token: &str) -> usize {
+/// See `Jail::sweep`: `jail` is the sweeping run's PID namespace (device, inode) and its
+/// init. Returns how many processes were killed.
+pub(crate) fn sweep(jail: Option<((u64, u64), i32)>) -> usize {
     let me = std::process::id() as i32;
     // Only the `sup` binary, which made itself a subreaper at start-up, owns every child it
     // has; a program using the library (a test harness) has children of its own, so there
-    // only processes that carry this run's token are the run's.
+    // only the members of the run's jail are the run's.
     let subreaper = crate::startup::kept();
     let _no_spawn = SPAWN.write().unwrap_or_else(|e| e.into_inner());
-    let live: Vec<String> = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
-    // An orphan is this run's unless it carries the token of another run alive here: one
-    // that carries none, or a made-up one, is ended too.
-    let ours = |pid: i32| match env_of(pid, TOKEN) {
-        Some(t) if !token.is_empty() && t == token => true,
-        Some(t) if live.contains(&t) => false,
-        _ => subreaper,
-    };
+    let inits: HashSet<i32> = INITS
+        .lock()
+        .map(|l| l.iter().copied().collect())
+        .unwrap_or_default();
     let mut killed = 0;
     for _ in 0..50 {
         let procs = processes();
-        let mut known: HashSet<i32> = LEADERS
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for (pid, ppid) in &procs {
+            children.entry(*ppid).or_default().push(*pid);
+        }
+        let below = |from: Vec<i32>| -> Vec<i32> {
+            let mut all = from;
+            let mut i = 0;
+            while i < all.len() {
+                if let Some(c) = children.get(&all[i]) {
+                    all.extend(c.iter().copied());
+                }
+                i += 1;
+            }
+            all
+        };
+        // Running tool processes, with all they started and still hold; MCP servers with
+        // what they ran when they were ready.
+        let leaders: Vec<i32> = LEADERS.lock().map(|l| l.clone()).unwrap_or_default();
+        let frozen: Frozen = FROZEN
             .lock()
-            .map(|l| l.iter().copied().collect())
+            .map(|f| f.clone().unwrap_or_default())
             .unwrap_or_default();
-        known.extend(crate::tools::mcp::live_groups());
+        let mut held: HashSet<i32> = below(
+            leaders
+                .iter()
+                .filter(|l| !frozen.contains_key(l))
+                .copied()
+                .collect(),
+        )
+        .into_iter()
+        .collect();
+        for members in frozen.values() {
+            held.extend(
+                members
+                    .iter()
+                    .filter(|(p, start)| start_time(*p) == Some(*start))
+                    .map(|(p, _)| *p),
+            );
+        }
         let roots: Vec<i32> = procs
             .iter()
-            .filter(|(pid, ppid)| *ppid == me && !known.contains(pid) && ours(*pid))
+            .filter(|(pid, ppid)| {
+                if held.contains(pid) || inits.contains(pid) {
+                    return false;
+                }
+                // A member of the jail, whoever its parent is; or, outside any jail, an
+                // orphan that the subreaper brought back to sup.
+                jail.is_some_and(|(ns, _)| super::pidns::ns_of(*pid) == Some(ns))
+                    || (subreaper && *ppid == me)
+            })
             .map(|(pid, _)| *pid)
             .collect();
         if roots.is_empty() {
             break;
         }
-        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-        for (pid, ppid) in &procs {
-            children.entry(*ppid).or_default().push(*pid);
-        }
-        let mut doomed = roots.clone();
-        let mut i = 0;
-        while i < doomed.len() {
-            if let Some(c) = children.get(&doomed[i]) {
-                doomed.extend(c.iter().copied());
+        for pid in below(roots.clone()) {
+            if held.contains(&pid) || inits.contains(&pid) {
+                continue;
             }
-            i += 1;
-        }
-        for pid in &doomed {
             if nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid),
+                nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             )
             .is_ok()
