@@ -462,7 +462,7 @@ mod tests {
             (&scripts, "perl -pi -e 's/a/b/' f", "mode"),
             (&scripts, "ruby -e 'puts 1'", "mode"),
             (&scripts, "python3 -c 'print(1)'", "mode"),
-            (&scripts, "python3 -m http.server", "mode"),
+            (&scripts, "python3 -m http.server", "allow"),
             (&scripts, "node -e 1", "mode"),
             (&scripts, "node --require ./x.js y.js", "mode"),
             (&scripts, "php -r 'echo 1;'", "mode"),
