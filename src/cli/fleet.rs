@@ -448,30 +448,48 @@ pub(crate) async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Re
 }
 
 pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
-    let rows = open(url)
-        .await?
-        .approvals("pending")
-        .await
-        .map_err(Fail::usage)?;
+    let store = open(url).await?;
+    let rows = store.approvals("pending").await.map_err(Fail::usage)?;
+    // Where each file call really leads, symlinks resolved in its run's workspace.
+    let mut targets = Vec::new();
+    for r in &rows {
+        let workspace = store.run(&r.run_id).await.ok().map(|f| f.run.workspace);
+        let input = serde_json::from_str(&r.input).unwrap_or_default();
+        targets.push(workspace.and_then(|w| {
+            crate::approval::answer::target(&r.tool, &input, std::path::Path::new(&w))
+        }));
+    }
     let mut out = std::io::stdout().lock();
     if json_out {
-        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
+        let listed: Vec<serde_json::Value> = rows
+            .iter()
+            .zip(&targets)
+            .map(|(r, t)| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("target".into(), t.clone().into());
+                }
+                v
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&listed).unwrap_or_default()
+        );
         return Ok(Ending::Achieved);
     }
     if rows.is_empty() {
         let _ = writeln!(out, "no approval requests are waiting");
     }
-    for r in rows {
-        let what = if r.kind == "check" {
-            format!("human check: {}", r.input)
-        } else {
-            format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
-        };
+    for (r, target) in rows.iter().zip(&targets) {
+        let what =
+            super::manage::waiting_call(&r.tool, r.kind == "check", &r.input, target.as_deref());
         let _ = writeln!(
             out,
             "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
             r.id,
-            r.goal,
+            crate::trace::escape(&r.goal),
             r.run_id,
             short(&r.created_at),
             short(&r.deadline)

@@ -432,37 +432,12 @@ pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
         let _ = writeln!(out, "no approval requests are waiting");
     }
     for (r, target) in rows.into_iter().zip(targets) {
-        let path = serde_json::from_str::<serde_json::Value>(&r.input)
-            .ok()
-            .and_then(|v| v.get("path")?.as_str().map(str::to_string));
-        let leads = match (path, target) {
-            (Some(p), Some(t)) if crate::tools::paths::normalize(&p) != t => {
-                format!("{p} → {t} ")
-            }
-            _ => String::new(),
-        };
-        let what = if r.kind == ApprovalKind::Check {
-            format!("human check: {}", r.input)
-        } else {
-            format!(
-                "{} {leads}{}",
-                r.tool,
-                crate::trace::one_line(&r.input, 200)
-            )
-        };
-        // Inputs are stored as JSON, where control characters are already escaped: look at
-        // the strings themselves.
-        let decoded = serde_json::from_str::<serde_json::Value>(&r.input).ok();
-        let flag = if has_hidden(&what) || decoded.as_ref().is_some_and(holds_hidden) {
-            " ⚠ holds control characters or invisible Unicode, shown escaped"
-        } else {
-            ""
-        };
+        let check = r.kind == ApprovalKind::Check;
         let _ = writeln!(
             out,
-            "{}  {}{flag}\n    goal {} · run {} · asked {} · denied at {} unless answered",
+            "{}  {}\n    goal {} · run {} · asked {} · denied at {} unless answered",
             r.id,
-            escape(&what),
+            waiting_call(&r.tool, check, &r.input, target.as_deref()),
             escape(&r.goal),
             r.run_id,
             short(&r.created_at),
@@ -470,6 +445,33 @@ pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
         );
     }
     Ok(Ending::Achieved)
+}
+
+/// What a waiting request asks, as `sup approvals` shows it: a human check's question or the
+/// call (a file call's path that leads elsewhere through a symlink with its `target`),
+/// escaped, and flagged when it held control characters or invisible Unicode.
+pub(crate) fn waiting_call(tool: &str, check: bool, input: &str, target: Option<&str>) -> String {
+    // Inputs are stored as JSON, where control characters are already escaped: look at the
+    // strings themselves.
+    let decoded = serde_json::from_str::<serde_json::Value>(input).ok();
+    let path = decoded
+        .as_ref()
+        .and_then(|v| v.get("path")?.as_str().map(str::to_string));
+    let leads = match (path, target) {
+        (Some(p), Some(t)) if crate::tools::paths::normalize(&p) != t => format!("{p} → {t} "),
+        _ => String::new(),
+    };
+    let what = if check {
+        format!("human check: {input}")
+    } else {
+        format!("{tool} {leads}{}", crate::trace::one_line(input, 200))
+    };
+    let flag = if has_hidden(&what) || decoded.as_ref().is_some_and(holds_hidden) {
+        " ⚠ holds control characters or invisible Unicode, shown escaped"
+    } else {
+        ""
+    };
+    format!("{}{flag}", escape(&what))
 }
 
 /// Whether any string in a JSON value holds control characters or invisible Unicode.

@@ -14,8 +14,11 @@
 //! does not parse), a deny or ask rule on the tool makes the line ask. Deny rules on commands
 //! are a tripwire; the sandbox is the guarantee.
 //!
-//! This module holds the rule grammar and the verdict; `shell` reads a command line on a
-//! real parse, `wrappers` holds the tables of programs that run other programs.
+//! This module holds the rule grammar (a rule that can never match is refused) and the
+//! verdict; `shell` reads a command line on a real parse, `wrappers` holds the tables of
+//! programs that run other programs (an unknown one in front of a program's name counts as
+//! unseen code), `scripts` the programs whose scripts run code or write files (`sed`, `awk`,
+//! interpreters given code, `vim`, `less`, `ed`).
 //!
 //! Below both `approval` (which decides with the rules) and `tools` (whose built-ins refuse
 //! what a deny rule names).
@@ -459,7 +462,7 @@ mod tests {
             (&scripts, "perl -pi -e 's/a/b/' f", "mode"),
             (&scripts, "ruby -e 'puts 1'", "mode"),
             (&scripts, "python3 -c 'print(1)'", "mode"),
-            (&scripts, "python3 -m http.server", "mode"),
+            (&scripts, "python3 -m http.server", "allow"),
             (&scripts, "node -e 1", "mode"),
             (&scripts, "node --require ./x.js y.js", "mode"),
             (&scripts, "php -r 'echo 1;'", "mode"),

@@ -330,7 +330,6 @@ fn code_options(name: &str) -> &'static [&'static str] {
     match base {
         "perl" => &["-M", "-m", "-i", "-x"],
         "ruby" | "irb" => &["-r", "-i", "-x", "--require"],
-        "python" | "pypy" => &["-m"],
         "node" | "nodejs" | "deno" | "bun" => &[
             "-p",
             "-r",
