@@ -612,7 +612,7 @@ fn a_command_cannot_type_an_answer_into_the_prompt() {
             (text.matches("Allow?").count() >= 2 || text.contains("Done")).then_some(())
         },
     );
-    let _ = term.write_all(b"n\n");
+    let _ = term.write_all(b"n\n\n"); // no, and no reason
     let out = child.wait_with_output().unwrap();
     let text = seen.lock().unwrap().clone();
     assert_eq!(out.status.code(), Some(0), "{text}");

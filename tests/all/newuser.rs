@@ -160,17 +160,27 @@ fn previous_failed_checks_carries_the_checks_output() {
     let env = Env::new();
     let dir = env.home.path().join("goals");
     let file = failing_goal(&env, &dir, "before: {{ previous.failed_checks }}");
+    let mut last = String::new();
     for _ in 0..2 {
-        let out = env
-            .sup()
-            .arg("goal")
-            .arg("--file")
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(1));
+        let run = Run::new(
+            env.sup()
+                .args(["goal", "--json", "--file"])
+                .arg(&file)
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(run.code, 1, "{}", run.stderr);
+        last = run_id(&run);
     }
-    let prompt = common::user_messages(&env.transcript())[0].clone();
+    // The second run's (two runs of one second sort either way by folder name).
+    let transcript = common::read_jsonl(
+        &env.home
+            .path()
+            .join("runs")
+            .join(&last)
+            .join("transcript.jsonl"),
+    );
+    let prompt = common::user_messages(&transcript)[0].clone();
     assert!(prompt.contains("check.sh"), "{prompt}");
     assert!(prompt.contains("stdout-marker-7"), "{prompt}");
     assert!(prompt.contains("stderr-marker-9"), "{prompt}");

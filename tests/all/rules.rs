@@ -552,7 +552,7 @@ fn the_prompt_shows_a_hidden_command_escaped_and_flags_it() {
         !seen.lock().unwrap().contains(&0x1b),
         "a raw ESC reached the terminal"
     );
-    term.write_all(b"n\n").unwrap();
+    term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
     assert!(!exists(&env, "pwned.txt"));
@@ -1148,7 +1148,7 @@ fn the_prompt_flags_invisible_unicode_without_control_characters() {
         !shown.contains('\u{202e}') && !shown.contains('\u{200b}'),
         "{shown}"
     );
-    term.write_all(b"n\n").unwrap();
+    term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
 }
