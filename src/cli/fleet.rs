@@ -124,6 +124,7 @@ pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         tags: a.tags,
         defaults: defaults()?,
         store,
+        clock: std::sync::Arc::new(crate::schedule::clock::SystemClock),
     };
     fleet::run(cfg, shutdown, reload_rx)
         .await
@@ -368,20 +369,14 @@ pub(crate) async fn trigger(
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),
     };
-    let overlap = match goal.overlap {
-        goals::Overlap::Skip => "skip",
-        goals::Overlap::Queue => "queue",
-        goals::Overlap::Replace => "replace",
-        goals::Overlap::Allow => "allow",
-    };
     let claimed = store
         .claim(
             &me,
-            "manual",
+            crate::store::TriggerKind::Manual,
             &[pg::Due {
                 goal: name.to_string(),
                 at: chrono::Utc::now(),
-                overlap,
+                overlap: goal.overlap,
                 retry_interrupted: false,
             }],
         )

@@ -20,19 +20,18 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::clock::Clock;
 use super::cron::Schedule;
 use super::goals::{self, Overlap};
+use super::policy::{self, Settled};
 use crate::run::{self as launch, Invocation, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, stamp};
 use crate::store::pg::{self, Claimed, Claimer, Due, Finish, PgError, PgStore};
+use crate::store::{OccurrenceStatus, TriggerKind};
 use crate::trace::{Event, EventSink};
 
-/// How late an occurrence may be noticed and still count as on time.
-const ON_TIME: Duration = Duration::from_secs(2);
 /// How soon an occurrence comes due for housekeeping to wait for it.
 const IMMINENT: chrono::Duration = chrono::Duration::milliseconds(200);
-/// Missed occurrences recorded one by one at most, per catch-up.
-const MISSED_CAP: usize = 1000;
 /// Claims per transaction (each holds a lock per goal until it commits).
 const BATCH: usize = 500;
 /// How long a write is retried before it is given up (outcomes then wait on disk);
@@ -68,6 +67,8 @@ pub(crate) struct Config {
     pub tags: Vec<String>,
     pub defaults: Invocation,
     pub store: PgStore,
+    /// Where the daemon gets the time of its schedules.
+    pub clock: Arc<dyn Clock>,
 }
 
 struct Goal {
@@ -76,6 +77,7 @@ struct Goal {
     schedule: Option<Schedule>,
     overlap: Overlap,
     catch_up: Duration,
+    jitter: Duration,
     tags: Vec<String>,
     retry: bool,
     hash: String,
@@ -88,15 +90,6 @@ struct Goal {
 impl goals::FromFile for Goal {
     fn path(&self) -> &Path {
         &self.path
-    }
-}
-
-fn overlap_name(o: Overlap) -> &'static str {
-    match o {
-        Overlap::Skip => "skip",
-        Overlap::Queue => "queue",
-        Overlap::Replace => "replace",
-        Overlap::Allow => "allow",
     }
 }
 
@@ -181,6 +174,7 @@ impl Daemon {
                     schedule: g.schedule,
                     overlap: g.overlap,
                     catch_up: g.catch_up,
+                    jitter: g.jitter,
                     tags: g.file.settings.tags.clone(),
                     retry: g.file.settings.retry_interrupted.unwrap_or(false),
                     hash,
@@ -199,7 +193,7 @@ impl Daemon {
     /// Read the goal files again (after a burst of changes settled) and publish the versions.
     async fn reload(&mut self, watch: &mut goals::Watch) {
         watch.settle().await;
-        if let Err(e) = self.load(Utc::now()) {
+        if let Err(e) = self.load(self.cfg.clock.now()) {
             tracing::warn!("reload failed: {e}; the goals keep their schedules");
         }
         self.publish().await;
@@ -294,49 +288,49 @@ impl Daemon {
             if g.stale || !self.fits(g) {
                 continue;
             }
-            let (list, total) = s.between(*last, now, MISSED_CAP);
-            self.settle(name, g, list, total, now, g.catch_up.max(ON_TIME), &mut due)
-                .await;
+            let settled = policy::catch_up(s, *last, now, g.catch_up);
+            self.settle(name, g, settled, &mut due).await;
         }
-        self.claim("schedule", due).await;
+        self.claim(TriggerKind::Schedule, due).await;
     }
 
-    /// Of `list` (oldest first, `total` in all): the latest runs if it is within `window`,
-    /// the rest are recorded as missed.
-    #[allow(clippy::too_many_arguments)]
-    async fn settle(
-        &self,
-        name: &str,
-        g: &Goal,
-        mut list: Vec<DateTime<Utc>>,
-        total: usize,
-        now: DateTime<Utc>,
-        window: Duration,
-        due: &mut Vec<Due>,
-    ) {
-        let Some(latest) = list.pop() else { return };
-        let on_time = (now - latest).to_std().unwrap_or(Duration::ZERO) <= window;
-        if !on_time {
-            list.push(latest);
-        }
-        if !list.is_empty() {
-            let uncounted = total.saturating_sub(list.len() + usize::from(on_time));
+    /// Record what `policy::settle` missed (and tell the last of it); what runs is due.
+    async fn settle(&self, name: &str, g: &Goal, settled: Settled, due: &mut Vec<Due>) {
+        let Settled {
+            missed,
+            uncounted,
+            fire,
+        } = settled;
+        if let Some(&last) = missed.last() {
             tracing::info!(
                 "goal {name}: {} occurrence(s) missed",
-                list.len() + uncounted
+                missed.len() + uncounted
             );
-            if let Err(e) = self.cfg.store.missed(&self.me, name, &list).await {
+            if let Err(e) = self.cfg.store.missed(&self.me, name, &missed).await {
                 tracing::error!("{e}");
             }
+            self.tell_missed(name, last, OccurrenceStatus::Missed);
         }
-        if on_time {
+        if let Some(at) = fire {
             due.push(Due {
                 goal: name.to_string(),
-                at: latest,
-                overlap: overlap_name(g.overlap),
+                at,
+                overlap: g.overlap,
                 retry_interrupted: g.retry,
             });
         }
+    }
+
+    /// A `missed` notice for an occurrence that did not run (sent in the background).
+    fn tell_missed(&self, name: &str, at: DateTime<Utc>, status: OccurrenceStatus) {
+        let Some(g) = self.goals.get(name).filter(|g| !g.spec.notify.is_empty()) else {
+            return;
+        };
+        let notifier = crate::notify::Notifier::new(&self.cfg.home, g.spec.notify.clone());
+        let notice = crate::notify::Notice::missed(name, at, status.as_str());
+        tokio::spawn(async move {
+            notifier.send(&[crate::notify::Kind::Missed], &notice).await;
+        });
     }
 
     /// Occurrences that came due by `now`.
@@ -361,30 +355,14 @@ impl Daemon {
             let after_first = *memo
                 .entry((s.expr.clone(), s.tz.name().to_string(), first))
                 .or_insert_with(|| s.next_after(first));
-            // Only when more than one came due is the whole list worked out.
-            let (list, total, next) = if after_first.is_none_or(|t| t > now) {
-                (vec![first], 1, after_first)
-            } else {
-                let (mut later, total) = s.between(first, now, MISSED_CAP);
-                let mut list = vec![first];
-                list.append(&mut later);
-                (list, total + 1, s.next_after(now))
-            };
+            let (list, total, next) = policy::due(s, first, after_first, now);
             g.next = next;
             let g = &self.goals[&name];
             if g.stale || !self.fits(g) {
                 continue;
             }
-            self.settle(
-                &name,
-                g,
-                list,
-                total,
-                now,
-                g.catch_up.max(ON_TIME),
-                &mut due,
-            )
-            .await;
+            let settled = policy::settle(list, total, now, policy::window(g.catch_up));
+            self.settle(&name, g, settled, &mut due).await;
         }
         if due.is_empty() {
             return;
@@ -393,14 +371,14 @@ impl Daemon {
             tracing::debug!(
                 "{} occurrence(s) due; {}ms after the first",
                 due.len(),
-                (Utc::now() - first).num_milliseconds()
+                (self.cfg.clock.now() - first).num_milliseconds()
             );
         }
         // A daemon without room lets those with room claim first (and claims no share).
         if self.permits.available_permits() == 0 {
             tokio::time::sleep(Duration::from_millis(30 + u64::from(fastrand::u8(..) % 50))).await;
         }
-        self.claim("schedule", due).await;
+        self.claim(TriggerKind::Schedule, due).await;
     }
 
     /// Claim in the store and start what this daemon won. A daemon with room first claims
@@ -409,7 +387,7 @@ impl Daemon {
     /// locks; then whatever the others left (a daemon that is late, gone or without the tags).
     /// The runs start once everything is claimed: their folders, transcripts and store writes
     /// stay off the claim's path.
-    async fn claim(&mut self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
+    async fn claim(&mut self, kind: TriggerKind, due: Vec<Due>) -> Vec<Claimed> {
         if due.is_empty() {
             return Vec::new();
         }
@@ -437,6 +415,9 @@ impl Daemon {
                 }
                 Claimed::Not { goal, at, status } => {
                     tracing::info!("goal {goal} at {}: {status}", stamp(*at));
+                    if *status == OccurrenceStatus::Skipped && kind == TriggerKind::Schedule {
+                        self.tell_missed(goal, *at, *status);
+                    }
                 }
             }
         }
@@ -452,7 +433,7 @@ impl Daemon {
     }
 
     /// Claim in batches, each retried while the store is away.
-    async fn claim_in_store(&self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
+    async fn claim_in_store(&self, kind: TriggerKind, due: Vec<Due>) -> Vec<Claimed> {
         let mut out = Vec::new();
         for chunk in due.chunks(BATCH) {
             let store = &self.cfg.store;
@@ -468,7 +449,7 @@ impl Daemon {
         out
     }
 
-    fn start(&mut self, goal: &str, kind: &'static str, at: DateTime<Utc>, run_id: &str) {
+    fn start(&mut self, goal: &str, kind: TriggerKind, at: DateTime<Utc>, run_id: &str) {
         let Some(g) = self.goals.get(goal) else {
             tracing::error!("goal {goal}: claimed but no longer loaded; run {run_id} not started");
             return;
@@ -482,25 +463,38 @@ impl Daemon {
         let done = self.done_tx.clone();
         let run_id = run_id.to_string();
         let goal = goal.to_string();
+        // A scheduled run waits its share of the goal's jitter, as on one machine.
+        let wait = match kind {
+            TriggerKind::Schedule => policy::jitter_wait(g.jitter),
+            _ => Duration::ZERO,
+        };
+        if !g.jitter.is_zero() && kind == TriggerKind::Schedule {
+            tracing::info!(
+                "goal {goal} at {}: waits {}ms of its jitter",
+                stamp(at),
+                wait.as_millis()
+            );
+        }
         self.tasks.spawn(async move {
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = cancel.cancelled() => {}
+                }
+            }
             let _permit = tokio::select! {
                 p = permits.acquire_owned() => p.ok(),
                 _ = cancel.cancelled() => None,
             };
             tracing::info!("goal {goal} at {}: fired as run {run_id}", stamp(at));
-            let scheduled_for = (kind == "schedule").then_some(at);
-            let trigger_kind = if kind == "schedule" {
-                crate::store::TriggerKind::Schedule
-            } else {
-                crate::store::TriggerKind::Manual
-            };
+            let scheduled_for = (kind == TriggerKind::Schedule).then_some(at);
             if let Err(e) = execute(
                 &store,
                 &run_id,
                 &spec,
                 &home,
                 Trigger {
-                    kind: trigger_kind,
+                    kind,
                     scheduled_for,
                 },
                 Vec::new(),
@@ -530,7 +524,7 @@ impl Daemon {
         }
         let retry = g.retry;
         match self.cfg.store.take_queued(&self.me, goal, retry).await {
-            Ok(Some((at, run_id))) => self.start(goal, "schedule", at, &run_id),
+            Ok(Some((at, run_id))) => self.start(goal, TriggerKind::Schedule, at, &run_id),
             Ok(None) => {}
             Err(e) => tracing::error!("{e}"),
         }
@@ -562,20 +556,20 @@ impl Daemon {
             let due = vec![Due {
                 goal: goal.clone(),
                 at,
-                overlap: overlap_name(g.overlap),
+                overlap: g.overlap,
                 retry_interrupted: g.retry,
             }];
             tracing::info!("goal {goal}: {kind} trigger {id} taken");
-            let claimed = self.claim("manual", due).await;
+            let claimed = self.claim(TriggerKind::Manual, due).await;
             let (status, run_id) = match claimed.first() {
-                Some(Claimed::Run { run_id, .. }) => ("running".to_string(), Some(run_id.clone())),
-                Some(Claimed::Not { status, .. }) => (status.clone(), None),
-                None => ("taken".to_string(), None),
+                Some(Claimed::Run { run_id, .. }) => ("running", Some(run_id.clone())),
+                Some(Claimed::Not { status, .. }) => (status.as_str(), None),
+                None => ("taken", None),
             };
             if let Err(e) = self
                 .cfg
                 .store
-                .settle_trigger(id, &status, run_id.as_deref())
+                .settle_trigger(id, status, run_id.as_deref())
                 .await
             {
                 tracing::error!("{e}");
@@ -990,7 +984,8 @@ pub(crate) async fn run(
         versions_seen: String::new(),
         ticks: 0,
     };
-    let now = Utc::now();
+    let clock = d.cfg.clock.clone();
+    let now = clock.now();
     d.load(now)?;
     tracing::info!(
         "daemon started: {} goal(s) from {}",
@@ -1009,20 +1004,18 @@ pub(crate) async fn run(
         let wake = d.goals.values().filter_map(|g| g.next).min();
         let sleep = async {
             match wake {
-                Some(t) => {
-                    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).await
-                }
+                Some(t) => clock.sleep_until(t).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = sleep => d.due(Utc::now()).await,
+            _ = sleep => d.due(clock.now()).await,
             _ = ticker.tick() => {
                 // Housekeeping waits for an occurrence about to come due.
-                if let Some(t) = wake.filter(|t| *t - Utc::now() < IMMINENT) {
-                    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).await;
-                    d.due(Utc::now()).await;
+                if let Some(t) = wake.filter(|t| *t - clock.now() < IMMINENT) {
+                    clock.sleep_until(t).await;
+                    d.due(clock.now()).await;
                 }
                 d.tick().await
             }

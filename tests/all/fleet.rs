@@ -1029,6 +1029,13 @@ fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
         f.pg.one("SELECT count(*) FROM goal_versions") == "1"
     });
     let first = trigger(&mut f, "g");
+    // Its start is on record (that write would otherwise queue behind the hold, and the
+    // run's end behind it).
+    until("the first run's start is recorded", 20, || {
+        f.pg.one(&format!(
+            "SELECT local_id IS NOT NULL FROM runs WHERE id = '{first}'"
+        )) == "t"
+    });
     // The first run's row is held: its end waits, and so does the claim of the next
     // occurrence, which saw the first still running.
     let rt = rt();
@@ -1177,4 +1184,66 @@ fn a_fleet_run_that_cannot_start_sends_an_error_notice() {
         f.pg.one(&format!("SELECT status FROM runs WHERE id = '{id}'")),
         "error"
     );
+}
+
+/// Parity with one machine: occurrences missed while no daemon ran are told to the goal's
+/// `missed` channels by the fleet daemon that catches up.
+#[test]
+fn the_fleet_tells_occurrences_missed_while_no_daemon_ran() {
+    let mut f = Fleet::new();
+    let sink = f.logs.path().join("missed.json");
+    f.goal(
+        "g",
+        Some("* * * * *"),
+        0,
+        &format!(
+            "[[notify]]\non = [\"missed\"]\ncommand = [\"sh\", \"-c\", \"cat > '{}'\"]\n",
+            sink.display()
+        ),
+    );
+    f.pg.exec(
+        "INSERT INTO goal_state (goal, last_occurrence) VALUES ('g', now() - interval '5 minutes')",
+    );
+    let d = f.daemon(0, &[]);
+    let mut notice = serde_json::Value::Null;
+    until("the missed notice", 30, || {
+        notice = std::fs::read_to_string(&sink)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        !notice.is_null()
+    });
+    stop(d);
+    assert_eq!(notice["event"], "missed", "{notice}");
+    assert_eq!(notice["goal"], "g", "{notice}");
+    assert_eq!(notice["status"], "missed", "{notice}");
+    let at = notice["scheduled_for"].as_str().unwrap_or_default();
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT status FROM occurrences WHERE goal = 'g' AND scheduled_for = '{at}'"
+        )),
+        "missed",
+        "{notice}\n{}",
+        f.logs()
+    );
+}
+
+/// Parity with one machine: a fleet goal with `jitter` waits a share of it before it runs.
+#[test]
+fn a_fleet_goal_with_jitter_waits_its_share_before_it_runs() {
+    let mut f = Fleet::new();
+    f.goal("j", Some("* * * * * *"), 0, "jitter = \"300ms\"");
+    let d = f.daemon(0, &[]);
+    until("a run of j", 30, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE goal = 'j' AND status <> 'running'") != "0"
+    });
+    stop(d);
+    let log = f.logs();
+    let waits: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split(": waits ").nth(1))
+        .filter_map(|w| w.strip_suffix("ms of its jitter")?.parse().ok())
+        .collect();
+    assert!(!waits.is_empty(), "no jitter wait logged:\n{log}");
+    assert!(waits.iter().all(|w| *w <= 300), "{waits:?}\n{log}");
 }
