@@ -15,9 +15,9 @@ use super::run::invocation;
 use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::{Invocation, RunSpec, Trigger};
-use crate::schedule::fleet;
 use crate::schedule::goals::{self, ScheduledGoal};
-use crate::store::{self, db::stamp, pg};
+use crate::schedule::{fleet, overview};
+use crate::store::{self, ApprovalStatus, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
@@ -446,7 +446,7 @@ pub(crate) async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Re
 pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
     let rows = open(url)
         .await?
-        .approvals("pending")
+        .approvals(ApprovalStatus::Pending)
         .await
         .map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
@@ -486,9 +486,9 @@ pub(crate) async fn answer(
     let store = open(url).await?;
     let user = crate::approval::answer::os_user();
     let (status, verb) = if approve {
-        ("approved", "sup approve")
+        (ApprovalStatus::Approved, "sup approve")
     } else {
-        ("denied", "sup deny")
+        (ApprovalStatus::Denied, "sup deny")
     };
     let by = format!("{user}@{} (via {verb})", pg::this_host());
     if store
@@ -510,7 +510,34 @@ pub(crate) async fn answer(
     Err(Fail::usage(anyhow!(why)))
 }
 
-/// `sup goals` with a store: the local goal files, plus where the fleet's daemons hold
+/// `sup goals` with a store: the goal files with the fleet's figures (its run ids, its
+/// counts), as the console shows them.
+pub(crate) async fn goals(url: &str, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+    let store = open(url).await?;
+    let mut stats = std::collections::HashMap::new();
+    for (_, g) in overview::goal_files(dir).map_err(Fail::usage)? {
+        if let Ok(g) = g {
+            let s = store.goal_stats(&g.file.name).await.map_err(Fail::usage)?;
+            stats.insert(g.file.name, s);
+        }
+    }
+    let mut paused = std::collections::HashMap::new();
+    let mut rows = overview::overview_with(dir, chrono::Utc::now(), |name| {
+        let (s, p) = stats.remove(name).unwrap_or_default();
+        paused.insert(name.to_string(), p);
+        Ok(s)
+    })
+    .map_err(Fail::usage)?;
+    overview::with_paused_skips(&mut rows, |name| Ok(paused.get(name).copied().unwrap_or(0)))
+        .map_err(Fail::usage)?;
+    let code = super::manage::print_goals(dir, rows, json_out)?;
+    if !json_out {
+        goal_versions(url).await?;
+    }
+    Ok(code)
+}
+
+/// Where the fleet's daemons hold
 /// different versions of a goal.
 pub(crate) async fn goal_versions(url: &str) -> Result<Ending, Fail> {
     let differ = open(url)

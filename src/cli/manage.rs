@@ -118,6 +118,15 @@ pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let db = db()?;
     let now = Utc::now();
     let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
+    print_goals(dir, rows, json_out)
+}
+
+/// `sup goals` as text or JSON, from the local store's rows or the fleet's.
+pub(crate) fn print_goals(
+    dir: &Path,
+    rows: Vec<serde_json::Value>,
+    json_out: bool,
+) -> Result<Ending, Fail> {
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::Value::Array(rows));
@@ -176,7 +185,11 @@ pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
         } else {
             let _ = writeln!(out, "  last: never run");
         }
-        let _ = writeln!(out, "  skipped {} · missed {}\n", r["skipped"], r["missed"]);
+        let _ = writeln!(
+            out,
+            "  skipped {} · missed {} · skipped while paused {}\n",
+            r["skipped"], r["missed"], r["skipped_while_paused"]
+        );
     }
     Ok(Ending::Achieved)
 }

@@ -676,17 +676,17 @@ impl Daemon {
         }
         // Requests that ended here (timed out, cancelled) end in the store too.
         if answered.is_none()
-            && let Ok(theirs) = self.cfg.store.approvals("pending").await
+            && let Ok(theirs) = self
+                .cfg
+                .store
+                .approvals(crate::store::ApprovalStatus::Pending)
+                .await
         {
             for a in theirs {
                 if let Ok(Some(l)) = local.approval(&a.id)
                     && l.status != "pending"
                 {
-                    let _ = self
-                        .cfg
-                        .store
-                        .close_approval(&a.id, l.status.as_str())
-                        .await;
+                    let _ = self.cfg.store.close_approval(&a.id, l.status).await;
                 }
             }
         }

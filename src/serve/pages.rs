@@ -663,7 +663,11 @@ fn what(p: &crate::store::db::ApprovalRow, workspace: Option<String>) -> String 
 
 async fn fleet_approvals(pg: &PgStore) -> Result<Approvals, PageError> {
     let mut waiting = Vec::new();
-    for p in pg.approvals("pending").await.map_err(pg_error)? {
+    for p in pg
+        .approvals(crate::store::ApprovalStatus::Pending)
+        .await
+        .map_err(pg_error)?
+    {
         let workspace = pg.run(&p.run_id).await.ok().map(|f| f.run.workspace);
         let w = what(&p, workspace);
         waiting.push((p, w));
@@ -786,7 +790,11 @@ pub(crate) async fn answer(
         .filter(|r| !r.is_empty() && !approve);
     let by = format!("web:{}", session.name);
     if let Some(pg) = fleet(&state) {
-        let status = if approve { "approved" } else { "denied" };
+        let status = if approve {
+            crate::store::ApprovalStatus::Approved
+        } else {
+            crate::store::ApprovalStatus::Denied
+        };
         let done = match pg
             .decide_approval(&id, status, always, reason.as_deref(), &by)
             .await

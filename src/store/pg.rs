@@ -15,7 +15,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
 use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
-use super::{OccurrenceStatus, TriggerKind};
+use super::{ApprovalStatus, OccurrenceStatus, TriggerKind};
 use crate::model::Usage;
 use crate::schedule::policy::{self, Decision};
 use crate::trace::{CheckReport, Status, StopReason};
@@ -1576,7 +1576,10 @@ impl PgStore {
     }
 
     /// Requests of one status (`pending`: waiting), oldest first.
-    pub(crate) async fn approvals(&self, status: &str) -> Result<Vec<ApprovalRow>, PgError> {
+    pub(crate) async fn approvals(
+        &self,
+        status: ApprovalStatus,
+    ) -> Result<Vec<ApprovalRow>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
@@ -1617,7 +1620,7 @@ impl PgStore {
     pub(crate) async fn decide_approval(
         &self,
         id: &str,
-        status: &str,
+        status: ApprovalStatus,
         always: bool,
         reason: Option<&str>,
         by: &str,
@@ -1640,7 +1643,11 @@ impl PgStore {
     }
 
     /// A request that ended where its run waits (timed out, cancelled) ends here too.
-    pub(crate) async fn close_approval(&self, id: &str, status: &str) -> Result<(), PgError> {
+    pub(crate) async fn close_approval(
+        &self,
+        id: &str,
+        status: ApprovalStatus,
+    ) -> Result<(), PgError> {
         let c = self.client().await?;
         c.execute(
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",

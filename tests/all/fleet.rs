@@ -814,7 +814,21 @@ fn the_same_history_cases_pass_on_sqlite_and_postgresql() {
         assert_eq!(runs[0]["status"], "achieved", "{which}");
         assert_eq!(runs[0]["trigger"], "manual", "{which}");
         assert_eq!(runs[0]["goal"], "once", "{which}");
-        let id = runs[0]["id"].as_str().unwrap().to_string();
+        let id = runs[0]["run_id"].as_str().unwrap().to_string();
+        // One vocabulary, one id: the run is `run_id` with `cost_usd`, `status` and
+        // `stop_reason` in `runs`, and `sup goals` names the same run by the same id.
+        for key in ["cost_usd", "status", "stop_reason"] {
+            assert!(runs[0].get(key).is_some(), "{which}: no {key} in {out}");
+        }
+        assert!(
+            runs[0].get("id").is_none() && runs[0].get("cost").is_none(),
+            "{which}: {out}"
+        );
+        let (code, out, err) = sup(&mut f, &["goals", "--json", "--goals", "."]);
+        assert_eq!(code, 0, "{which}: {err}");
+        let goals: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(goals[0]["last"]["run_id"], id.as_str(), "{which}: {out}");
+        assert_eq!(goals[0]["skipped_while_paused"], 0, "{which}: {out}");
         let (code, out, _) = sup(&mut f, &["show", &id]);
         assert_eq!(code, 0, "{which}");
         assert!(out.contains("outcome: achieved (final)"), "{which}: {out}");

@@ -452,7 +452,7 @@ fn a_cost_cap_stops_before_the_call_that_would_pass_it() {
     // Before call 4: $6 spent + ~2000 tokens coming at $1000/M = $8 > $7: not made.
     assert_eq!(server.requests().len(), 3);
     assert!(
-        (result["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9,
+        (result["cost_usd"].as_f64().unwrap() - 6.0).abs() < 1e-9,
         "{result}"
     );
     let steps = run.of_type("step_finished");
@@ -495,12 +495,12 @@ fn a_per_day_cap_holds_across_two_runs() {
     };
     let first = go();
     assert_eq!(first.code, 0, "{}", first.stderr);
-    assert!((first.result()["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9);
+    assert!((first.result()["cost_usd"].as_f64().unwrap() - 6.0).abs() < 1e-9);
     let second = go();
     assert_eq!(second.code, 3, "{}", second.stderr);
     assert_eq!(second.result()["stop_reason"], "cost");
     assert_eq!(server.requests().len(), 3, "run 2 made one call, not two");
-    assert!((second.result()["cost"].as_f64().unwrap() - 3.0).abs() < 1e-9);
+    assert!((second.result()["cost_usd"].as_f64().unwrap() - 3.0).abs() < 1e-9);
 }
 
 #[test]
@@ -1044,7 +1044,7 @@ fn a_provider_that_reports_no_usage_is_counted_by_estimate_under_a_cap() {
         2,
         "a third ~$1 call would pass $2.5"
     );
-    let cost = run.result()["cost"].as_f64().unwrap();
+    let cost = run.result()["cost_usd"].as_f64().unwrap();
     assert!(cost > 2.0 && cost < 2.5, "{cost}");
     let steps = run.of_type("step_finished");
     assert!(steps[0]["usage"]["input_tokens"].as_u64().unwrap() >= 10_000);
