@@ -307,7 +307,7 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error: {e}");
     }
-    if !had_result && run.status == "running" {
+    if !had_result && run.status == crate::store::RunStatus::Running {
         let _ = writeln!(out, "(the run is still going)");
     }
     Ok(Ending::Achieved)
@@ -458,7 +458,7 @@ pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail>
         let _ = writeln!(out, "no approval requests are waiting");
     }
     for r in rows {
-        let what = if r.kind == "check" {
+        let what = if r.kind == crate::store::ApprovalKind::Check {
             format!("human check: {}", r.input)
         } else {
             format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))

@@ -97,7 +97,9 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
                 }
             }
         }
-        let verdict_ok = last.as_ref().is_none_or(|r| r.status == "achieved");
+        let verdict_ok = last
+            .as_ref()
+            .is_none_or(|r| r.status == crate::store::RunStatus::Achieved);
         let next = g.schedule.as_ref().and_then(|s| {
             s.next_after(now)
                 .map(|t| t.with_timezone(&s.tz).to_rfc3339())

@@ -308,7 +308,9 @@ impl Notice {
         previous: Option<&RunRow>,
     ) -> Option<(Vec<Kind>, Notice)> {
         let kinds = match run.status.as_str() {
-            "achieved" if previous.is_some_and(|p| p.status != "achieved") => {
+            "achieved"
+                if previous.is_some_and(|p| p.status != crate::store::RunStatus::Achieved) =>
+            {
                 vec![Kind::Recovered, Kind::Achieved]
             }
             "achieved" => vec![Kind::Achieved],

@@ -665,7 +665,10 @@ impl Daemon {
             let Ok(Some(a)) = self.cfg.store.approval(id).await else {
                 continue;
             };
-            if a.status == "approved" || a.status == "denied" {
+            if matches!(
+                a.status,
+                crate::store::ApprovalStatus::Approved | crate::store::ApprovalStatus::Denied
+            ) {
                 let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
                 if let Err(e) =
                     local.decide_approval(id, a.status, a.always, a.reason.as_deref(), &by)
@@ -684,7 +687,7 @@ impl Daemon {
         {
             for a in theirs {
                 if let Ok(Some(l)) = local.approval(&a.id)
-                    && l.status != "pending"
+                    && l.status != crate::store::ApprovalStatus::Pending
                 {
                     let _ = self.cfg.store.close_approval(&a.id, l.status).await;
                 }

@@ -410,7 +410,7 @@ pub(crate) async fn run(
         Err(e) => return e.into_response(),
     };
     let trace = trace_for(&run);
-    let live = run.status == "running";
+    let live = run.status == crate::store::RunStatus::Running;
     let files = kept_files(&run, &checks);
     let body = html! {
         dl.summary {
@@ -580,7 +580,7 @@ impl Tail {
             if self.polls.is_multiple_of(20) {
                 let running = load_run(&self.state, self.id.clone())
                     .await
-                    .is_ok_and(|r| r.status == "running");
+                    .is_ok_and(|r| r.status == crate::store::RunStatus::Running);
                 if !running {
                     self.done = true;
                     continue;
@@ -651,7 +651,7 @@ type Approvals = (
 
 /// What a request asks, in words: the question of a human check, else the call.
 fn what(p: &crate::store::db::ApprovalRow, workspace: Option<String>) -> String {
-    if p.kind == "check" {
+    if p.kind == crate::store::ApprovalKind::Check {
         return p.input.clone();
     }
     let workspace = PathBuf::from(workspace.unwrap_or_else(|| ".".into()));
@@ -701,7 +701,7 @@ fn approvals_page(
         @for (r, what) in waiting {
             section.request id={ "req-" (r.id) } {
                 h3 {
-                    @if r.kind == "check" { "Human check " } @else { (r.tool) " " }
+                    @if r.kind == crate::store::ApprovalKind::Check { "Human check " } @else { (r.tool) " " }
                     code { (r.id) }
                 }
                 p.meta {
@@ -716,7 +716,7 @@ fn approvals_page(
                             input type="hidden" name="csrf" value=(s.csrf);
                             button.approve type="submit" { "Approve" }
                         }
-                        @if r.kind != "check" {
+                        @if r.kind != crate::store::ApprovalKind::Check {
                             form method="post" action={ "/approvals/" (r.id) "/approve" } {
                                 input type="hidden" name="csrf" value=(s.csrf);
                                 input type="hidden" name="always" value="1";

@@ -478,7 +478,10 @@ fn connections_cut_mid_run_lose_nothing_and_fire_nothing_twice() {
         .unwrap()
         .runs(None, None, 1000)
         .unwrap();
-    for r in local.iter().filter(|r| r.status != "running") {
+    for r in local
+        .iter()
+        .filter(|r| r.status != sup::store::RunStatus::Running)
+    {
         let stored = f.pg.one(&format!(
             "SELECT status FROM runs WHERE local_id = '{}'",
             r.id

@@ -553,7 +553,7 @@ fn the_previous_answer_carries_over_between_two_daemon_runs() {
             .runs(Some("daily"), None, 100)
             .unwrap()
             .into_iter()
-            .filter(|r| r.status != "running")
+            .filter(|r| r.status != sup::store::RunStatus::Running)
             .collect::<Vec<_>>()
     };
     until("two runs", 30, || runs().len() >= 2);
@@ -873,7 +873,7 @@ fn a_daemon_run_that_cannot_start_sends_an_error_notice() {
         .unwrap()
         .run(id)
         .unwrap();
-    assert_eq!(row.status, "error");
+    assert_eq!(row.status, sup::store::RunStatus::Error);
 }
 
 /// Where the process lives on, a receiver that never answers gets all three attempts, each
@@ -1262,7 +1262,7 @@ fn a_missed_occurrence_is_told_by_the_daemon() {
         .occurrences("minutely", 10)
         .unwrap()
         .into_iter()
-        .filter(|o| o.1 == "missed")
+        .filter(|o| o.1 == sup::store::OccurrenceStatus::Missed)
         .count();
     assert!(missed >= 1);
 }
@@ -1411,7 +1411,7 @@ fn templates_give_the_failed_checks_the_times_in_the_goals_zone_and_fill_the_sys
             .runs(Some("tokyo"), None, 100)
             .unwrap()
             .into_iter()
-            .filter(|r| r.status != "running")
+            .filter(|r| r.status != sup::store::RunStatus::Running)
             .collect();
         r.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
         r
