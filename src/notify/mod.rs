@@ -159,7 +159,7 @@ impl Notify {
                 .collect::<Result<_, _>>()?,
         };
         let timeout = match raw.timeout {
-            Some(t) => crate::config::parse_duration(&t).map_err(NotifyError::Timeout)?,
+            Some(t) => crate::duration::parse_duration(&t).map_err(NotifyError::Timeout)?,
             None => DEFAULT_TIMEOUT,
         };
         if timeout.is_zero() {

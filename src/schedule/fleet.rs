@@ -39,7 +39,7 @@ const BATCH: usize = 500;
 fn give_up() -> Duration {
     std::env::var("SUP_STORE_RETRY")
         .ok()
-        .and_then(|s| crate::config::parse_duration(&s).ok())
+        .and_then(|s| crate::duration::parse_duration(&s).ok())
         .unwrap_or(Duration::from_secs(60))
 }
 
