@@ -504,8 +504,6 @@ impl Merge for RuleLists {
     }
 }
 
-/// The model turns a work loop takes at most, unless a setting says otherwise.
-pub(crate) const DEFAULT_MAX_STEPS: u32 = 30;
 /// Runs kept per goal unless `keep_runs` says otherwise.
 pub(crate) const DEFAULT_KEEP_RUNS: u32 = 100;
 
@@ -514,10 +512,12 @@ impl Settings {
     /// others (`tries`, `system`, `workspace`, `approval`, `name`) are settled in `crate::run`.
     pub(crate) fn defaults() -> Settings {
         let http = crate::model::http::HttpOptions::default();
+        // The work loop's limits are written once, in `work::Limits::default`.
+        let limits = crate::work::Limits::default();
         Settings {
-            max_steps: Some(DEFAULT_MAX_STEPS),
-            tool_timeout: Some(Duration::from_secs(120)),
-            output_cap: Some(16 * 1024),
+            max_steps: Some(limits.max_steps),
+            tool_timeout: Some(limits.tool_timeout),
+            output_cap: Some(limits.output_cap),
             no_stream: Some(!http.stream),
             request_timeout: Some(http.request_timeout),
             idle_timeout: Some(http.idle_timeout),
