@@ -195,29 +195,11 @@ pub(crate) async fn runs(
         let _ = writeln!(out, "no runs");
         return Ok(Ending::Achieved);
     }
-    let _ = writeln!(
-        out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED", "HOST"
-    );
-    for f in rows {
-        let r = f.run;
-        let _ = writeln!(
-            out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} {}",
-            r.id,
-            r.goal,
-            r.trigger,
-            r.status,
-            r.stop_reason.unwrap_or_default(),
-            r.tries,
-            r.steps,
-            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
-            short(&r.started_at),
-            f.host,
-            r.scheduled_for.as_deref().map(short).unwrap_or_default()
-        );
-    }
+    let rows: Vec<_> = rows
+        .iter()
+        .map(|f| (&f.run, Some(f.host.as_str())))
+        .collect();
+    super::manage::print_runs(&mut out, &rows);
     Ok(Ending::Achieved)
 }
 
@@ -449,31 +431,7 @@ pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail>
         .approvals(ApprovalStatus::Pending)
         .await
         .map_err(Fail::usage)?;
-    let mut out = std::io::stdout().lock();
-    if json_out {
-        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(Ending::Achieved);
-    }
-    if rows.is_empty() {
-        let _ = writeln!(out, "no approval requests are waiting");
-    }
-    for r in rows {
-        let what = if r.kind == crate::store::ApprovalKind::Check {
-            format!("human check: {}", r.input)
-        } else {
-            format!("{} {}", r.tool, crate::trace::one_line(&r.input, 200))
-        };
-        let _ = writeln!(
-            out,
-            "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
-            r.id,
-            r.goal,
-            r.run_id,
-            short(&r.created_at),
-            short(&r.deadline)
-        );
-    }
-    Ok(Ending::Achieved)
+    super::manage::print_approvals(rows, json_out)
 }
 
 pub(crate) async fn answer(

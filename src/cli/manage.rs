@@ -17,6 +17,7 @@ use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
+use crate::store::db::RunRow;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace, escape, has_hidden};
 
@@ -211,27 +212,8 @@ pub(crate) fn runs(
         let _ = writeln!(out, "no runs");
         return Ok(Ending::Achieved);
     }
-    let _ = writeln!(
-        out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED"
-    );
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}",
-            r.id,
-            r.goal,
-            r.trigger,
-            r.status,
-            r.stop_reason.unwrap_or_default(),
-            r.tries,
-            r.steps,
-            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
-            short(&r.started_at),
-            r.scheduled_for.as_deref().map(short).unwrap_or_default()
-        );
-    }
+    let rows: Vec<(&RunRow, Option<&str>)> = rows.iter().map(|r| (r, None)).collect();
+    print_runs(&mut out, &rows);
     Ok(Ending::Achieved)
 }
 
@@ -354,7 +336,15 @@ pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail
 }
 
 pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
-    let rows = db()?.pending_approvals()?;
+    print_approvals(db()?.pending_approvals()?, json_out)
+}
+
+/// `sup approvals` as text or JSON, from the local store's requests or the fleet's: hidden
+/// characters are shown escaped and flagged on both.
+pub(crate) fn print_approvals(
+    rows: Vec<crate::store::db::ApprovalRow>,
+    json_out: bool,
+) -> Result<Ending, Fail> {
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
@@ -389,6 +379,49 @@ pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
         );
     }
     Ok(Ending::Achieved)
+}
+
+/// The table of `sup runs`, local or the fleet's (with the host each ran on).
+pub(crate) fn print_runs(out: &mut impl Write, rows: &[(&RunRow, Option<&str>)]) {
+    let fleet = rows.iter().any(|(_, h)| h.is_some());
+    let host = |h: &str| {
+        if fleet {
+            format!("{h:<16} ")
+        } else {
+            String::new()
+        }
+    };
+    let _ = writeln!(
+        out,
+        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}SCHEDULED FOR",
+        "RUN",
+        "GOAL",
+        "TRIGGER",
+        "STATUS",
+        "STOP",
+        "TRIES",
+        "STEPS",
+        "COST",
+        "STARTED",
+        host("HOST")
+    );
+    for (r, h) in rows {
+        let _ = writeln!(
+            out,
+            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}{}",
+            r.id,
+            r.goal,
+            r.trigger,
+            r.status,
+            r.stop_reason.as_deref().unwrap_or_default(),
+            r.tries,
+            r.steps,
+            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
+            short(&r.started_at),
+            host(h.unwrap_or_default()),
+            r.scheduled_for.as_deref().map(short).unwrap_or_default()
+        );
+    }
 }
 
 /// Whether any string in a JSON value holds control characters or invisible Unicode.

@@ -14,6 +14,14 @@ pub trait Clock: Send + Sync {
     fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// Sleep until `t` on `clock`, or forever when there is no `t` (nothing is scheduled).
+pub(crate) async fn sleep_until_or_never(clock: &dyn Clock, t: Option<DateTime<Utc>>) {
+    match t {
+        Some(t) => clock.sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The real clock.
 pub struct SystemClock;
 

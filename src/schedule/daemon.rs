@@ -763,12 +763,7 @@ pub async fn run(
         } else {
             Some(now + chrono::Duration::seconds(1))
         };
-        let sleep = async {
-            match wake {
-                Some(t) => clock.sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = super::clock::sleep_until_or_never(clock.as_ref(), wake);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sleep => {}

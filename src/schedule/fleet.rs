@@ -1005,12 +1005,7 @@ pub(crate) async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = d.goals.values().filter_map(|g| g.next).min();
-        let sleep = async {
-            match wake {
-                Some(t) => clock.sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = super::clock::sleep_until_or_never(clock.as_ref(), wake);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sleep => d.due(clock.now()).await,
