@@ -6,6 +6,7 @@ pub mod clock;
 pub mod cron;
 pub mod daemon;
 pub mod fleet;
+mod fleet_run;
 pub mod goals;
 pub mod overview;
 pub(crate) mod policy;
