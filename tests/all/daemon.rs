@@ -259,10 +259,22 @@ fn pause_and_resume_from_the_command_line() {
     let (code, _) = sup_out(&env, &["pause", "p", "--goals", dir]);
     assert_eq!(code, 0);
     let d = daemon(&env, &[]);
-    std::thread::sleep(Duration::from_millis(2500));
+    // A positive witness: occurrences came and were recorded as paused, and none ran.
+    until("two occurrences recorded as paused", 10, || {
+        Db::open(env.home.path())
+            .unwrap()
+            .occurrences("p", 10)
+            .unwrap()
+            .iter()
+            .filter(|o| o.1 == sup::store::OccurrenceStatus::Paused)
+            .count()
+            >= 2
+    });
     assert!(runs(&env, "p").is_empty(), "paused: nothing ran");
     let (_, text) = sup_out(&env, &["goals", "--goals", dir]);
-    assert!(text.contains("paused"), "{text}");
+    assert!(text.contains("· paused"), "{text}");
+    assert!(text.contains("skipped while paused "), "{text}");
+    assert!(!text.contains("skipped while paused 0"), "{text}");
     sup_out(&env, &["resume", "p", "--goals", dir]);
     until("runs after resume", 10, || !runs(&env, "p").is_empty());
     assert_eq!(stop(d), 0);
