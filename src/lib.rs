@@ -6,6 +6,7 @@
 pub mod approval;
 pub mod cli;
 pub mod config;
+pub(crate) mod duration;
 pub mod model;
 pub mod notify;
 pub mod redact;

@@ -195,7 +195,7 @@ impl QueueApprover {
                 ));
             };
             if now.status != ApprovalStatus::Pending {
-                let _ = store.close_approval(request, now.status.as_str()).await;
+                let _ = store.close_approval(request, now.status).await;
                 return Ok(now);
             }
             if deadline <= Utc::now() {
@@ -228,7 +228,7 @@ impl QueueApprover {
                 _ = tokio::time::sleep(poll.min(until_deadline)) => false,
                 _ = cancel.cancelled() => {
                     let _ = db.decide_approval(request, ApprovalStatus::Cancelled, false, None, "the run was cancelled");
-                    let _ = store.close_approval(request, ApprovalStatus::Cancelled.as_str()).await;
+                    let _ = store.close_approval(request, ApprovalStatus::Cancelled).await;
                     return Err("the run was cancelled while the request waited".into());
                 }
             };

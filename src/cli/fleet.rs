@@ -15,9 +15,9 @@ use super::run::invocation;
 use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::{Invocation, RunSpec, Trigger};
-use crate::schedule::fleet;
 use crate::schedule::goals::{self, ScheduledGoal};
-use crate::store::{self, db::stamp, pg};
+use crate::schedule::{fleet, overview};
+use crate::store::{self, ApprovalStatus, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
@@ -124,6 +124,7 @@ pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         tags: a.tags,
         defaults: defaults()?,
         store,
+        clock: std::sync::Arc::new(crate::schedule::clock::SystemClock),
     };
     fleet::run(cfg, shutdown, reload_rx)
         .await
@@ -194,29 +195,11 @@ pub(crate) async fn runs(
         let _ = writeln!(out, "no runs");
         return Ok(Ending::Achieved);
     }
-    let _ = writeln!(
-        out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED", "HOST"
-    );
-    for f in rows {
-        let r = f.run;
-        let _ = writeln!(
-            out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {:<16} {}",
-            r.id,
-            r.goal,
-            r.trigger,
-            r.status,
-            r.stop_reason.unwrap_or_default(),
-            r.tries,
-            r.steps,
-            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
-            short(&r.started_at),
-            f.host,
-            r.scheduled_for.as_deref().map(short).unwrap_or_default()
-        );
-    }
+    let rows: Vec<_> = rows
+        .iter()
+        .map(|f| (&f.run, Some(f.host.as_str())))
+        .collect();
+    super::manage::print_runs(&mut out, &rows);
     Ok(Ending::Achieved)
 }
 
@@ -305,7 +288,7 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error: {e}");
     }
-    if !had_result && run.status == "running" {
+    if !had_result && run.status == crate::store::RunStatus::Running {
         let _ = writeln!(out, "(the run is still going)");
     }
     Ok(Ending::Achieved)
@@ -367,20 +350,14 @@ pub(crate) async fn trigger(
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),
     };
-    let overlap = match goal.overlap {
-        goals::Overlap::Skip => "skip",
-        goals::Overlap::Queue => "queue",
-        goals::Overlap::Replace => "replace",
-        goals::Overlap::Allow => "allow",
-    };
     let claimed = store
         .claim(
             &me,
-            "manual",
+            crate::store::TriggerKind::Manual,
             &[pg::Due {
                 goal: name.to_string(),
                 at: chrono::Utc::now(),
-                overlap,
+                overlap: goal.overlap,
                 retry_interrupted: false,
             }],
         )
@@ -449,7 +426,10 @@ pub(crate) async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Re
 
 pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
     let store = open(url).await?;
-    let rows = store.approvals("pending").await.map_err(Fail::usage)?;
+    let rows = store
+        .approvals(ApprovalStatus::Pending)
+        .await
+        .map_err(Fail::usage)?;
     // Where each file call really leads, symlinks resolved in its run's workspace.
     let mut targets = Vec::new();
     for r in &rows {
@@ -459,43 +439,7 @@ pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail>
             crate::approval::answer::target(&r.tool, &input, std::path::Path::new(&w))
         }));
     }
-    let mut out = std::io::stdout().lock();
-    if json_out {
-        let listed: Vec<serde_json::Value> = rows
-            .iter()
-            .zip(&targets)
-            .map(|(r, t)| {
-                let mut v = serde_json::to_value(r).unwrap_or_default();
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("target".into(), t.clone().into());
-                }
-                v
-            })
-            .collect();
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&listed).unwrap_or_default()
-        );
-        return Ok(Ending::Achieved);
-    }
-    if rows.is_empty() {
-        let _ = writeln!(out, "no approval requests are waiting");
-    }
-    for (r, target) in rows.iter().zip(&targets) {
-        let what =
-            super::manage::waiting_call(&r.tool, r.kind == "check", &r.input, target.as_deref());
-        let _ = writeln!(
-            out,
-            "{}  {what}\n    goal {} · run {} · asked {} · denied at {} unless answered",
-            r.id,
-            crate::trace::escape(&r.goal),
-            r.run_id,
-            short(&r.created_at),
-            short(&r.deadline)
-        );
-    }
-    Ok(Ending::Achieved)
+    super::manage::print_approvals(&rows, &targets, json_out)
 }
 
 pub(crate) async fn answer(
@@ -508,9 +452,9 @@ pub(crate) async fn answer(
     let store = open(url).await?;
     let user = crate::approval::answer::os_user();
     let (status, verb) = if approve {
-        ("approved", "sup approve")
+        (ApprovalStatus::Approved, "sup approve")
     } else {
-        ("denied", "sup deny")
+        (ApprovalStatus::Denied, "sup deny")
     };
     let by = format!("{user}@{} (via {verb})", pg::this_host());
     if store
@@ -532,7 +476,34 @@ pub(crate) async fn answer(
     Err(Fail::usage(anyhow!(why)))
 }
 
-/// `sup goals` with a store: the local goal files, plus where the fleet's daemons hold
+/// `sup goals` with a store: the goal files with the fleet's figures (its run ids, its
+/// counts), as the console shows them.
+pub(crate) async fn goals(url: &str, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+    let store = open(url).await?;
+    let mut stats = std::collections::HashMap::new();
+    for (_, g) in overview::goal_files(dir).map_err(Fail::usage)? {
+        if let Ok(g) = g {
+            let s = store.goal_stats(&g.file.name).await.map_err(Fail::usage)?;
+            stats.insert(g.file.name, s);
+        }
+    }
+    let mut paused = std::collections::HashMap::new();
+    let mut rows = overview::overview_with(dir, chrono::Utc::now(), |name| {
+        let (s, p) = stats.remove(name).unwrap_or_default();
+        paused.insert(name.to_string(), p);
+        Ok(s)
+    })
+    .map_err(Fail::usage)?;
+    overview::with_paused_skips(&mut rows, |name| Ok(paused.get(name).copied().unwrap_or(0)))
+        .map_err(Fail::usage)?;
+    let code = super::manage::print_goals(dir, rows, json_out)?;
+    if !json_out {
+        goal_versions(url).await?;
+    }
+    Ok(code)
+}
+
+/// Where the fleet's daemons hold
 /// different versions of a goal.
 pub(crate) async fn goal_versions(url: &str) -> Result<Ending, Fail> {
     let differ = open(url)

@@ -17,6 +17,7 @@ use crate::run::RunSpec;
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
+use crate::store::db::RunRow;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind, db::Db};
 use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
 
@@ -118,6 +119,15 @@ pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
     let db = db()?;
     let now = Utc::now();
     let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
+    print_goals(dir, rows, json_out)
+}
+
+/// `sup goals` as text or JSON, from the local store's rows or the fleet's.
+pub(crate) fn print_goals(
+    dir: &Path,
+    rows: Vec<serde_json::Value>,
+    json_out: bool,
+) -> Result<Ending, Fail> {
     let mut out = std::io::stdout().lock();
     if json_out {
         let _ = writeln!(out, "{}", serde_json::Value::Array(rows));
@@ -176,7 +186,11 @@ pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
         } else {
             let _ = writeln!(out, "  last: never run");
         }
-        let _ = writeln!(out, "  skipped {} · missed {}\n", r["skipped"], r["missed"]);
+        let _ = writeln!(
+            out,
+            "  skipped {} · missed {} · skipped while paused {}\n",
+            r["skipped"], r["missed"], r["skipped_while_paused"]
+        );
     }
     Ok(Ending::Achieved)
 }
@@ -199,27 +213,8 @@ pub(crate) fn runs(
         let _ = writeln!(out, "no runs");
         return Ok(Ending::Achieved);
     }
-    let _ = writeln!(
-        out,
-        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  SCHEDULED FOR",
-        "RUN", "GOAL", "TRIGGER", "STATUS", "STOP", "TRIES", "STEPS", "COST", "STARTED"
-    );
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}",
-            r.id,
-            r.goal,
-            r.trigger,
-            r.status,
-            r.stop_reason.unwrap_or_default(),
-            r.tries,
-            r.steps,
-            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
-            short(&r.started_at),
-            r.scheduled_for.as_deref().map(short).unwrap_or_default()
-        );
-    }
+    let rows: Vec<(&RunRow, Option<&str>)> = rows.iter().map(|r| (r, None)).collect();
+    print_runs(&mut out, &rows);
     Ok(Ending::Achieved)
 }
 
@@ -408,11 +403,22 @@ pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
             crate::approval::answer::target(&r.tool, &input, &workspace)
         })
         .collect();
+    print_approvals(&rows, &targets, json_out)
+}
+
+/// `sup approvals` as text or JSON, from the local store's requests or the fleet's, with
+/// where each file call really leads (`targets`, one a row): hidden characters are shown
+/// escaped and flagged on both.
+pub(crate) fn print_approvals(
+    rows: &[crate::store::db::ApprovalRow],
+    targets: &[Option<String>],
+    json_out: bool,
+) -> Result<Ending, Fail> {
     let mut out = std::io::stdout().lock();
     if json_out {
         let listed: Vec<serde_json::Value> = rows
             .iter()
-            .zip(&targets)
+            .zip(targets)
             .map(|(r, t)| {
                 let mut v = serde_json::to_value(r).unwrap_or_default();
                 if let Some(o) = v.as_object_mut() {
@@ -472,6 +478,49 @@ pub(crate) fn waiting_call(tool: &str, check: bool, input: &str, target: Option<
         ""
     };
     format!("{}{flag}", escape(&what))
+}
+
+/// The table of `sup runs`, local or the fleet's (with the host each ran on).
+pub(crate) fn print_runs(out: &mut impl Write, rows: &[(&RunRow, Option<&str>)]) {
+    let fleet = rows.iter().any(|(_, h)| h.is_some());
+    let host = |h: &str| {
+        if fleet {
+            format!("{h:<16} ")
+        } else {
+            String::new()
+        }
+    };
+    let _ = writeln!(
+        out,
+        "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}SCHEDULED FOR",
+        "RUN",
+        "GOAL",
+        "TRIGGER",
+        "STATUS",
+        "STOP",
+        "TRIES",
+        "STEPS",
+        "COST",
+        "STARTED",
+        host("HOST")
+    );
+    for (r, h) in rows {
+        let _ = writeln!(
+            out,
+            "{:<26} {:<14} {:<9} {:<12} {:<15} {:>5} {:>5} {:>9}  {:<19}  {}{}",
+            r.id,
+            r.goal,
+            r.trigger,
+            r.status,
+            r.stop_reason.as_deref().unwrap_or_default(),
+            r.tries,
+            r.steps,
+            r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
+            short(&r.started_at),
+            host(h.unwrap_or_default()),
+            r.scheduled_for.as_deref().map(short).unwrap_or_default()
+        );
+    }
 }
 
 /// Whether any string in a JSON value holds control characters or invisible Unicode.

@@ -590,13 +590,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             }
             service::service_with(action, Some(url))
         }
-        Command::Goals { goals, json } => {
-            let code = manage::goals(&goals, json)?;
-            if !json {
-                fleet::goal_versions(url).await?;
-            }
-            Ok(code)
-        }
+        Command::Goals { goals, json } => fleet::goals(url, &goals, json).await,
         Command::Runs {
             goal,
             status,

@@ -86,7 +86,9 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
                 overdue = Some(expected.with_timezone(&s.tz).to_rfc3339());
             }
         }
-        let verdict_ok = last.as_ref().is_none_or(|r| r.status == "achieved");
+        let verdict_ok = last
+            .as_ref()
+            .is_none_or(|r| r.status == crate::store::RunStatus::Achieved);
         let next = g.schedule.as_ref().and_then(|s| {
             s.next_after(now)
                 .map(|t| t.with_timezone(&s.tz).to_rfc3339())

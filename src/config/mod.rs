@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub(crate) use crate::duration::{duration, parse_duration, parse_timeout, timeout};
 pub use goal::{CheckDef, McpServer, RawCheck, RawTool, ToolDef};
 pub use goal::{GoalFile, GoalFileError};
 
@@ -705,8 +706,6 @@ impl Merge for RuleLists {
     }
 }
 
-/// The model turns a work loop takes at most, unless a setting says otherwise.
-pub(crate) const DEFAULT_MAX_STEPS: u32 = 30;
 /// Runs kept per goal unless `keep_runs` says otherwise.
 pub(crate) const DEFAULT_KEEP_RUNS: u32 = 100;
 
@@ -715,10 +714,12 @@ impl Settings {
     /// others (`tries`, `system`, `workspace`, `approval`, `name`) are settled in `crate::run`.
     pub(crate) fn defaults() -> Settings {
         let http = crate::model::http::HttpOptions::default();
+        // The work loop's limits are written once, in `work::Limits::default`.
+        let limits = crate::work::Limits::default();
         Settings {
-            max_steps: Some(DEFAULT_MAX_STEPS),
-            tool_timeout: Some(Duration::from_secs(120)),
-            output_cap: Some(16 * 1024),
+            max_steps: Some(limits.max_steps),
+            tool_timeout: Some(limits.tool_timeout),
+            output_cap: Some(limits.output_cap),
             max_tokens: Some(crate::model::DEFAULT_MAX_TOKENS),
             compact_at: Some(crate::work::DEFAULT_COMPACT_AT),
             no_stream: Some(!http.stream),
@@ -924,36 +925,6 @@ pub(crate) fn parse_zone(name: &str) -> Result<chrono_tz::Tz, String> {
     })
 }
 
-/// `30s`, `5m`, `1h 30m`, `0`: every duration of flags and files.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. `30s`, `5m`, `1h`"))
-}
-
-/// A timeout: a duration that is not zero (a zero timeout would end everything at once).
-pub(crate) fn parse_timeout(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d.is_zero() {
-        return Err(format!(
-            "`{s}` is a zero timeout, which would stop everything at once; give a positive \
-             duration such as `30s`"
-        ));
-    }
-    Ok(d)
-}
-
-/// A timeout field of a file, through `parse_timeout`.
-pub(crate) fn timeout<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Duration>, D::Error> {
-    Option::<String>::deserialize(d)?
-        .map(|s| parse_timeout(&s).map_err(serde::de::Error::custom))
-        .transpose()
-}
-
 /// A count of at least 1 (`keep_runs = 0` would delete each run as it ends).
 pub(crate) fn at_least_one<'de, D: serde::Deserializer<'de>>(
     d: D,
@@ -980,15 +951,6 @@ pub(crate) fn memory_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Opti
             Raw::Bytes(b) => Ok(b),
             Raw::Text(t) => crate::tools::sandbox::parse_size(&t).map_err(serde::de::Error::custom),
         })
-        .transpose()
-}
-
-/// A duration field of a file, through `parse_duration`.
-pub(crate) fn duration<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Duration>, D::Error> {
-    Option::<String>::deserialize(d)?
-        .map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
         .transpose()
 }
 

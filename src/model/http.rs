@@ -352,9 +352,10 @@ pub(crate) async fn exchange(
             });
         }
         if failure.retryable && attempt < opts.max_attempts && in_time {
-            // Briefly: the whole error is said once, when the last attempt fails.
+            // Briefly: the status, the URL and the server's words; a connection's whole
+            // error is said once, when the last attempt fails.
             let brief = match failure.status {
-                Some(status) => format!("HTTP {status} from {}", ep.url),
+                Some(_) => failure.what(ep).trim_end_matches('.').to_string(),
                 None => format!(
                     "{} ({})",
                     failure.message.split(": ").next().unwrap_or_default(),

@@ -171,7 +171,7 @@ impl Notify {
                 .collect::<Result<_, _>>()?,
         };
         let timeout = match raw.timeout {
-            Some(t) => crate::config::parse_duration(&t).map_err(NotifyError::Timeout)?,
+            Some(t) => crate::duration::parse_duration(&t).map_err(NotifyError::Timeout)?,
             None => DEFAULT_TIMEOUT,
         };
         if timeout.is_zero() {
@@ -324,7 +324,9 @@ impl Notice {
         previous: Option<&RunRow>,
     ) -> Option<(Vec<Kind>, Notice)> {
         let kinds = match run.status.as_str() {
-            "achieved" if previous.is_some_and(|p| p.status != "achieved") => {
+            "achieved"
+                if previous.is_some_and(|p| p.status != crate::store::RunStatus::Achieved) =>
+            {
                 vec![Kind::Recovered, Kind::Achieved]
             }
             "achieved" => vec![Kind::Achieved],
@@ -357,7 +359,7 @@ impl Notice {
                 output_tail: tail(&c.output_tail),
             })
             .collect();
-        if run.status == "achieved"
+        if run.status == crate::store::RunStatus::Achieved
             && let Some(last) = checks.last()
         {
             n.verified_by = crate::trace::verified_by(last);

@@ -11,83 +11,24 @@
 //! comes from a `Clock`, so tests move time instead of sleeping.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::cron::Schedule;
 use super::goals::{self, Overlap};
+use super::policy::{self, Decision, Settled};
 use crate::config::{GoalFile, UserConfig};
 use crate::run::{self, Invocation, Recorded, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, NewRun, stamp};
 use crate::store::{OccurrenceStatus, RunDir, TriggerKind};
 
-/// How late an occurrence may be noticed and still count as on time.
-const ON_TIME: Duration = Duration::from_secs(2);
-/// Missed occurrences recorded one by one at most, per catch-up.
-const MISSED_CAP: usize = 1000;
-
-/// Where the daemon gets the time.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> DateTime<Utc>;
-    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
-}
-
-/// The real clock.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> DateTime<Utc> {
-        Utc::now()
-    }
-    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        let wait = (t - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-        Box::pin(tokio::time::sleep(wait))
-    }
-}
-
-/// A clock that moves only when told: for tests.
-pub struct ManualClock {
-    now: watch::Sender<DateTime<Utc>>,
-}
-
-impl ManualClock {
-    pub fn new(start: DateTime<Utc>) -> Self {
-        ManualClock {
-            now: watch::Sender::new(start),
-        }
-    }
-    pub fn set(&self, t: DateTime<Utc>) {
-        self.now.send_replace(t);
-    }
-    /// How many sleepers wait on this clock: a test knows the daemon is idle when it is > 0.
-    pub fn waiting(&self) -> usize {
-        self.now.receiver_count()
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> DateTime<Utc> {
-        *self.now.borrow()
-    }
-    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        let mut rx = self.now.subscribe();
-        Box::pin(async move {
-            while *rx.borrow_and_update() < t {
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-    }
-}
+pub use super::clock::{Clock, ManualClock, SystemClock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -359,29 +300,18 @@ impl Daemon {
             let Some(slot) = self.slots.get(&name) else {
                 continue;
             };
-            let (missed, total) = slot.schedule.between(last, now, MISSED_CAP);
-            let window = slot.catch_up;
-            self.settle(&name, missed, total, now, window);
+            let settled = policy::catch_up(&slot.schedule, last, now, slot.catch_up);
+            self.settle(&name, settled);
         }
     }
 
-    /// Of `due` (oldest first, `total` in all): run the latest if it is within `window` of
-    /// `now`, record the rest as missed.
-    fn settle(
-        &mut self,
-        name: &str,
-        mut due: Vec<DateTime<Utc>>,
-        total: usize,
-        now: DateTime<Utc>,
-        window: Duration,
-    ) {
-        let Some(latest) = due.pop() else { return };
-        let on_time = (now - latest).to_std().unwrap_or(Duration::ZERO) <= window;
-        let mut missed = due;
-        if !on_time {
-            missed.push(latest);
-        }
-        let uncounted = total.saturating_sub(missed.len() + usize::from(on_time));
+    /// Record what `policy::settle` missed, and fire what it runs.
+    fn settle(&mut self, name: &str, settled: Settled) {
+        let Settled {
+            missed,
+            uncounted,
+            fire,
+        } = settled;
         if !missed.is_empty() {
             tracing::info!(
                 "goal {name}: {} occurrence(s) missed{}",
@@ -400,8 +330,8 @@ impl Daemon {
             let r = self.db.claim(name, at, OccurrenceStatus::Missed, &self.id);
             self.log_db(r);
         }
-        if on_time {
-            self.fire(name, latest);
+        if let Some(at) = fire {
+            self.fire(name, at);
         }
     }
 
@@ -486,12 +416,11 @@ impl Daemon {
                 continue;
             };
             let Some(first) = slot.next else { continue };
-            let (mut later, total) = slot.schedule.between(first, now, MISSED_CAP);
-            let mut due = vec![first];
-            due.append(&mut later);
-            slot.next = slot.schedule.next_after(now);
-            let window = slot.catch_up.max(ON_TIME);
-            self.settle(&name, due, total + 1, now, window);
+            let (due, total, next) =
+                policy::due(&slot.schedule, first, slot.schedule.next_after(first), now);
+            slot.next = next;
+            let settled = policy::settle(due, total, now, policy::window(slot.catch_up));
+            self.settle(&name, settled);
         }
     }
 
@@ -525,48 +454,41 @@ impl Daemon {
         let Some(slot) = self.slots.get_mut(name) else {
             return;
         };
-        if !slot.running.is_empty() {
-            match slot.overlap {
-                Overlap::Skip => {
-                    tracing::info!(
-                        "goal {name} at {}: skipped, the last run is still going",
-                        stamp(at)
-                    );
-                    let r = self
-                        .db
-                        .occurrence(name, at, OccurrenceStatus::Skipped, None);
-                    self.log_db(r);
-                    self.tell_missed(name, at, "skipped");
-                    return;
+        match policy::overlap(
+            slot.overlap,
+            !slot.running.is_empty(),
+            slot.queued.is_some(),
+        ) {
+            Decision::Start => {}
+            Decision::Skip => {
+                let why = if slot.queued.is_some() {
+                    "one occurrence already waits"
+                } else {
+                    "the last run is still going"
+                };
+                tracing::info!("goal {name} at {}: skipped, {why}", stamp(at));
+                let r = self
+                    .db
+                    .occurrence(name, at, OccurrenceStatus::Skipped, None);
+                self.log_db(r);
+                self.tell_missed(name, at, "skipped");
+                return;
+            }
+            Decision::Queue => {
+                tracing::info!(
+                    "goal {name} at {}: queued behind the running one",
+                    stamp(at)
+                );
+                slot.queued = Some(at);
+                let r = self.db.occurrence(name, at, OccurrenceStatus::Queued, None);
+                self.log_db(r);
+                return;
+            }
+            Decision::Replace => {
+                tracing::info!("goal {name} at {}: replacing the running one", stamp(at));
+                for r in &slot.running {
+                    r.cancel.cancel();
                 }
-                Overlap::Queue => {
-                    if slot.queued.is_some() {
-                        tracing::info!(
-                            "goal {name} at {}: skipped, one occurrence already waits",
-                            stamp(at)
-                        );
-                        let r = self
-                            .db
-                            .occurrence(name, at, OccurrenceStatus::Skipped, None);
-                        self.log_db(r);
-                    } else {
-                        tracing::info!(
-                            "goal {name} at {}: queued behind the running one",
-                            stamp(at)
-                        );
-                        slot.queued = Some(at);
-                        let r = self.db.occurrence(name, at, OccurrenceStatus::Queued, None);
-                        self.log_db(r);
-                    }
-                    return;
-                }
-                Overlap::Replace => {
-                    tracing::info!("goal {name} at {}: replacing the running one", stamp(at));
-                    for r in &slot.running {
-                        r.cancel.cancel();
-                    }
-                }
-                Overlap::Allow => {}
             }
         }
         self.start(name, at);
@@ -810,8 +732,15 @@ async fn run_one(
     permits: &Semaphore,
     cancel: &CancellationToken,
 ) -> (Option<String>, String) {
+    let wait = policy::jitter_wait(jitter);
     if !jitter.is_zero() {
-        let wait = jitter.mul_f64(fastrand::f64());
+        tracing::info!(
+            "goal {goal} at {}: waits {}ms of its jitter",
+            stamp(at),
+            wait.as_millis()
+        );
+    }
+    if !wait.is_zero() {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = cancel.cancelled() => return (None, "cancelled before it started".into()),
@@ -892,12 +821,7 @@ pub async fn run(
         } else {
             Some(now + chrono::Duration::seconds(1))
         };
-        let sleep = async {
-            match wake {
-                Some(t) => clock.sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = super::clock::sleep_until_or_never(clock.as_ref(), wake);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sleep => {}

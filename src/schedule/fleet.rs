@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -20,30 +19,21 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::clock::Clock;
 use super::cron::Schedule;
+use super::fleet_run::give_up;
+pub(crate) use super::fleet_run::{execute, flush_spool};
 use super::goals::{self, Overlap};
-use crate::run::{self as launch, Invocation, RunError, RunSpec, Trigger};
+use super::policy::{self, Settled};
+use crate::run::{Invocation, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, stamp};
-use crate::store::pg::{self, Claimed, Claimer, Due, Finish, PgError, PgStore};
-use crate::trace::{Event, EventSink};
+use crate::store::pg::{self, Claimed, Claimer, Due, PgError, PgStore};
+use crate::store::{OccurrenceStatus, TriggerKind};
 
-/// How late an occurrence may be noticed and still count as on time.
-const ON_TIME: Duration = Duration::from_secs(2);
 /// How soon an occurrence comes due for housekeeping to wait for it.
 const IMMINENT: chrono::Duration = chrono::Duration::milliseconds(200);
-/// Missed occurrences recorded one by one at most, per catch-up.
-const MISSED_CAP: usize = 1000;
 /// Claims per transaction (each holds a lock per goal until it commits).
 const BATCH: usize = 500;
-/// How long a write is retried before it is given up (outcomes then wait on disk);
-/// `SUP_STORE_RETRY` says otherwise.
-fn give_up() -> Duration {
-    std::env::var("SUP_STORE_RETRY")
-        .ok()
-        .and_then(|s| crate::config::parse_duration(&s).ok())
-        .unwrap_or(Duration::from_secs(60))
-}
-
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FleetError {
     #[error("cannot read the goals folder {path}: {source}")]
@@ -68,6 +58,8 @@ pub(crate) struct Config {
     pub tags: Vec<String>,
     pub defaults: Invocation,
     pub store: PgStore,
+    /// Where the daemon gets the time of its schedules.
+    pub clock: Arc<dyn Clock>,
 }
 
 struct Goal {
@@ -76,6 +68,7 @@ struct Goal {
     schedule: Option<Schedule>,
     overlap: Overlap,
     catch_up: Duration,
+    jitter: Duration,
     tags: Vec<String>,
     retry: bool,
     hash: String,
@@ -88,15 +81,6 @@ struct Goal {
 impl goals::FromFile for Goal {
     fn path(&self) -> &Path {
         &self.path
-    }
-}
-
-fn overlap_name(o: Overlap) -> &'static str {
-    match o {
-        Overlap::Skip => "skip",
-        Overlap::Queue => "queue",
-        Overlap::Replace => "replace",
-        Overlap::Allow => "allow",
     }
 }
 
@@ -181,6 +165,7 @@ impl Daemon {
                     schedule: g.schedule,
                     overlap: g.overlap,
                     catch_up: g.catch_up,
+                    jitter: g.jitter,
                     tags: g.file.settings.tags.clone(),
                     retry: g.file.settings.retry_interrupted.unwrap_or(false),
                     hash,
@@ -199,7 +184,7 @@ impl Daemon {
     /// Read the goal files again (after a burst of changes settled) and publish the versions.
     async fn reload(&mut self, watch: &mut goals::Watch) {
         watch.settle().await;
-        if let Err(e) = self.load(Utc::now()) {
+        if let Err(e) = self.load(self.cfg.clock.now()) {
             tracing::warn!("reload failed: {e}; the goals keep their schedules");
         }
         self.publish().await;
@@ -294,49 +279,49 @@ impl Daemon {
             if g.stale || !self.fits(g) {
                 continue;
             }
-            let (list, total) = s.between(*last, now, MISSED_CAP);
-            self.settle(name, g, list, total, now, g.catch_up.max(ON_TIME), &mut due)
-                .await;
+            let settled = policy::catch_up(s, *last, now, g.catch_up);
+            self.settle(name, g, settled, &mut due).await;
         }
-        self.claim("schedule", due).await;
+        self.claim(TriggerKind::Schedule, due).await;
     }
 
-    /// Of `list` (oldest first, `total` in all): the latest runs if it is within `window`,
-    /// the rest are recorded as missed.
-    #[allow(clippy::too_many_arguments)]
-    async fn settle(
-        &self,
-        name: &str,
-        g: &Goal,
-        mut list: Vec<DateTime<Utc>>,
-        total: usize,
-        now: DateTime<Utc>,
-        window: Duration,
-        due: &mut Vec<Due>,
-    ) {
-        let Some(latest) = list.pop() else { return };
-        let on_time = (now - latest).to_std().unwrap_or(Duration::ZERO) <= window;
-        if !on_time {
-            list.push(latest);
-        }
-        if !list.is_empty() {
-            let uncounted = total.saturating_sub(list.len() + usize::from(on_time));
+    /// Record what `policy::settle` missed (and tell the last of it); what runs is due.
+    async fn settle(&self, name: &str, g: &Goal, settled: Settled, due: &mut Vec<Due>) {
+        let Settled {
+            missed,
+            uncounted,
+            fire,
+        } = settled;
+        if let Some(&last) = missed.last() {
             tracing::info!(
                 "goal {name}: {} occurrence(s) missed",
-                list.len() + uncounted
+                missed.len() + uncounted
             );
-            if let Err(e) = self.cfg.store.missed(&self.me, name, &list).await {
+            if let Err(e) = self.cfg.store.missed(&self.me, name, &missed).await {
                 tracing::error!("{e}");
             }
+            self.tell_missed(name, last, OccurrenceStatus::Missed);
         }
-        if on_time {
+        if let Some(at) = fire {
             due.push(Due {
                 goal: name.to_string(),
-                at: latest,
-                overlap: overlap_name(g.overlap),
+                at,
+                overlap: g.overlap,
                 retry_interrupted: g.retry,
             });
         }
+    }
+
+    /// A `missed` notice for an occurrence that did not run (sent in the background).
+    fn tell_missed(&self, name: &str, at: DateTime<Utc>, status: OccurrenceStatus) {
+        let Some(g) = self.goals.get(name).filter(|g| !g.spec.notify.is_empty()) else {
+            return;
+        };
+        let notifier = crate::notify::Notifier::new(&self.cfg.home, g.spec.notify.clone());
+        let notice = crate::notify::Notice::missed(name, at, status.as_str());
+        tokio::spawn(async move {
+            notifier.send(&[crate::notify::Kind::Missed], &notice).await;
+        });
     }
 
     /// Occurrences that came due by `now`.
@@ -361,30 +346,14 @@ impl Daemon {
             let after_first = *memo
                 .entry((s.expr.clone(), s.tz.name().to_string(), first))
                 .or_insert_with(|| s.next_after(first));
-            // Only when more than one came due is the whole list worked out.
-            let (list, total, next) = if after_first.is_none_or(|t| t > now) {
-                (vec![first], 1, after_first)
-            } else {
-                let (mut later, total) = s.between(first, now, MISSED_CAP);
-                let mut list = vec![first];
-                list.append(&mut later);
-                (list, total + 1, s.next_after(now))
-            };
+            let (list, total, next) = policy::due(s, first, after_first, now);
             g.next = next;
             let g = &self.goals[&name];
             if g.stale || !self.fits(g) {
                 continue;
             }
-            self.settle(
-                &name,
-                g,
-                list,
-                total,
-                now,
-                g.catch_up.max(ON_TIME),
-                &mut due,
-            )
-            .await;
+            let settled = policy::settle(list, total, now, policy::window(g.catch_up));
+            self.settle(&name, g, settled, &mut due).await;
         }
         if due.is_empty() {
             return;
@@ -393,14 +362,14 @@ impl Daemon {
             tracing::debug!(
                 "{} occurrence(s) due; {}ms after the first",
                 due.len(),
-                (Utc::now() - first).num_milliseconds()
+                (self.cfg.clock.now() - first).num_milliseconds()
             );
         }
         // A daemon without room lets those with room claim first (and claims no share).
         if self.permits.available_permits() == 0 {
             tokio::time::sleep(Duration::from_millis(30 + u64::from(fastrand::u8(..) % 50))).await;
         }
-        self.claim("schedule", due).await;
+        self.claim(TriggerKind::Schedule, due).await;
     }
 
     /// Claim in the store and start what this daemon won. A daemon with room first claims
@@ -409,7 +378,7 @@ impl Daemon {
     /// locks; then whatever the others left (a daemon that is late, gone or without the tags).
     /// The runs start once everything is claimed: their folders, transcripts and store writes
     /// stay off the claim's path.
-    async fn claim(&mut self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
+    async fn claim(&mut self, kind: TriggerKind, due: Vec<Due>) -> Vec<Claimed> {
         if due.is_empty() {
             return Vec::new();
         }
@@ -437,6 +406,9 @@ impl Daemon {
                 }
                 Claimed::Not { goal, at, status } => {
                     tracing::info!("goal {goal} at {}: {status}", stamp(*at));
+                    if *status == OccurrenceStatus::Skipped && kind == TriggerKind::Schedule {
+                        self.tell_missed(goal, *at, *status);
+                    }
                 }
             }
         }
@@ -452,7 +424,7 @@ impl Daemon {
     }
 
     /// Claim in batches, each retried while the store is away.
-    async fn claim_in_store(&self, kind: &'static str, due: Vec<Due>) -> Vec<Claimed> {
+    async fn claim_in_store(&self, kind: TriggerKind, due: Vec<Due>) -> Vec<Claimed> {
         let mut out = Vec::new();
         for chunk in due.chunks(BATCH) {
             let store = &self.cfg.store;
@@ -468,7 +440,7 @@ impl Daemon {
         out
     }
 
-    fn start(&mut self, goal: &str, kind: &'static str, at: DateTime<Utc>, run_id: &str) {
+    fn start(&mut self, goal: &str, kind: TriggerKind, at: DateTime<Utc>, run_id: &str) {
         let Some(g) = self.goals.get(goal) else {
             tracing::error!("goal {goal}: claimed but no longer loaded; run {run_id} not started");
             return;
@@ -482,25 +454,38 @@ impl Daemon {
         let done = self.done_tx.clone();
         let run_id = run_id.to_string();
         let goal = goal.to_string();
+        // A scheduled run waits its share of the goal's jitter, as on one machine.
+        let wait = match kind {
+            TriggerKind::Schedule => policy::jitter_wait(g.jitter),
+            _ => Duration::ZERO,
+        };
+        if !g.jitter.is_zero() && kind == TriggerKind::Schedule {
+            tracing::info!(
+                "goal {goal} at {}: waits {}ms of its jitter",
+                stamp(at),
+                wait.as_millis()
+            );
+        }
         self.tasks.spawn(async move {
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = cancel.cancelled() => {}
+                }
+            }
             let _permit = tokio::select! {
                 p = permits.acquire_owned() => p.ok(),
                 _ = cancel.cancelled() => None,
             };
             tracing::info!("goal {goal} at {}: fired as run {run_id}", stamp(at));
-            let scheduled_for = (kind == "schedule").then_some(at);
-            let trigger_kind = if kind == "schedule" {
-                crate::store::TriggerKind::Schedule
-            } else {
-                crate::store::TriggerKind::Manual
-            };
+            let scheduled_for = (kind == TriggerKind::Schedule).then_some(at);
             if let Err(e) = execute(
                 &store,
                 &run_id,
                 &spec,
                 &home,
                 Trigger {
-                    kind: trigger_kind,
+                    kind,
                     scheduled_for,
                 },
                 Vec::new(),
@@ -530,7 +515,7 @@ impl Daemon {
         }
         let retry = g.retry;
         match self.cfg.store.take_queued(&self.me, goal, retry).await {
-            Ok(Some((at, run_id))) => self.start(goal, "schedule", at, &run_id),
+            Ok(Some((at, run_id))) => self.start(goal, TriggerKind::Schedule, at, &run_id),
             Ok(None) => {}
             Err(e) => tracing::error!("{e}"),
         }
@@ -562,20 +547,20 @@ impl Daemon {
             let due = vec![Due {
                 goal: goal.clone(),
                 at,
-                overlap: overlap_name(g.overlap),
+                overlap: g.overlap,
                 retry_interrupted: g.retry,
             }];
             tracing::info!("goal {goal}: {kind} trigger {id} taken");
-            let claimed = self.claim("manual", due).await;
+            let claimed = self.claim(TriggerKind::Manual, due).await;
             let (status, run_id) = match claimed.first() {
-                Some(Claimed::Run { run_id, .. }) => ("running".to_string(), Some(run_id.clone())),
-                Some(Claimed::Not { status, .. }) => (status.clone(), None),
-                None => ("taken".to_string(), None),
+                Some(Claimed::Run { run_id, .. }) => ("running", Some(run_id.clone())),
+                Some(Claimed::Not { status, .. }) => (status.as_str(), None),
+                None => ("taken", None),
             };
             if let Err(e) = self
                 .cfg
                 .store
-                .settle_trigger(id, &status, run_id.as_deref())
+                .settle_trigger(id, status, run_id.as_deref())
                 .await
             {
                 tracing::error!("{e}");
@@ -671,7 +656,10 @@ impl Daemon {
             let Ok(Some(a)) = self.cfg.store.approval(id).await else {
                 continue;
             };
-            if a.status == "approved" || a.status == "denied" {
+            if matches!(
+                a.status,
+                crate::store::ApprovalStatus::Approved | crate::store::ApprovalStatus::Denied
+            ) {
                 let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
                 if let Err(e) =
                     local.decide_approval(id, a.status, a.always, a.reason.as_deref(), &by)
@@ -682,226 +670,21 @@ impl Daemon {
         }
         // Requests that ended here (timed out, cancelled) end in the store too.
         if answered.is_none()
-            && let Ok(theirs) = self.cfg.store.approvals("pending").await
+            && let Ok(theirs) = self
+                .cfg
+                .store
+                .approvals(crate::store::ApprovalStatus::Pending)
+                .await
         {
             for a in theirs {
                 if let Ok(Some(l)) = local.approval(&a.id)
-                    && l.status != "pending"
+                    && l.status != crate::store::ApprovalStatus::Pending
                 {
-                    let _ = self
-                        .cfg
-                        .store
-                        .close_approval(&a.id, l.status.as_str())
-                        .await;
+                    let _ = self.cfg.store.close_approval(&a.id, l.status).await;
                 }
             }
         }
     }
-}
-
-/// A sink that sends each event to the store, in order, from a task of its own.
-struct StoreSink {
-    tx: mpsc::UnboundedSender<(i64, serde_json::Value)>,
-    seq: AtomicI64,
-}
-
-impl EventSink for StoreSink {
-    fn emit(&self, event: &Event) {
-        if matches!(event, Event::TextDelta { .. }) {
-            return;
-        }
-        let Ok(mut value) = serde_json::to_value(event) else {
-            return;
-        };
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert(
-                "at".into(),
-                Utc::now()
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-                    .into(),
-            );
-        }
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let _ = self.tx.send((seq, value));
-    }
-}
-
-/// Write a run's events as they come; the first says where the run lives locally.
-async fn write_events(
-    store: PgStore,
-    home: PathBuf,
-    run_id: String,
-    mut rx: mpsc::UnboundedReceiver<(i64, serde_json::Value)>,
-) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            batch.push(more);
-        }
-        for (_, e) in &batch {
-            if e["type"] == "run_started" {
-                let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-                let local = s("run_id");
-                let dir = home.join("runs").join(&local).display().to_string();
-                let (model, workspace) = (s("model"), s("workspace"));
-                let r = pg::retry("recording a run's start", give_up(), || {
-                    store.run_started(&run_id, &local, &model, &workspace, &dir)
-                })
-                .await;
-                if let Err(e) = r {
-                    tracing::error!("run {run_id}: {e}");
-                }
-            }
-        }
-        // The cost so far counts for `max_cost_per_day` before the run ends.
-        let cost = batch.iter().rev().find_map(|(_, e)| {
-            e["total_cost"]
-                .as_f64()
-                .filter(|_| e["type"] == "step_finished")
-        });
-        if let Some(cost) = cost
-            && let Err(e) = store.set_run_cost(&run_id, cost).await
-        {
-            tracing::warn!("run {run_id}: cannot record its cost so far: {e}");
-        }
-        if let Err(e) = pg::retry("writing transcript events", give_up(), || {
-            store.events(&run_id, &batch)
-        })
-        .await
-        {
-            tracing::error!(
-                "run {run_id}: {} transcript event(s) not written to the store: {e}; the local \
-                 transcript has them",
-                batch.len()
-            );
-        }
-    }
-}
-
-fn spool_dir(home: &Path) -> PathBuf {
-    home.join("fleet-spool")
-}
-
-/// Write outcomes that waited on disk; each file goes once written.
-pub(crate) async fn flush_spool(store: &PgStore, home: &Path) {
-    let Ok(entries) = std::fs::read_dir(spool_dir(home)) else {
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let path = entry.path();
-        let Some(run_id) = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        let Ok(finish) = serde_json::from_str::<Finish>(&text) else {
-            tracing::error!("{}: not an outcome; left as it is", path.display());
-            continue;
-        };
-        match store.finish_run(&run_id, &finish).await {
-            Ok(()) => {
-                tracing::info!("run {run_id}: its outcome, kept on disk, is now in the store");
-                let _ = std::fs::remove_file(&path);
-            }
-            Err(e) => {
-                tracing::warn!("run {run_id}: the outcome still waits on disk: {e}");
-                return;
-            }
-        }
-    }
-}
-
-/// Run a claimed run (its row exists in the store) to its end: the local run folder and
-/// SQLite record as always, its events and outcome in the store. An outcome the store
-/// cannot take waits under `SUP_HOME/fleet-spool/` until it can.
-pub(crate) async fn execute(
-    store: &PgStore,
-    run_id: &str,
-    spec: &RunSpec,
-    home: &Path,
-    trigger: Trigger,
-    mut sinks: Vec<Arc<dyn EventSink>>,
-    cancel: &CancellationToken,
-) -> Result<launch::Launched, RunError> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(write_events(
-        store.clone(),
-        home.to_path_buf(),
-        run_id.to_string(),
-        rx,
-    ));
-    sinks.push(Arc::new(StoreSink {
-        tx,
-        seq: AtomicI64::new(0),
-    }));
-    let shared = launch::Shared {
-        store: store.clone(),
-        run_id: run_id.to_string(),
-    };
-    let result = launch::launch_shared(spec, home, trigger, &shared, sinks, cancel).await;
-    let _ = writer.await;
-    let finish = match &result {
-        Ok(l) => Finish {
-            status: l.outcome.status,
-            stop_reason: l.outcome.stop_reason,
-            tries: l.outcome.tries,
-            steps: l.outcome.steps,
-            usage: l.outcome.usage,
-            error: l.outcome.error.clone(),
-            checks: l.outcome.checks.clone(),
-            cost: l.outcome.cost,
-            answer: l.outcome.answer.clone(),
-        },
-        Err(e) => Finish {
-            status: crate::trace::Status::Error,
-            stop_reason: crate::trace::StopReason::Error,
-            tries: 0,
-            steps: 0,
-            usage: Default::default(),
-            error: Some(format!("could not start: {e}")),
-            checks: Vec::new(),
-            cost: None,
-            answer: None,
-        },
-    };
-    if let Err(e) = pg::retry("recording an outcome", give_up(), || {
-        store.finish_run(run_id, &finish)
-    })
-    .await
-    {
-        let dir = spool_dir(home);
-        let path = dir.join(format!("{run_id}.json"));
-        let written = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&path, serde_json::to_vec(&finish).unwrap_or_default()));
-        match written {
-            Ok(()) => tracing::warn!(
-                "run {run_id}: cannot record its outcome ({e}); kept in {} until the store \
-                 comes back",
-                path.display()
-            ),
-            Err(w) => tracing::error!(
-                "run {run_id}: cannot record its outcome ({e}) nor keep it on disk ({w})"
-            ),
-        }
-    }
-    // Told once recorded, as a local run that cannot start is.
-    if let Err(e) = &result {
-        launch::not_started(
-            home,
-            spec.notify.clone(),
-            &spec.goal.name,
-            run_id,
-            trigger,
-            &e.to_string(),
-        )
-        .await;
-    }
-    result
 }
 
 /// Forward `NOTIFY`s on the fleet's channels; reconnect with backoff when the connection
@@ -990,7 +773,8 @@ pub(crate) async fn run(
         versions_seen: String::new(),
         ticks: 0,
     };
-    let now = Utc::now();
+    let clock = d.cfg.clock.clone();
+    let now = clock.now();
     d.load(now)?;
     tracing::info!(
         "daemon started: {} goal(s) from {}",
@@ -1007,22 +791,15 @@ pub(crate) async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = d.goals.values().filter_map(|g| g.next).min();
-        let sleep = async {
-            match wake {
-                Some(t) => {
-                    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).await
-                }
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = super::clock::sleep_until_or_never(clock.as_ref(), wake);
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = sleep => d.due(Utc::now()).await,
+            _ = sleep => d.due(clock.now()).await,
             _ = ticker.tick() => {
                 // Housekeeping waits for an occurrence about to come due.
-                if let Some(t) = wake.filter(|t| *t - Utc::now() < IMMINENT) {
-                    tokio::time::sleep((t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).await;
-                    d.due(Utc::now()).await;
+                if let Some(t) = wake.filter(|t| *t - clock.now() < IMMINENT) {
+                    clock.sleep_until(t).await;
+                    d.due(clock.now()).await;
                 }
                 d.tick().await
             }

@@ -2,8 +2,11 @@
 //! most once, overlap and catch-up policies, reloads, and the daemon that fires goals
 //! through the verify loop.
 
+pub mod clock;
 pub mod cron;
 pub mod daemon;
 pub mod fleet;
+mod fleet_run;
 pub mod goals;
 pub mod overview;
+pub(crate) mod policy;

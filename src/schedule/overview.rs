@@ -119,13 +119,37 @@ pub(crate) fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewErro
 }
 
 /// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken
-/// file, else name, file, schedule, timezone, next (3), paused, skipped, missed, last.
+/// file, else name, file, schedule, timezone, next (3), paused, skipped, missed,
+/// skipped_while_paused, last.
 pub(crate) fn overview(
     dir: &Path,
     db: &Db,
     now: DateTime<Utc>,
 ) -> Result<Vec<Value>, OverviewError> {
-    overview_with(dir, now, |name| Ok(db.goal_stats(name)?))
+    let mut rows = overview_with(dir, now, |name| Ok(db.goal_stats(name)?))?;
+    with_paused_skips(&mut rows, |name| {
+        Ok(crate::store::query::occurrence_count(
+            db,
+            name,
+            crate::store::OccurrenceStatus::Paused.as_str(),
+        )?)
+    })?;
+    Ok(rows)
+}
+
+/// Adds to each goal's row its occurrences skipped while it was paused, as `paused` counts
+/// them (the console shows the same figure).
+pub(crate) fn with_paused_skips(
+    rows: &mut [Value],
+    mut count: impl FnMut(&str) -> Result<u64, OverviewError>,
+) -> Result<(), OverviewError> {
+    for r in rows.iter_mut() {
+        let Some(name) = r["name"].as_str().map(str::to_string) else {
+            continue;
+        };
+        r["skipped_while_paused"] = json!(count(&name)?);
+    }
+    Ok(())
 }
 
 /// `overview` with each goal's figures from `stats` (the fleet's store, for one).

@@ -46,7 +46,7 @@ type Approvals = (
 
 /// What a request asks, in words: the question of a human check, else the call.
 fn what(p: &crate::store::db::ApprovalRow, workspace: Option<String>) -> String {
-    if p.kind == "check" {
+    if p.kind == crate::store::ApprovalKind::Check {
         return p.input.clone();
     }
     let workspace = PathBuf::from(workspace.unwrap_or_else(|| ".".into()));
@@ -58,7 +58,11 @@ fn what(p: &crate::store::db::ApprovalRow, workspace: Option<String>) -> String 
 
 async fn fleet_approvals(pg: &PgStore) -> Result<Approvals, PageError> {
     let mut waiting = Vec::new();
-    for p in pg.approvals("pending").await.map_err(pg_error)? {
+    for p in pg
+        .approvals(crate::store::ApprovalStatus::Pending)
+        .await
+        .map_err(pg_error)?
+    {
         let workspace = pg.run(&p.run_id).await.ok().map(|f| f.run.workspace);
         let w = what(&p, workspace);
         waiting.push((p, w));
@@ -92,7 +96,7 @@ fn approvals_page(
         @for (r, what) in waiting {
             section.request id={ "req-" (r.id) } {
                 h3 {
-                    @if r.kind == "check" { "Human check " } @else { (r.tool) " " }
+                    @if r.kind == crate::store::ApprovalKind::Check { "Human check " } @else { (r.tool) " " }
                     code { (r.id) }
                 }
                 p.meta {
@@ -107,7 +111,7 @@ fn approvals_page(
                             input type="hidden" name="csrf" value=(s.csrf);
                             button.approve type="submit" { "Approve" }
                         }
-                        @if r.kind != "check" {
+                        @if r.kind != crate::store::ApprovalKind::Check {
                             form method="post" action={ "/approvals/" (r.id) "/approve" } {
                                 input type="hidden" name="csrf" value=(s.csrf);
                                 input type="hidden" name="always" value="1";
@@ -181,7 +185,11 @@ pub(crate) async fn answer(
         .filter(|r| !r.is_empty() && !approve);
     let by = format!("web:{}", session.name);
     if let Some(pg) = fleet(&state) {
-        let status = if approve { "approved" } else { "denied" };
+        let status = if approve {
+            crate::store::ApprovalStatus::Approved
+        } else {
+            crate::store::ApprovalStatus::Denied
+        };
         let done = match pg
             .decide_approval(&id, status, always, reason.as_deref(), &by)
             .await

@@ -166,7 +166,10 @@ fn history_chart(runs: &[RunRow]) -> maud::Markup {
     let bars: Vec<(&RunRow, f64)> = runs.iter().rev().map(|r| (r, seconds(r))).collect();
     let longest = bars.iter().map(|(_, d)| *d).fold(0.001, f64::max);
     let width = (bars.len() as f64 * (W + GAP)).max(W);
-    let achieved = runs.iter().filter(|r| r.status == "achieved").count();
+    let achieved = runs
+        .iter()
+        .filter(|r| r.status == crate::store::RunStatus::Achieved)
+        .count();
     let cost: f64 = runs.iter().filter_map(|r| r.cost).sum();
     html! {
         svg.history xmlns="http://www.w3.org/2000/svg" width=(width) height=(H)

@@ -277,7 +277,10 @@ pub(crate) async fn run(
     };
     let run_id = run.id.clone();
     let waiting = match fleet(&state) {
-        Some(pg) => pg.approvals("pending").await.map_err(pg_error),
+        Some(pg) => pg
+            .approvals(crate::store::ApprovalStatus::Pending)
+            .await
+            .map_err(pg_error),
         None => with_db(&state, |db| db.pending_approvals().map_err(db_error)).await,
     };
     let waiting: Vec<_> = match waiting {
@@ -287,7 +290,7 @@ pub(crate) async fn run(
     let steps = step_durations(&text);
     let rerun = crate::schedule::overview::find(&state.cfg.goals_dir, &run.goal).is_ok();
     let trace = trace_for(&run);
-    let live = run.status == "running";
+    let live = run.status == crate::store::RunStatus::Running;
     let files = kept_files(&run, &checks);
     let thread = match fleet(&state) {
         Some(_) => Default::default(),
@@ -319,7 +322,7 @@ pub(crate) async fn run(
             h2 { "Waiting for a person" }
             @for a in &waiting {
                 section.request id={ "req-" (a.id) } {
-                    p.meta { @if a.kind == "check" { "human check " } @else { (a.tool) " " } code { (a.id) }
+                    p.meta { @if a.kind == crate::store::ApprovalKind::Check { "human check " } @else { (a.tool) " " } code { (a.id) }
                         " · denied at " (short(&a.deadline)) " UTC unless answered" }
                     pre.what { (render::clean(&crate::trace::one_line(&a.input, 400))) }
                     @if let Some(sess) = &viewer.0 {
@@ -540,7 +543,7 @@ impl Tail {
             if self.polls.is_multiple_of(20) {
                 let running = load_run(&self.state, self.id.clone())
                     .await
-                    .is_ok_and(|r| r.status == "running");
+                    .is_ok_and(|r| r.status == crate::store::RunStatus::Running);
                 if !running {
                     self.done = true;
                     continue;

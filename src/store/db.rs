@@ -174,6 +174,8 @@ pub fn parse_stamp(s: &str) -> Option<DateTime<Utc>> {
 /// One row of `runs`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RunRow {
+    /// `run_id` in every output.
+    #[serde(rename = "run_id")]
     pub id: String,
     pub goal: String,
     pub trigger: TriggerKind,
@@ -183,7 +185,8 @@ pub struct RunRow {
     pub tries: u32,
     pub steps: u32,
     pub usage: Usage,
-    /// US dollars, when the model's price was known.
+    /// US dollars, when the model's price was known (`cost_usd` in every output).
+    #[serde(rename = "cost_usd")]
     pub cost: Option<f64>,
     /// The final answer of the last try (`{{ previous.answer }}`; never put in a notice).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -15,7 +15,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
 use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
+use super::{ApprovalStatus, OccurrenceStatus, TriggerKind};
 use crate::model::Usage;
+use crate::schedule::policy::{self, Decision};
 use crate::trace::{CheckReport, Status, StopReason};
 
 /// The schema this `sup` knows; a store with a higher version is refused.
@@ -391,8 +393,7 @@ pub(crate) struct Claimer {
 pub(crate) struct Due {
     pub(crate) goal: String,
     pub(crate) at: DateTime<Utc>,
-    /// `skip`, `queue`, `replace` or `allow`.
-    pub(crate) overlap: &'static str,
+    pub(crate) overlap: crate::config::Overlap,
     pub(crate) retry_interrupted: bool,
 }
 
@@ -405,11 +406,11 @@ pub(crate) enum Claimed {
         at: DateTime<Utc>,
         run_id: String,
     },
-    /// Not run: `skipped`, `paused`, `queued`, `missed`.
+    /// Not run: skipped, paused, queued or missed.
     Not {
         goal: String,
         at: DateTime<Utc>,
-        status: String,
+        status: OccurrenceStatus,
     },
 }
 
@@ -785,7 +786,7 @@ impl PgStore {
     pub(crate) async fn claim(
         &self,
         me: &Claimer,
-        kind: &str,
+        kind: TriggerKind,
         due: &[Due],
     ) -> Result<Vec<Claimed>, PgError> {
         if due.is_empty() {
@@ -841,7 +842,7 @@ impl PgStore {
             running.insert(goal, r.get(2));
         }
         let mut starts: Vec<(&Due, String)> = Vec::new();
-        let mut nots: Vec<(&Due, &'static str)> = Vec::new();
+        let mut nots: Vec<(&Due, OccurrenceStatus)> = Vec::new();
         // Runs a newer occurrence replaces (overlap `replace`), each with its replacement.
         let mut replace: Vec<(String, String)> = Vec::new();
         for d in due
@@ -849,32 +850,27 @@ impl PgStore {
             .filter(|d| fresh.contains(&(d.goal.clone(), d.at)))
         {
             if paused.contains(&d.goal) {
-                nots.push((d, "paused"));
+                nots.push((d, OccurrenceStatus::Paused));
                 continue;
             }
-            let mut replaced = Vec::new();
             let busy = running.get(&d.goal).is_some_and(|r| !r.is_empty());
-            let state = match (busy, d.overlap) {
-                (false, _) | (true, "allow") => None,
-                (true, "replace") => {
-                    replaced.extend(running.remove(&d.goal).unwrap_or_default());
-                    None
-                }
-                (true, "queue") if !waiting.contains(&d.goal) => {
+            let replaced = match policy::overlap(d.overlap, busy, waiting.contains(&d.goal)) {
+                Decision::Start => Vec::new(),
+                Decision::Replace => running.remove(&d.goal).unwrap_or_default(),
+                Decision::Queue => {
                     waiting.insert(d.goal.clone());
-                    Some("queued")
+                    nots.push((d, OccurrenceStatus::Queued));
+                    continue;
                 }
-                _ => Some("skipped"),
+                Decision::Skip => {
+                    nots.push((d, OccurrenceStatus::Skipped));
+                    continue;
+                }
             };
-            match state {
-                Some(s) => nots.push((d, s)),
-                None => {
-                    let id = super::new_run_id();
-                    replace.extend(replaced.drain(..).map(|old| (old, id.clone())));
-                    running.entry(d.goal.clone()).or_default().push(id.clone());
-                    starts.push((d, id));
-                }
-            }
+            let id = super::new_run_id();
+            replace.extend(replaced.into_iter().map(|old| (old, id.clone())));
+            running.entry(d.goal.clone()).or_default().push(id.clone());
+            starts.push((d, id));
         }
         let ids: Vec<&str> = starts.iter().map(|(_, id)| id.as_str()).collect();
         let start_goals: Vec<&str> = starts.iter().map(|(d, _)| d.goal.as_str()).collect();
@@ -882,7 +878,7 @@ impl PgStore {
         let retry: Vec<bool> = starts.iter().map(|(d, _)| d.retry_interrupted).collect();
         let not_goals: Vec<&str> = nots.iter().map(|(d, _)| d.goal.as_str()).collect();
         let not_ats: Vec<DateTime<Utc>> = nots.iter().map(|(d, _)| d.at).collect();
-        let not_status: Vec<&str> = nots.iter().map(|(_, s)| *s).collect();
+        let not_status: Vec<OccurrenceStatus> = nots.iter().map(|(_, s)| *s).collect();
         let (old, new): (Vec<&str>, Vec<&str>) = replace
             .iter()
             .map(|(o, n)| (o.as_str(), n.as_str()))
@@ -918,9 +914,9 @@ impl PgStore {
             .map(|r| {
                 let goal: String = r.get(0);
                 let at: DateTime<Utc> = r.get(1);
-                let status: String = r.get(2);
-                match (status.as_str(), r.get::<_, Option<String>>(3)) {
-                    ("running", Some(run_id)) => Claimed::Run { goal, at, run_id },
+                let status: OccurrenceStatus = r.get(2);
+                match (status, r.get::<_, Option<String>>(3)) {
+                    (OccurrenceStatus::Running, Some(run_id)) => Claimed::Run { goal, at, run_id },
                     _ => Claimed::Not { goal, at, status },
                 }
             })
@@ -1591,7 +1587,10 @@ impl PgStore {
     }
 
     /// Requests of one status (`pending`: waiting), oldest first.
-    pub(crate) async fn approvals(&self, status: &str) -> Result<Vec<ApprovalRow>, PgError> {
+    pub(crate) async fn approvals(
+        &self,
+        status: ApprovalStatus,
+    ) -> Result<Vec<ApprovalRow>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
@@ -1632,7 +1631,7 @@ impl PgStore {
     pub(crate) async fn decide_approval(
         &self,
         id: &str,
-        status: &str,
+        status: ApprovalStatus,
         always: bool,
         reason: Option<&str>,
         by: &str,
@@ -1655,7 +1654,11 @@ impl PgStore {
     }
 
     /// A request that ended where its run waits (timed out, cancelled) ends here too.
-    pub(crate) async fn close_approval(&self, id: &str, status: &str) -> Result<(), PgError> {
+    pub(crate) async fn close_approval(
+        &self,
+        id: &str,
+        status: ApprovalStatus,
+    ) -> Result<(), PgError> {
         let c = self.client().await?;
         c.execute(
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",

@@ -6,8 +6,8 @@ use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, 
 
 use crate::trace::Status;
 
-/// Declares an enum of stored words: `as_str`, `parse`, `Display`, serde, SQL, and equality
-/// with a `&str` (so `row.status == "achieved"` reads as it did).
+/// Declares an enum of stored words: `as_str`, `parse`, `Display`, serde and SQL. There is no
+/// equality with a `&str`: a comparison names a variant, so a misspelt word does not compile.
 macro_rules! vocabulary {
     ($(#[$meta:meta])* pub enum $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
         $(#[$meta])*
@@ -46,12 +46,6 @@ macro_rules! vocabulary {
                     let all: Vec<&str> = $name::ALL.iter().map(|v| v.as_str()).collect();
                     format!("`{s}` is not one of: {}", all.join(", "))
                 })
-            }
-        }
-
-        impl PartialEq<&str> for $name {
-            fn eq(&self, other: &&str) -> bool {
-                self.as_str() == *other
             }
         }
 

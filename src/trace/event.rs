@@ -294,8 +294,13 @@ pub enum Event {
         tries: u32,
         steps: u32,
         usage: Usage,
-        /// US dollars, when the model's price is known.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// US dollars, when the model's price is known (`cost_usd`, as in every output).
+        #[serde(
+            default,
+            rename = "cost_usd",
+            alias = "cost",
+            skip_serializing_if = "Option::is_none"
+        )]
         cost: Option<f64>,
         run_id: String,
         #[serde(skip_serializing_if = "Option::is_none")]

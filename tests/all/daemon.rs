@@ -90,7 +90,7 @@ fn a_per_second_schedule_runs_on_successive_occurrences() {
     until("three runs", 15, || {
         runs(&env, "tick")
             .iter()
-            .filter(|r| r.status == "achieved")
+            .filter(|r| r.status == sup::store::RunStatus::Achieved)
             .count()
             >= 3
     });
@@ -186,13 +186,16 @@ fn sigterm_drains_running_goals_and_records_them() {
     goal(&env, "slow", "* * * * * *", 1500, "");
     let d = daemon(&env, &[]);
     until("a run going", 10, || {
-        runs(&env, "slow").iter().any(|r| r.status == "running")
+        runs(&env, "slow")
+            .iter()
+            .any(|r| r.status == sup::store::RunStatus::Running)
     });
     assert_eq!(stop(d), 0);
     let rows = runs(&env, "slow");
     assert!(!rows.is_empty());
     assert!(
-        rows.iter().all(|r| r.status == "achieved"),
+        rows.iter()
+            .all(|r| r.status == sup::store::RunStatus::Achieved),
         "drained to the end: {rows:?}"
     );
     for r in &rows {
@@ -206,13 +209,19 @@ fn after_the_grace_period_running_goals_are_cancelled_and_recorded() {
     goal(&env, "slower", "* * * * * *", 20_000, "");
     let d = daemon(&env, &["--grace", "300ms"]);
     until("a run going", 10, || {
-        runs(&env, "slower").iter().any(|r| r.status == "running")
+        runs(&env, "slower")
+            .iter()
+            .any(|r| r.status == sup::store::RunStatus::Running)
     });
     let started = Instant::now();
     assert_eq!(stop(d), 0);
     assert!(started.elapsed() < Duration::from_secs(15));
     let rows = runs(&env, "slower");
-    assert!(rows.iter().all(|r| r.status == "interrupted"), "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r.status == sup::store::RunStatus::Interrupted),
+        "{rows:?}"
+    );
 }
 
 #[test]
@@ -221,7 +230,9 @@ fn a_run_killed_with_its_daemon_reads_interrupted_after_restart() {
     goal(&env, "victim", "* * * * * *", 30_000, "");
     let mut d = daemon(&env, &[]);
     until("a run going", 10, || {
-        runs(&env, "victim").iter().any(|r| r.status == "running")
+        runs(&env, "victim")
+            .iter()
+            .any(|r| r.status == sup::store::RunStatus::Running)
     });
     signal(&d, Signal::SIGKILL);
     d.wait().unwrap();
@@ -230,7 +241,8 @@ fn a_run_killed_with_its_daemon_reads_interrupted_after_restart() {
     std::fs::remove_file(env.home.path().join("goals/victim.toml")).unwrap();
     let d = daemon(&env, &[]);
     until("interrupted", 10, || {
-        Db::open(env.home.path()).unwrap().run(&id).unwrap().status == "interrupted"
+        Db::open(env.home.path()).unwrap().run(&id).unwrap().status
+            == sup::store::RunStatus::Interrupted
     });
     assert_eq!(stop(d), 0);
     let (code, text) = sup_out(&env, &["show", &id]);
@@ -248,10 +260,22 @@ fn pause_and_resume_from_the_command_line() {
     let (code, _) = sup_out(&env, &["pause", "p", "--goals", dir]);
     assert_eq!(code, 0);
     let d = daemon(&env, &[]);
-    std::thread::sleep(Duration::from_millis(2500));
+    // A positive witness: occurrences came and were recorded as paused, and none ran.
+    until("two occurrences recorded as paused", 10, || {
+        Db::open(env.home.path())
+            .unwrap()
+            .occurrences("p", 10)
+            .unwrap()
+            .iter()
+            .filter(|o| o.1 == sup::store::OccurrenceStatus::Paused)
+            .count()
+            >= 2
+    });
     assert!(runs(&env, "p").is_empty(), "paused: nothing ran");
     let (_, text) = sup_out(&env, &["goals", "--goals", dir]);
-    assert!(text.contains("paused"), "{text}");
+    assert!(text.contains("· paused"), "{text}");
+    assert!(text.contains("skipped while paused "), "{text}");
+    assert!(!text.contains("skipped while paused 0"), "{text}");
     sup_out(&env, &["resume", "p", "--goals", dir]);
     until("runs after resume", 10, || !runs(&env, "p").is_empty());
     assert_eq!(stop(d), 0);
@@ -270,7 +294,7 @@ fn trigger_runs_a_goal_now_recorded_as_manual() {
     assert!(text.contains("Goal achieved"), "{text}");
     let rows = runs(&env, "now");
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].trigger, "manual");
+    assert_eq!(rows[0].trigger, sup::store::TriggerKind::Manual);
 }
 
 #[test]
@@ -392,7 +416,7 @@ fn show_renders_each_kind_of_outcome() {
             .runs(None, None, 1)
             .unwrap()
             .remove(0);
-        assert_eq!(run.status, status);
+        assert_eq!(run.status.as_str(), status);
         let (code, text) = sup_out(&env, &["show", &run.id]);
         assert_eq!(code, 0);
         assert!(text.contains(&format!("outcome: {status}")), "{text}");
@@ -445,7 +469,9 @@ fn a_scheduled_run_queues_its_approvals_instead_of_prompting() {
     let (code, _) = sup_out(&env, &["approve", &id]);
     assert_eq!(code, 0);
     until("the approved run finishes", 10, || {
-        runs(&env, "w").iter().any(|r| r.status == "achieved")
+        runs(&env, "w")
+            .iter()
+            .any(|r| r.status == sup::store::RunStatus::Achieved)
     });
     assert!(dir.join("work-w/made.txt").exists());
     assert_eq!(stop(d), 0);
@@ -508,9 +534,11 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
         .stderr(log)
         .spawn_killed();
     until("a run of a and of c finish", 15, || {
-        ["a", "c"]
-            .iter()
-            .all(|g| runs(&env, g).iter().any(|r| r.status != "running"))
+        ["a", "c"].iter().all(|g| {
+            runs(&env, g)
+                .iter()
+                .any(|r| r.status != sup::store::RunStatus::Running)
+        })
     });
     assert_eq!(stop(d), 0);
     assert!(dir.join("work-c/made.txt").exists());
@@ -530,7 +558,7 @@ fn a_daemon_run_cannot_write_the_goals_folder_even_as_its_workspace() {
     // The run's first notice says so.
     let run = runs(&env, "a")
         .into_iter()
-        .find(|r| r.status != "running")
+        .find(|r| r.status != sup::store::RunStatus::Running)
         .unwrap();
     let first = crate::common::read_jsonl(&Path::new(&run.dir).join("transcript.jsonl"))
         .into_iter()
@@ -589,12 +617,14 @@ fn a_daemon_runs_sweep_leaves_another_runs_background_job_alone() {
     goal(&env, "b", "* * * * * *", 0, "");
     let d = daemon(&env, &[]);
     until("a run of a finishes", 20, || {
-        runs(&env, "a").iter().any(|r| r.status != "running")
+        runs(&env, "a")
+            .iter()
+            .any(|r| r.status != sup::store::RunStatus::Running)
     });
     until("b swept meanwhile", 5, || {
         runs(&env, "b")
             .iter()
-            .filter(|r| r.status == "achieved")
+            .filter(|r| r.status == sup::store::RunStatus::Achieved)
             .count()
             >= 2
     });
@@ -608,7 +638,10 @@ fn a_daemon_runs_sweep_leaves_another_runs_background_job_alone() {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     let a = runs(&env, "a");
-    let first = a.iter().find(|r| r.status != "running").unwrap();
-    assert_eq!(first.status, "achieved", "{:?}", first);
+    let first = a
+        .iter()
+        .find(|r| r.status != sup::store::RunStatus::Running)
+        .unwrap();
+    assert_eq!(first.status, sup::store::RunStatus::Achieved, "{:?}", first);
     assert!(left.is_empty(), "left running after the daemon: {left}");
 }

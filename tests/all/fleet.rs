@@ -479,7 +479,10 @@ fn connections_cut_mid_run_lose_nothing_and_fire_nothing_twice() {
         .unwrap()
         .runs(None, None, 1000)
         .unwrap();
-    for r in local.iter().filter(|r| r.status != "running") {
+    for r in local
+        .iter()
+        .filter(|r| r.status != sup::store::RunStatus::Running)
+    {
         let stored = f.pg.one(&format!(
             "SELECT status FROM runs WHERE local_id = '{}'",
             r.id
@@ -813,7 +816,21 @@ fn the_same_history_cases_pass_on_sqlite_and_postgresql() {
         assert_eq!(runs[0]["status"], "achieved", "{which}");
         assert_eq!(runs[0]["trigger"], "manual", "{which}");
         assert_eq!(runs[0]["goal"], "once", "{which}");
-        let id = runs[0]["id"].as_str().unwrap().to_string();
+        let id = runs[0]["run_id"].as_str().unwrap().to_string();
+        // One vocabulary, one id: the run is `run_id` with `cost_usd`, `status` and
+        // `stop_reason` in `runs`, and `sup goals` names the same run by the same id.
+        for key in ["cost_usd", "status", "stop_reason"] {
+            assert!(runs[0].get(key).is_some(), "{which}: no {key} in {out}");
+        }
+        assert!(
+            runs[0].get("id").is_none() && runs[0].get("cost").is_none(),
+            "{which}: {out}"
+        );
+        let (code, out, err) = sup(&mut f, &["goals", "--json", "--goals", "."]);
+        assert_eq!(code, 0, "{which}: {err}");
+        let goals: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(goals[0]["last"]["run_id"], id.as_str(), "{which}: {out}");
+        assert_eq!(goals[0]["skipped_while_paused"], 0, "{which}: {out}");
         let (code, out, _) = sup(&mut f, &["show", &id]);
         assert_eq!(code, 0, "{which}");
         assert!(out.contains("outcome: achieved (final)"), "{which}: {out}");
@@ -1028,6 +1045,13 @@ fn a_run_that_ends_while_a_replacement_is_claimed_is_not_marked_replaced() {
         f.pg.one("SELECT count(*) FROM goal_versions") == "1"
     });
     let first = trigger(&mut f, "g");
+    // Its start is on record (that write would otherwise queue behind the hold, and the
+    // run's end behind it).
+    until("the first run's start is recorded", 20, || {
+        f.pg.one(&format!(
+            "SELECT local_id IS NOT NULL FROM runs WHERE id = '{first}'"
+        )) == "t"
+    });
     // The first run's row is held: its end waits, and so does the claim of the next
     // occurrence, which saw the first still running.
     let rt = rt();
@@ -1221,4 +1245,66 @@ fn sup_approvals_from_the_store_names_a_symlinks_target_and_escapes_hidden_text(
         std::fs::read_to_string(ws.join("ci/deploy.sh")).unwrap(),
         "echo deploy\n"
     );
+}
+
+/// Parity with one machine: occurrences missed while no daemon ran are told to the goal's
+/// `missed` channels by the fleet daemon that catches up.
+#[test]
+fn the_fleet_tells_occurrences_missed_while_no_daemon_ran() {
+    let mut f = Fleet::new();
+    let sink = f.logs.path().join("missed.json");
+    f.goal(
+        "g",
+        Some("* * * * *"),
+        0,
+        &format!(
+            "[[notify]]\non = [\"missed\"]\ncommand = [\"sh\", \"-c\", \"cat > '{}'\"]\n",
+            sink.display()
+        ),
+    );
+    f.pg.exec(
+        "INSERT INTO goal_state (goal, last_occurrence) VALUES ('g', now() - interval '5 minutes')",
+    );
+    let d = f.daemon(0, &[]);
+    let mut notice = serde_json::Value::Null;
+    until("the missed notice", 30, || {
+        notice = std::fs::read_to_string(&sink)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        !notice.is_null()
+    });
+    stop(d);
+    assert_eq!(notice["event"], "missed", "{notice}");
+    assert_eq!(notice["goal"], "g", "{notice}");
+    assert_eq!(notice["status"], "missed", "{notice}");
+    let at = notice["scheduled_for"].as_str().unwrap_or_default();
+    assert_eq!(
+        f.pg.one(&format!(
+            "SELECT status FROM occurrences WHERE goal = 'g' AND scheduled_for = '{at}'"
+        )),
+        "missed",
+        "{notice}\n{}",
+        f.logs()
+    );
+}
+
+/// Parity with one machine: a fleet goal with `jitter` waits a share of it before it runs.
+#[test]
+fn a_fleet_goal_with_jitter_waits_its_share_before_it_runs() {
+    let mut f = Fleet::new();
+    f.goal("j", Some("* * * * * *"), 0, "jitter = \"300ms\"");
+    let d = f.daemon(0, &[]);
+    until("a run of j", 30, || {
+        f.pg.one("SELECT count(*) FROM runs WHERE goal = 'j' AND status <> 'running'") != "0"
+    });
+    stop(d);
+    let log = f.logs();
+    let waits: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split(": waits ").nth(1))
+        .filter_map(|w| w.strip_suffix("ms of its jitter")?.parse().ok())
+        .collect();
+    assert!(!waits.is_empty(), "no jitter wait logged:\n{log}");
+    assert!(waits.iter().all(|w| *w <= 300), "{waits:?}\n{log}");
 }

@@ -288,7 +288,7 @@ impl Daemon {
                         .occurrences(&r.goal, 10)
                         .unwrap()
                         .iter()
-                        .all(|o| o.1 != "running")
+                        .all(|o| o.1 != sup::store::OccurrenceStatus::Running)
             };
             if runs.len() >= n && runs.iter().all(closed) {
                 return db;
@@ -331,7 +331,7 @@ async fn runs_due_together_are_recorded_whole_and_linked_to_their_occurrence() {
     let runs = db.runs(None, None, 100).unwrap();
     assert_eq!(runs.len(), 5, "{runs:?}");
     for r in &runs {
-        assert_eq!(r.status, "achieved", "{r:?}");
+        assert_eq!(r.status, sup::store::RunStatus::Achieved, "{r:?}");
         assert_eq!(
             r.scheduled_for.as_deref().and_then(parse_stamp),
             Some(t("2026-01-01T09:00:00Z"))
@@ -344,7 +344,7 @@ async fn runs_due_together_are_recorded_whole_and_linked_to_their_occurrence() {
         assert!(text.contains("\"run_started\""), "{text}");
         let occ = db.occurrences(&r.goal, 10).unwrap();
         assert_eq!(occ.len(), 1);
-        assert_eq!(occ[0].1, "done");
+        assert_eq!(occ[0].1, sup::store::OccurrenceStatus::Done);
         assert_eq!(occ[0].2.as_deref(), Some(r.id.as_str()), "{occ:?}");
     }
     d.stop().await;
@@ -364,7 +364,7 @@ async fn a_scheduled_run_that_cannot_start_is_on_record_as_an_error() {
     let db = d.until_ended(1).await;
     let runs = db.runs(Some("broken"), None, 10).unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
-    assert_eq!(runs[0].status, "error");
+    assert_eq!(runs[0].status, sup::store::RunStatus::Error);
     let error = runs[0].error.as_deref().unwrap_or("");
     assert!(
         error.contains("gone"),

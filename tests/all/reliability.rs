@@ -502,7 +502,7 @@ fn the_partial_answer_of_a_failed_stream_is_in_the_transcript() {
         .map(|e| e["text"].as_str().unwrap().to_string())
         .collect();
     assert!(text.starts_with("the first part"), "{transcript:?}");
-    let id = runs_json(&env)[0]["id"].as_str().unwrap().to_string();
+    let id = runs_json(&env)[0]["run_id"].as_str().unwrap().to_string();
     let out = env.sup().args(["show", &id]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("the first part"));
 }
@@ -749,7 +749,7 @@ fn a_401_that_echoes_the_key_leaves_it_nowhere() {
     let runs = env.sup().args(["runs", "--json"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&runs.stdout).contains(KEY));
     assert!(String::from_utf8_lossy(&runs.stdout).contains("[redacted]"));
-    let id = runs_json(&env)[0]["id"].as_str().unwrap().to_string();
+    let id = runs_json(&env)[0]["run_id"].as_str().unwrap().to_string();
     let show = env.sup().args(["show", &id]).output().unwrap();
     let shown = String::from_utf8_lossy(&show.stdout);
     assert!(shown.contains("Incorrect API key"), "{shown}");
@@ -870,7 +870,10 @@ fn soak_kill_9_of_the_daemon_twenty_times() {
         .collect();
     let db = Db::open(env.home.path()).unwrap();
     let rows = db.runs(Some("soak"), None, 10_000).unwrap();
-    let running = rows.iter().filter(|r| r.status == "running").count();
+    let running = rows
+        .iter()
+        .filter(|r| r.status == sup::store::RunStatus::Running)
+        .count();
     let mut at: Vec<String> = rows
         .iter()
         .filter_map(|r| r.scheduled_for.clone())
@@ -883,7 +886,7 @@ fn soak_kill_9_of_the_daemon_twenty_times() {
         .occurrences("soak", 10_000)
         .unwrap()
         .iter()
-        .filter(|o| o.1 == "running")
+        .filter(|o| o.1 == sup::store::OccurrenceStatus::Running)
         .count();
     println!(
         "soak: 20 kill -9 rounds in {:.1}s; runs {} ({} running after restart); \
@@ -938,7 +941,11 @@ fn a_daemon_goal_told_to_wait_1e30_seconds_errors_and_runs_again_next_occurrence
         Db::open(env.home.path())
             .ok()
             .and_then(|db| db.runs(Some("g"), None, 100).ok())
-            .map_or(0, |r| r.iter().filter(|r| r.status == "error").count())
+            .map_or(0, |r| {
+                r.iter()
+                    .filter(|r| r.status == sup::store::RunStatus::Error)
+                    .count()
+            })
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while finished() < 2 && Instant::now() < deadline {
@@ -950,9 +957,17 @@ fn a_daemon_goal_told_to_wait_1e30_seconds_errors_and_runs_again_next_occurrence
     assert_eq!(code, Some(0));
     let db = Db::open(env.home.path()).unwrap();
     let rows = db.runs(Some("g"), None, 100).unwrap();
-    assert!(rows.iter().all(|r| r.status == "error"), "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r.status == sup::store::RunStatus::Error),
+        "{rows:?}"
+    );
     let occ = db.occurrences("g", 100).unwrap();
-    assert!(occ.iter().all(|o| o.1 != "running"), "{occ:?}");
+    assert!(
+        occ.iter()
+            .all(|o| o.1 != sup::store::OccurrenceStatus::Running),
+        "{occ:?}"
+    );
 }
 
 // ------------------------------------------------- property tests of the parsers (bounded)

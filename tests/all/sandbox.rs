@@ -934,7 +934,7 @@ fn no_key_anywhere(anthropic: bool) {
     );
     let runs = env.sup().args(["runs", "--json"]).output().unwrap();
     let listed: Value = serde_json::from_slice(&runs.stdout).unwrap();
-    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let id = listed[0]["run_id"].as_str().unwrap().to_string();
     let show = env.sup().args(["show", &id]).output().unwrap();
     let shown = String::from_utf8_lossy(&show.stdout).into_owned();
     assert!(shown.contains("PATH"), "{model}: {shown}");

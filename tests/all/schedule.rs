@@ -162,7 +162,10 @@ async fn successive_occurrences_run_once_each() {
     h.stop().await;
     assert_eq!(h.run_statuses("g"), ["achieved", "achieved", "achieved"]);
     let runs = h.db().runs(Some("g"), None, 10).unwrap();
-    assert!(runs.iter().all(|r| r.trigger == "schedule"));
+    assert!(
+        runs.iter()
+            .all(|r| r.trigger == sup::store::TriggerKind::Schedule)
+    );
 }
 
 fn prior_occurrence(h: &Harness, goal: &str, at: &str) {

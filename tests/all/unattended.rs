@@ -452,7 +452,7 @@ fn a_cost_cap_stops_before_the_call_that_would_pass_it() {
     // Before call 4: $6 spent + ~2000 tokens coming at $1000/M = $8 > $7: not made.
     assert_eq!(server.requests().len(), 3);
     assert!(
-        (result["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9,
+        (result["cost_usd"].as_f64().unwrap() - 6.0).abs() < 1e-9,
         "{result}"
     );
     let steps = run.of_type("step_finished");
@@ -495,12 +495,12 @@ fn a_per_day_cap_holds_across_two_runs() {
     };
     let first = go();
     assert_eq!(first.code, 0, "{}", first.stderr);
-    assert!((first.result()["cost"].as_f64().unwrap() - 6.0).abs() < 1e-9);
+    assert!((first.result()["cost_usd"].as_f64().unwrap() - 6.0).abs() < 1e-9);
     let second = go();
     assert_eq!(second.code, 3, "{}", second.stderr);
     assert_eq!(second.result()["stop_reason"], "cost");
     assert_eq!(server.requests().len(), 3, "run 2 made one call, not two");
-    assert!((second.result()["cost"].as_f64().unwrap() - 3.0).abs() < 1e-9);
+    assert!((second.result()["cost_usd"].as_f64().unwrap() - 3.0).abs() < 1e-9);
 }
 
 #[test]
@@ -552,7 +552,7 @@ fn the_previous_answer_carries_over_between_two_daemon_runs() {
             .runs(Some("daily"), None, 100)
             .unwrap()
             .into_iter()
-            .filter(|r| r.status != "running")
+            .filter(|r| r.status != sup::store::RunStatus::Running)
             .collect::<Vec<_>>()
     };
     until("two runs", 30, || runs().len() >= 2);
@@ -871,7 +871,7 @@ fn a_daemon_run_that_cannot_start_sends_an_error_notice() {
         .unwrap()
         .run(id)
         .unwrap();
-    assert_eq!(row.status, "error");
+    assert_eq!(row.status, sup::store::RunStatus::Error);
 }
 
 /// Where the process lives on, a receiver that never answers gets all three attempts, each
@@ -1041,7 +1041,7 @@ fn a_provider_that_reports_no_usage_is_counted_by_estimate_under_a_cap() {
         2,
         "a third ~$1 call would pass $2.5"
     );
-    let cost = run.result()["cost"].as_f64().unwrap();
+    let cost = run.result()["cost_usd"].as_f64().unwrap();
     assert!(cost > 2.0 && cost < 2.5, "{cost}");
     let steps = run.of_type("step_finished");
     assert!(steps[0]["usage"]["input_tokens"].as_u64().unwrap() >= 10_000);
@@ -1259,7 +1259,7 @@ fn a_missed_occurrence_is_told_by_the_daemon() {
         .occurrences("minutely", 10)
         .unwrap()
         .into_iter()
-        .filter(|o| o.1 == "missed")
+        .filter(|o| o.1 == sup::store::OccurrenceStatus::Missed)
         .count();
     assert!(missed >= 1);
 }
@@ -1408,7 +1408,7 @@ fn templates_give_the_failed_checks_the_times_in_the_goals_zone_and_fill_the_sys
             .runs(Some("tokyo"), None, 100)
             .unwrap()
             .into_iter()
-            .filter(|r| r.status != "running")
+            .filter(|r| r.status != sup::store::RunStatus::Running)
             .collect();
         r.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
         r

@@ -868,7 +868,7 @@ fn the_runs_page_shows_each_runs_figures_and_a_run_page_a_failing_checks_output(
     let id = run.result()["run_id"].as_str().unwrap().to_string();
     let listed = env.sup().args(["runs", "--json"]).output().unwrap();
     let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
-    let row = listed.iter().find(|r| r["id"] == id.as_str()).unwrap();
+    let row = listed.iter().find(|r| r["run_id"] == id.as_str()).unwrap();
     let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
     let page = get(&c.addr, "/runs", None);
     let cells = row_cells(&page.body, &id);

@@ -550,7 +550,7 @@ fn the_daemon_continues_a_run_it_left_interrupted() {
         let db = Db::open(env.home.path()).ok()?;
         let runs = db.runs(Some("resumable"), None, 10).ok()?;
         runs.into_iter()
-            .find(|r| r.id != old && r.status == "achieved")
+            .find(|r| r.id != old && r.status == sup::store::RunStatus::Achieved)
             .map(|r| r.id)
     });
     let out = env.sup().args(["show", &new]).output().unwrap();
@@ -649,7 +649,10 @@ fn the_daemon_runs_a_parallel_goal_as_one_occurrence() {
                 .ok()?
                 .into_iter()
                 .filter_map(|(_, _, run)| run)
-                .find(|r| db.run(r).is_ok_and(|row| row.status == "achieved"))
+                .find(|r| {
+                    db.run(r)
+                        .is_ok_and(|row| row.status == sup::store::RunStatus::Achieved)
+                })
         },
     );
     kill(Pid::from_raw(d.0.id() as i32), Signal::SIGTERM).unwrap();

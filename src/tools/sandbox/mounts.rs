@@ -231,6 +231,10 @@ pub(super) fn allow_own_pts(ruleset: i32, access: u64) -> std::io::Result<()> {
 }
 
 /// Write `data` to a `/proc` file with raw system calls (safe between fork and exec).
+///
+/// # Safety
+///
+/// Call it only in a forked child before exec: it allocates nothing and takes no lock.
 pub(super) unsafe fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
     // SAFETY: the caller is in the child; the path is NUL-terminated.
     unsafe {

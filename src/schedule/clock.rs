@@ -1,0 +1,72 @@
+//! Where the daemons get the time: the system clock, or a clock that moves only when a test
+//! tells it to, so tests move time instead of sleeping.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+
+/// Where a daemon gets the time.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// Sleep until `t` on `clock`, or forever when there is no `t` (nothing is scheduled).
+pub(crate) async fn sleep_until_or_never(clock: &dyn Clock, t: Option<DateTime<Utc>>) {
+    match t {
+        Some(t) => clock.sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The real clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let wait = (t - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        Box::pin(tokio::time::sleep(wait))
+    }
+}
+
+/// A clock that moves only when told: for tests.
+pub struct ManualClock {
+    now: watch::Sender<DateTime<Utc>>,
+}
+
+impl ManualClock {
+    pub fn new(start: DateTime<Utc>) -> Self {
+        ManualClock {
+            now: watch::Sender::new(start),
+        }
+    }
+    pub fn set(&self, t: DateTime<Utc>) {
+        self.now.send_replace(t);
+    }
+    /// How many sleepers wait on this clock: a test knows the daemon is idle when it is > 0.
+    pub fn waiting(&self) -> usize {
+        self.now.receiver_count()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.now.borrow()
+    }
+    fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let mut rx = self.now.subscribe();
+        Box::pin(async move {
+            while *rx.borrow_and_update() < t {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
