@@ -437,7 +437,7 @@ pub(crate) fn print_approvals(
     if rows.is_empty() {
         let _ = writeln!(out, "no approval requests are waiting");
     }
-    for (r, target) in rows.into_iter().zip(targets) {
+    for (r, target) in rows.iter().zip(targets) {
         let check = r.kind == ApprovalKind::Check;
         let _ = writeln!(
             out,
