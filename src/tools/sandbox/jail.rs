@@ -252,7 +252,12 @@ impl Jail {
         }
         jail.protect(keep_out);
         jail.hide(s, home);
-        jail.limits = Some(Limits::new(run_id, s.max_processes, s.max_memory));
+        jail.limits = Some(Limits::new(
+            run_id,
+            run_dir.parent().unwrap_or(run_dir),
+            s.max_processes,
+            s.max_memory,
+        ));
         match PidNs::new() {
             Ok(ns) => {
                 if let Ok(mut inits) = INITS.lock() {
