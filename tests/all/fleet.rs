@@ -684,10 +684,9 @@ fn a_store_password_on_the_command_line_is_hidden_from_the_agents_commands() {
         .lines()
         .find(|l| l.contains("\"tool_result\""))
         .unwrap_or_else(|| panic!("{stdout}"));
-    assert!(
-        seen.contains("--store postgres://postgres:xxxxxxxxxx@127.0.0.1"),
-        "the command saw no sup: {seen}"
-    );
+    // The command looked at every process it can see (in the run's jail, sup is not one of
+    // them); none showed the password.
+    assert!(seen.contains("exit"), "the command did not run: {seen}");
     assert!(!seen.contains("hunter2-pw"), "{seen}");
 }
 

@@ -538,7 +538,7 @@ fn sigint_during_a_long_command_kills_it_and_keeps_the_transcript() {
     let env = Env::new();
     let script = env.script(json!([
         {"tool_calls": [{"id": "long", "name": "run_command",
-            "input": {"command": "sleep 300 & echo $! > sleep.pid; wait"}}]},
+            "input": {"command": "bash -c 'exec -a supsigintwitness sleep 300' & echo started > sleep.pid; wait"}}]},
         {"text": "never reached"}
     ]));
     let child = env
@@ -549,8 +549,15 @@ fn sigint_during_a_long_command_kills_it_and_keeps_the_transcript() {
         .stderr(std::process::Stdio::piped())
         .spawn_killed();
     let pid_file = env.ws.path().join("sleep.pid");
+    // A jailed command knows its pid in the run's PID namespace only: the witness is found
+    // by its name.
     let sleep_pid: i32 = eventually(Duration::from_secs(20), "the command to start", || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+        std::fs::read_to_string(&pid_file).ok()?;
+        std::fs::read_dir("/proc").ok()?.find_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            cmdline.starts_with(b"supsigintwitness").then_some(pid)
+        })
     });
     assert!(alive(sleep_pid));
     nix::sys::signal::kill(

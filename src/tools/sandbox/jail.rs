@@ -13,8 +13,7 @@ use super::SandboxError;
 use super::hardening::{PROBLEMS, git_explicit_bare, scrubbed_env};
 use super::limits::Limits;
 use super::mounts::{
-    Bind, Hide, MAX_SHOWN, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts,
-    mount_flags,
+    Bind, Hide, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts, mount_flags,
 };
 use super::pidns::PidNs;
 use super::policy::{Policy, Sandbox};
@@ -98,36 +97,6 @@ pub struct Jail {
     empty: CString,
     /// `max_processes` and `max_memory`.
     limits: Option<Limits>,
-}
-
-/// Credential stores hidden from every jailed process, relative to the home folder.
-const CREDENTIALS: &[&str] = &[
-    ".config/sup/env",
-    ".ssh",
-    ".aws",
-    ".azure",
-    ".config/gcloud",
-    ".kube",
-    ".docker/config.json",
-    ".netrc",
-    ".pgpass",
-    ".git-credentials",
-    ".config/gh",
-    ".npmrc",
-    ".pypirc",
-    ".cargo/credentials.toml",
-];
-
-/// `~/…` under the home folder sup was started with; other paths as they are.
-fn expand_home(p: &Path) -> PathBuf {
-    match (p.strip_prefix("~"), crate::startup::var("HOME")) {
-        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => p.to_path_buf(),
-    }
-}
-
-fn c_path(p: &Path) -> Option<CString> {
-    CString::new(p.as_os_str().as_bytes()).ok()
 }
 
 /// What a command needs kept open until it has been spawned.
@@ -284,7 +253,12 @@ impl Jail {
         }
         jail.protect(keep_out);
         jail.hide(s, home);
-        jail.limits = Some(Limits::new(run_id, s.max_processes, s.max_memory));
+        jail.limits = Some(Limits::new(
+            run_id,
+            run_dir.parent().unwrap_or(run_dir),
+            s.max_processes,
+            s.max_memory,
+        ));
         match PidNs::new() {
             Ok(ns) => {
                 if let Ok(mut inits) = INITS.lock() {
@@ -356,106 +330,13 @@ impl Jail {
     /// Mount over SUP_HOME (but for the run's own folder and the workspace), `/etc/sup`,
     /// the credential stores and `hidden` with empty ones, apart from `readable`.
     fn hide(&mut self, s: &Sandbox, home: &Path) {
-        let readable: Vec<PathBuf> = s
-            .readable
-            .iter()
-            .map(|r| lenient_canonical(&expand_home(r)))
-            .collect();
-        let mut list: Vec<PathBuf> = vec![PathBuf::from("/etc/sup"), home.to_path_buf()];
-        list.extend(
-            CREDENTIALS
-                .iter()
-                .map(|c| expand_home(&Path::new("~").join(c))),
-        );
-        list.extend(s.hidden.iter().map(|h| expand_home(h)));
-        let mut hidden: Vec<PathBuf> = list
-            .iter()
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .filter(|p| !readable.iter().any(|r| p.starts_with(r)))
-            .collect();
-        hidden.sort_by_key(|p| p.components().count());
-        hidden.dedup();
-        let mut keep: Vec<PathBuf> = self.writable.clone();
-        keep.extend([self.run_dir.clone(), self.workspace.clone()]);
-        // The goal's own folder (its command tools and check data) and the daemon's goals
-        // folder stay visible, wherever SUP_HOME is.
-        keep.extend(
-            s.protect
-                .iter()
-                .filter_map(|p| p.parent().map(Path::to_path_buf)),
-        );
-        keep.extend(s.goals.iter().cloned());
-        keep.extend(readable);
-        let keep: Vec<PathBuf> = keep.iter().map(|k| lenient_canonical(k)).collect();
-        let empty = self.run_dir.join("empty");
-        if std::fs::write(&empty, b"").is_err() {
-            self.missing.push(format!(
-                "cannot create {}: no file is hidden",
-                empty.display()
-            ));
-            return;
-        }
-        self.empty = c_path(&lenient_canonical(&empty)).unwrap_or_default();
-        let mut done: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
-        for p in hidden {
-            // Within a folder hidden already, only what is shown again in it needs hiding.
-            if done
-                .iter()
-                .any(|(d, shown)| p.starts_with(d) && !shown.iter().any(|k| p.starts_with(k)))
-            {
-                continue;
+        match super::hidden::plan(s, home, &self.writable, &self.run_dir, &self.workspace) {
+            Ok((hides, hidden, empty)) => {
+                self.hides = hides;
+                self.hidden = hidden;
+                self.empty = empty;
             }
-            // The workspace itself, or a folder holding it that is not SUP_HOME, stays.
-            if self.workspace.starts_with(&p) && p != home {
-                continue;
-            }
-            let dir = p.is_dir();
-            let mut shown: Vec<PathBuf> = keep
-                .iter()
-                .filter(|k| k.starts_with(&p) && **k != p && k.exists())
-                .cloned()
-                .collect();
-            shown.sort_by_key(|k| k.components().count());
-            let mut outer: Vec<PathBuf> = Vec::new();
-            for k in shown {
-                if !outer.iter().any(|o| k.starts_with(o)) {
-                    outer.push(k);
-                }
-            }
-            outer.truncate(MAX_SHOWN);
-            let mut make: Vec<PathBuf> = Vec::new();
-            for k in &outer {
-                let mut ancestors: Vec<PathBuf> = k
-                    .ancestors()
-                    .skip(1)
-                    .take_while(|a| *a != p)
-                    .map(Path::to_path_buf)
-                    .collect();
-                ancestors.reverse();
-                for a in ancestors {
-                    if !make.contains(&a) {
-                        make.push(a);
-                    }
-                }
-            }
-            let (Some(path), Some(make), Some(shown_c)) = (
-                c_path(&p),
-                make.iter().map(|m| c_path(m)).collect::<Option<Vec<_>>>(),
-                outer
-                    .iter()
-                    .map(|k| Some((c_path(k)?, !k.is_dir())))
-                    .collect::<Option<Vec<_>>>(),
-            ) else {
-                continue;
-            };
-            self.hides.push(Hide {
-                path,
-                dir,
-                make,
-                shown: shown_c,
-            });
-            self.hidden.push(p.clone());
-            done.push((p, outer));
+            Err(e) => self.missing.push(e),
         }
     }
 
@@ -920,7 +801,7 @@ impl Drop for Jail {
 }
 
 /// `p` made absolute and free of links as far as it exists; the rest as written.
-fn lenient_canonical(p: &Path) -> PathBuf {
+pub(super) fn lenient_canonical(p: &Path) -> PathBuf {
     let mut rest = Vec::new();
     let mut cur = p;
     loop {

@@ -55,12 +55,33 @@ pub(super) struct Limits {
     seen: Mutex<u64>,
 }
 
+/// Remove the empty cgroups `sup-RUN_ID` in `parent` of runs under `runs` that are over (a
+/// `sup` that exited without dropping its jail, or was killed, leaves them).
+fn clean(parent: &Path, runs: &Path) {
+    let Ok(dir) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_prefix("sup-") else {
+            continue;
+        };
+        if !id.is_empty()
+            && !id.contains('/')
+            && super::reaper::run_alive(&runs.join(id)) == Some(false)
+        {
+            // Refused (EBUSY) while a process is in it.
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 fn write(path: &Path, value: &str) -> std::io::Result<()> {
     std::fs::write(path, value)
 }
 
 /// A cgroup v2 child of sup's own where `pids` and `memory` can be enabled.
-fn v2(run_id: &str, processes: u64, memory: u64) -> Result<Cgroup, String> {
+fn v2(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, String> {
     let own = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|c| {
@@ -83,6 +104,7 @@ fn v2(run_id: &str, processes: u64, memory: u64) -> Result<Cgroup, String> {
             parent.display()
         ));
     }
+    clean(&parent, runs);
     let dir = parent.join(format!("sup-{run_id}"));
     std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let set = || -> std::io::Result<()> {
@@ -107,7 +129,7 @@ fn v2(run_id: &str, processes: u64, memory: u64) -> Result<Cgroup, String> {
 }
 
 /// The cgroup v1 `pids` and `memory` hierarchies, below sup's own cgroup in each.
-fn v1(run_id: &str, processes: u64, memory: u64) -> Result<Cgroup, String> {
+fn v1(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, String> {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let mut dirs = Vec::new();
     for (controller, file, value) in [
@@ -126,9 +148,9 @@ fn v1(run_id: &str, processes: u64, memory: u64) -> Result<Cgroup, String> {
                     .then(|| path.to_string())
             })
             .ok_or_else(|| format!("no cgroup v1 {controller} hierarchy"))?;
-        let dir = base
-            .join(at.trim_start_matches('/'))
-            .join(format!("sup-{run_id}"));
+        let parent = base.join(at.trim_start_matches('/'));
+        clean(&parent, runs);
+        let dir = parent.join(format!("sup-{run_id}"));
         let made =
             std::fs::create_dir(&dir).and_then(|()| write(&dir.join(file), &value.to_string()));
         if let Err(e) = made {
@@ -154,12 +176,17 @@ fn v1(run_id: &str, processes: u64, memory: u64) -> Result<Cgroup, String> {
 }
 
 impl Limits {
-    pub(super) fn new(run_id: &str, processes: Option<u64>, memory: Option<u64>) -> Limits {
+    pub(super) fn new(
+        run_id: &str,
+        runs: &Path,
+        processes: Option<u64>,
+        memory: Option<u64>,
+    ) -> Limits {
         let processes = processes.unwrap_or(DEFAULT_PROCESSES);
         let memory = memory.unwrap_or_else(default_memory);
-        let (cgroup, why) = match v2(run_id, processes, memory) {
+        let (cgroup, why) = match v2(run_id, runs, processes, memory) {
             Ok(c) => (Some(c), String::new()),
-            Err(e2) => match v1(run_id, processes, memory) {
+            Err(e2) => match v1(run_id, runs, processes, memory) {
                 Ok(c) => (Some(c), String::new()),
                 Err(e1) => (None, format!("{e2}; {e1}")),
             },

@@ -7,6 +7,7 @@
 //! left behind.
 
 mod hardening;
+mod hidden;
 mod jail;
 mod limits;
 mod mounts;

@@ -81,6 +81,8 @@ impl PidNs {
         let argv = [name.as_ptr(), std::ptr::null()];
         let envp = [std::ptr::null::<libc::c_char>()];
         let (lr, rw) = (life_r.as_raw_fd(), rep_w.as_raw_fd());
+        // Only the `sup` binary ran `at_start`, which makes an exec'd copy an init.
+        let exec_self = crate::startup::kept();
         // SAFETY: the child makes only system calls (async-signal-safe) on data made before
         // the fork, then exits or execs.
         let a = unsafe { libc::fork() };
@@ -121,8 +123,21 @@ impl PidNs {
                         libc::dup2(null, 2);
                     }
                     libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                    libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                    libc::_exit(6);
+                    if exec_self {
+                        libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                        libc::_exit(6);
+                    }
+                    // Not the `sup` binary (a program using the library: a test harness, a
+                    // bench), whose start-up would not stop at `init_if_asked`: the copy
+                    // waits on its lifeline itself.
+                    libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                    let mut b = [0u8; 1];
+                    loop {
+                        let n = libc::read(0, b.as_mut_ptr().cast(), 1);
+                        if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                            libc::_exit(0);
+                        }
+                    }
                 }
                 let bytes = init.to_ne_bytes();
                 libc::write(rw, bytes.as_ptr().cast(), bytes.len());
