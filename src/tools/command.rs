@@ -33,6 +33,99 @@ pub(crate) fn launch_outside(program: &str, empty: &Path) -> (Vec<String>, Vec<(
     }
 }
 
+/// The program a bare name runs, found on PATH outside `workspace` and, when it is a version
+/// manager's shim (pyenv, rbenv, nodenv, asdf, mise), resolved through the manager away from
+/// the workspace, so no `.python-version`, `.tool-versions`, `.nvmrc` or `.node-version` the
+/// agent wrote there chooses it; with the variable that pins the manager's version (for the
+/// other programs it shims), if it has one.
+pub(crate) fn resolve_program(
+    name: &str,
+    workspace: &Path,
+) -> Option<(PathBuf, Option<(String, String)>)> {
+    if name.contains('/') {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    let found = std::env::split_paths(&path)
+        .filter(|d| d.is_absolute() && !d.starts_with(workspace))
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))?;
+    let Some(manager) = shim_manager(&found) else {
+        return Some((found, None));
+    };
+    // Where the manager looks for version files: the home folder (the person's own choice)
+    // unless the workspace holds it, else the root.
+    let away = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute() && !h.starts_with(workspace) && h.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let real = manager_which(&manager, name, &away)?;
+    (!real.starts_with(workspace)).then(|| (real, manager_pin(&manager, &away)))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The version manager whose shim `program` is: its name and its root folder.
+fn shim_manager(program: &Path) -> Option<(&'static str, PathBuf)> {
+    let dir = program.parent()?;
+    let root = dir.parent()?;
+    if dir.file_name()? != "shims" {
+        return None;
+    }
+    let root_name = root.file_name()?.to_string_lossy().to_ascii_lowercase();
+    ["pyenv", "rbenv", "nodenv", "asdf", "mise", "rtx"]
+        .into_iter()
+        .find(|m| root_name.contains(m) || root.ancestors().any(|a| a.ends_with(m)))
+        .map(|m| (if m == "rtx" { "mise" } else { m }, root.to_path_buf()))
+}
+
+/// The manager's command: on PATH, else in its root's `bin` or `libexec`.
+fn manager_command(manager: &(&str, PathBuf)) -> PathBuf {
+    let (name, root) = manager;
+    [root.join("bin").join(name), root.join("libexec").join(name)]
+        .into_iter()
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Ask a version manager, in `workspace`, which program `name` is now.
+fn manager_which(manager: &(&str, PathBuf), name: &str, workspace: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new(manager_command(manager))
+        .args(["which", name])
+        .current_dir(workspace)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let p = PathBuf::from(text.trim());
+    (out.status.success() && p.is_absolute() && is_executable(&p)).then_some(p)
+}
+
+/// The variable that pins a manager's version for every program it shims (a check's
+/// `pytest` as well as its `python3`), with the version it picks in `workspace` now.
+fn manager_pin(manager: &(&str, PathBuf), workspace: &Path) -> Option<(String, String)> {
+    let var = match manager.0 {
+        "pyenv" => "PYENV_VERSION",
+        "rbenv" => "RBENV_VERSION",
+        "nodenv" => "NODENV_VERSION",
+        _ => return None,
+    };
+    let out = std::process::Command::new(manager_command(manager))
+        .arg("version-name")
+        .current_dir(workspace)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !v.is_empty() && !v.contains('\n')).then(|| (var.to_string(), v))
+}
+
 pub(crate) struct CommandTool {
     spec: ToolSpec,
     risk: Risk,
@@ -67,8 +160,13 @@ impl Tool for CommandTool {
         args.extend(self.args.iter().cloned());
         let mut env = ctx.env.as_ref().clone();
         env.extend(launch_env);
+        let (program, pin) = match resolve_program(&self.program, &ctx.workspace) {
+            Some((real, pin)) => (real.display().to_string(), pin),
+            None => (self.program.clone(), None),
+        };
+        env.extend(pin);
         let spec = process::Spec {
-            program: self.program.clone(),
+            program,
             args,
             cwd: ctx.workspace.clone(),
             env,

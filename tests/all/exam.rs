@@ -574,6 +574,20 @@ fn chosen_interpreter(nobody: bool) {
         .as_str()
         .unwrap();
     assert!(tail.contains("TOMLDecodeError"), "{tail}");
+    // The `.python-version` an earlier run left does not choose the next run's either.
+    let again = env.json(
+        &[
+            "goal",
+            "write config.toml",
+            "--check",
+            check.to_str().unwrap(),
+            "--tries",
+            "1",
+        ],
+        json!([say("done")]),
+        &[],
+    );
+    assert_eq!(again.code, 1, "{}", again.stdout);
     if nobody {
         return;
     }
