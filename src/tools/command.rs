@@ -1,8 +1,9 @@
 //! Command tools: `[[tool]]` entries of a goal file. The JSON input goes to the process on
 //! stdin and its stdout is the result (JSON if it parses, text otherwise); a non-zero exit or
-//! a timeout is an error result that carries stderr. Also how package launchers (`npx`,
-//! `uvx`, `pipx`, `bunx`) are started for MCP servers and command tools: resolving outside the
-//! workspace, so nothing the agent planted there becomes the program.
+//! a timeout is an error result that carries stderr. Also which program an MCP server or a
+//! command tool is: a name found outside the workspace (version-manager shims resolved away
+//! from it), and package launchers (`npx`, `uvx`) that resolve nothing from it, so nothing the
+//! agent planted there becomes the program.
 
 use std::path::{Path, PathBuf};
 
@@ -83,7 +84,7 @@ fn shim_manager(program: &Path) -> Option<(&'static str, PathBuf)> {
         .map(|m| (if m == "rtx" { "mise" } else { m }, root.to_path_buf()))
 }
 
-/// The manager's command: on PATH, else in its root's `bin` or `libexec`.
+/// The manager's command: in its root's `bin` or `libexec`, else by name on PATH.
 fn manager_command(manager: &(&str, PathBuf)) -> PathBuf {
     let (name, root) = manager;
     [root.join("bin").join(name), root.join("libexec").join(name)]
@@ -92,11 +93,11 @@ fn manager_command(manager: &(&str, PathBuf)) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
-/// Ask a version manager, in `workspace`, which program `name` is now.
-fn manager_which(manager: &(&str, PathBuf), name: &str, workspace: &Path) -> Option<PathBuf> {
+/// Ask a version manager, in `dir`, which program `name` is now.
+fn manager_which(manager: &(&str, PathBuf), name: &str, dir: &Path) -> Option<PathBuf> {
     let out = std::process::Command::new(manager_command(manager))
         .args(["which", name])
-        .current_dir(workspace)
+        .current_dir(dir)
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .output()
@@ -107,8 +108,8 @@ fn manager_which(manager: &(&str, PathBuf), name: &str, workspace: &Path) -> Opt
 }
 
 /// The variable that pins a manager's version for every program it shims (a check's
-/// `pytest` as well as its `python3`), with the version it picks in `workspace` now.
-fn manager_pin(manager: &(&str, PathBuf), workspace: &Path) -> Option<(String, String)> {
+/// `pytest` as well as its `python3`), with the version it picks in `dir` now.
+fn manager_pin(manager: &(&str, PathBuf), dir: &Path) -> Option<(String, String)> {
     let var = match manager.0 {
         "pyenv" => "PYENV_VERSION",
         "rbenv" => "RBENV_VERSION",
@@ -117,7 +118,7 @@ fn manager_pin(manager: &(&str, PathBuf), workspace: &Path) -> Option<(String, S
     };
     let out = std::process::Command::new(manager_command(manager))
         .arg("version-name")
-        .current_dir(workspace)
+        .current_dir(dir)
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .output()
