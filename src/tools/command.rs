@@ -1,8 +1,9 @@
 //! Command tools: `[[tool]]` entries of a goal file. The JSON input goes to the process on
 //! stdin and its stdout is the result (JSON if it parses, text otherwise); a non-zero exit or
-//! a timeout is an error result that carries stderr. Also how package launchers (`npx`,
-//! `uvx`, `pipx`, `bunx`) are started for MCP servers and command tools: resolving outside the
-//! workspace, so nothing the agent planted there becomes the program.
+//! a timeout is an error result that carries stderr. Also which program an MCP server or a
+//! command tool is: a name found outside the workspace (version-manager shims resolved away
+//! from it), and package launchers (`npx`, `uvx`) that resolve nothing from it, so nothing the
+//! agent planted there becomes the program.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,99 @@ pub(crate) fn launch_outside(program: &str, empty: &Path) -> (Vec<String>, Vec<(
         "uvx" | "uv" => (Vec::new(), vec![("UV_NO_CONFIG".into(), "1".into())]),
         _ => (Vec::new(), Vec::new()),
     }
+}
+
+/// The program a bare name runs, found on PATH outside `workspace` and, when it is a version
+/// manager's shim (pyenv, rbenv, nodenv, asdf, mise), resolved through the manager away from
+/// the workspace, so no `.python-version`, `.tool-versions`, `.nvmrc` or `.node-version` the
+/// agent wrote there chooses it; with the variable that pins the manager's version (for the
+/// other programs it shims), if it has one.
+pub(crate) fn resolve_program(
+    name: &str,
+    workspace: &Path,
+) -> Option<(PathBuf, Option<(String, String)>)> {
+    if name.contains('/') {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    let found = std::env::split_paths(&path)
+        .filter(|d| d.is_absolute() && !d.starts_with(workspace))
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))?;
+    let Some(manager) = shim_manager(&found) else {
+        return Some((found, None));
+    };
+    // Where the manager looks for version files: the home folder (the person's own choice)
+    // unless the workspace holds it, else the root.
+    let away = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute() && !h.starts_with(workspace) && h.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let real = manager_which(&manager, name, &away)?;
+    (!real.starts_with(workspace)).then(|| (real, manager_pin(&manager, &away)))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The version manager whose shim `program` is: its name and its root folder.
+fn shim_manager(program: &Path) -> Option<(&'static str, PathBuf)> {
+    let dir = program.parent()?;
+    let root = dir.parent()?;
+    if dir.file_name()? != "shims" {
+        return None;
+    }
+    let root_name = root.file_name()?.to_string_lossy().to_ascii_lowercase();
+    ["pyenv", "rbenv", "nodenv", "asdf", "mise", "rtx"]
+        .into_iter()
+        .find(|m| root_name.contains(m) || root.ancestors().any(|a| a.ends_with(m)))
+        .map(|m| (if m == "rtx" { "mise" } else { m }, root.to_path_buf()))
+}
+
+/// The manager's command: in its root's `bin` or `libexec`, else by name on PATH.
+fn manager_command(manager: &(&str, PathBuf)) -> PathBuf {
+    let (name, root) = manager;
+    [root.join("bin").join(name), root.join("libexec").join(name)]
+        .into_iter()
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Ask a version manager, in `dir`, which program `name` is now.
+fn manager_which(manager: &(&str, PathBuf), name: &str, dir: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new(manager_command(manager))
+        .args(["which", name])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let p = PathBuf::from(text.trim());
+    (out.status.success() && p.is_absolute() && is_executable(&p)).then_some(p)
+}
+
+/// The variable that pins a manager's version for every program it shims (a check's
+/// `pytest` as well as its `python3`), with the version it picks in `dir` now.
+fn manager_pin(manager: &(&str, PathBuf), dir: &Path) -> Option<(String, String)> {
+    let var = match manager.0 {
+        "pyenv" => "PYENV_VERSION",
+        "rbenv" => "RBENV_VERSION",
+        "nodenv" => "NODENV_VERSION",
+        _ => return None,
+    };
+    let out = std::process::Command::new(manager_command(manager))
+        .arg("version-name")
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !v.is_empty() && !v.contains('\n')).then(|| (var.to_string(), v))
 }
 
 pub(crate) struct CommandTool {
@@ -67,8 +161,13 @@ impl Tool for CommandTool {
         args.extend(self.args.iter().cloned());
         let mut env = ctx.env.as_ref().clone();
         env.extend(launch_env);
+        let (program, pin) = match resolve_program(&self.program, &ctx.workspace) {
+            Some((real, pin)) => (real.display().to_string(), pin),
+            None => (self.program.clone(), None),
+        };
+        env.extend(pin);
         let spec = process::Spec {
-            program: self.program.clone(),
+            program,
             args,
             cwd: ctx.workspace.clone(),
             env,

@@ -225,7 +225,12 @@ async fn start_one(
             "`{program}` is not found (not a file, not on PATH)"
         )));
     }
-    let mut cmd = tokio::process::Command::new(program);
+    // The program as found outside the workspace (version-manager shims resolved).
+    let (real, pin) = match super::command::resolve_program(program, workspace) {
+        Some((real, pin)) => (real.into_os_string(), pin),
+        None => (program.into(), None),
+    };
+    let mut cmd = tokio::process::Command::new(real);
     let (outside, launch_env) = super::command::launch_outside(program, &log_dir.join("launch"));
     cmd.args(outside)
         .args(first)
@@ -243,6 +248,7 @@ async fn start_one(
         }
     }
     extra.extend(launch_env);
+    extra.extend(pin);
     extra.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let armed = jail
         .apply(&mut cmd, &extra, spec.sandbox)

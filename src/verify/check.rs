@@ -4,9 +4,9 @@
 //! (Python isolated with `-I`), with `SUP_CHECK_DIR` naming the original folder. Also the
 //! failure report the model gets, and the guard that notices a check changed mid-run. The
 //! interpreters checks run with (`node`, `python3`, `bash`, …) are found once when the goal
-//! starts, through pyenv, asdf, mise, rbenv and nodenv shims, so that a `.python-version`,
-//! `.tool-versions`, `.nvmrc` or `.node-version` the agent writes later changes nothing
-//! (unless the goal says `workspace_toolchain = true`).
+//! starts, outside the workspace and through pyenv, asdf, mise, rbenv and nodenv shims, so
+//! that no `.python-version`, `.tool-versions`, `.nvmrc` or `.node-version` the agent writes
+//! chooses them (unless the goal says `workspace_toolchain = true`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::judge::{self, Judge};
 use crate::approval::{Gate, Judgement};
 use crate::model::Usage;
+use crate::tools::command::resolve_program;
 use crate::tools::process::{self, Ending, program_exists, read_tail, script_command};
 use crate::tools::sandbox::Jail;
 use crate::trace::{self, CheckReport, Events};
@@ -238,35 +239,17 @@ pub(crate) struct Toolchain {
 }
 
 impl Toolchain {
-    /// Find the interpreters on PATH as they resolve in `workspace` now, and link them in
-    /// `dir`. A program found inside the workspace is left out: the agent wrote it.
+    /// Find the interpreters on PATH as they resolve outside `workspace`, and link them in
+    /// `dir`.
     pub(crate) fn pin(workspace: &Path, dir: &Path) -> Toolchain {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut t = Toolchain::default();
         let mut pins: Vec<(String, String)> = Vec::new();
         for name in INTERPRETERS {
-            let Some(found) = std::env::split_paths(&path)
-                .filter(|d| d.is_absolute() && !d.starts_with(workspace))
-                .map(|d| d.join(name))
-                .find(|p| is_executable(p))
-            else {
+            let Some((real, pin)) = resolve_program(name, workspace) else {
                 continue;
             };
-            let real = match shim_manager(&found) {
-                Some(manager) => {
-                    let Some(real) = manager_which(&manager, name, workspace) else {
-                        continue;
-                    };
-                    if let Some(pin) = manager_pin(&manager, workspace) {
-                        pins.push(pin);
-                    }
-                    real
-                }
-                None => found,
-            };
-            if real.starts_with(workspace) {
-                continue;
-            }
+            pins.extend(pin);
             t.programs.push((name.to_string(), real));
         }
         if std::fs::create_dir_all(dir).is_ok() {
@@ -293,69 +276,6 @@ impl Toolchain {
             .find(|(n, _)| n == name)
             .map(|(_, p)| p.display().to_string())
     }
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    p.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// The version manager whose shim `program` is: its name and its root folder.
-fn shim_manager(program: &Path) -> Option<(&'static str, PathBuf)> {
-    let dir = program.parent()?;
-    let root = dir.parent()?;
-    if dir.file_name()? != "shims" {
-        return None;
-    }
-    let root_name = root.file_name()?.to_string_lossy().to_ascii_lowercase();
-    ["pyenv", "rbenv", "nodenv", "asdf", "mise", "rtx"]
-        .into_iter()
-        .find(|m| root_name.contains(m) || root.ancestors().any(|a| a.ends_with(m)))
-        .map(|m| (if m == "rtx" { "mise" } else { m }, root.to_path_buf()))
-}
-
-/// The manager's command: on PATH, else in its root's `bin` or `libexec`.
-fn manager_command(manager: &(&str, PathBuf)) -> PathBuf {
-    let (name, root) = manager;
-    [root.join("bin").join(name), root.join("libexec").join(name)]
-        .into_iter()
-        .find(|p| is_executable(p))
-        .unwrap_or_else(|| PathBuf::from(name))
-}
-
-/// Ask a version manager, in `workspace`, which program `name` is now.
-fn manager_which(manager: &(&str, PathBuf), name: &str, workspace: &Path) -> Option<PathBuf> {
-    let out = std::process::Command::new(manager_command(manager))
-        .args(["which", name])
-        .current_dir(workspace)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let p = PathBuf::from(text.trim());
-    (out.status.success() && p.is_absolute() && is_executable(&p)).then_some(p)
-}
-
-/// The variable that pins a manager's version for every program it shims (a check's
-/// `pytest` as well as its `python3`), with the version it picks in `workspace` now.
-fn manager_pin(manager: &(&str, PathBuf), workspace: &Path) -> Option<(String, String)> {
-    let var = match manager.0 {
-        "pyenv" => "PYENV_VERSION",
-        "rbenv" => "RBENV_VERSION",
-        "nodenv" => "NODENV_VERSION",
-        _ => return None,
-    };
-    let out = std::process::Command::new(manager_command(manager))
-        .arg("version-name")
-        .current_dir(workspace)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (out.status.success() && !v.is_empty() && !v.contains('\n')).then(|| (var.to_string(), v))
 }
 
 /// What a round of checks runs with.

@@ -314,6 +314,45 @@ fn command_checks_that_protect_nothing_get_a_notice_and_a_writable_git_is_said()
         "{}",
         run.stdout
     );
+    // The user config protects too, and is held to the same rules.
+    let config = env.home.path().join("config.toml");
+    std::fs::write(&config, "protect = [\"conftest.py\"]\n").unwrap();
+    let script = env.script(json!([
+        write("w", "sub/conftest.py", "import os\nos._exit(0)\n"),
+        say("done")
+    ]));
+    let out = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args(["goal", "x", "--check-cmd", "true", "--tries", "1", "--json"])
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert!(
+        !run.stdout.contains("nothing is protected"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        text(run.tool_result("w")).contains("protected"),
+        "{}",
+        run.stdout
+    );
+    std::fs::write(&config, "\nprotect = [\"**\"]\n").unwrap();
+    let out = env
+        .sup()
+        .env("SUP_CONFIG", &config)
+        .args(["goal", "x", "--check-cmd", "true", "--model", "script:/x"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:2", config.display())),
+        "{stderr}"
+    );
     // A goal that makes a `.git` writable on purpose says so, and may change it.
     std::fs::create_dir_all(env.ws().join("sub/.git")).unwrap();
     let goal = env.write(
@@ -537,6 +576,20 @@ fn chosen_interpreter(nobody: bool) {
         .as_str()
         .unwrap();
     assert!(tail.contains("TOMLDecodeError"), "{tail}");
+    // The `.python-version` an earlier run left does not choose the next run's either.
+    let again = env.json(
+        &[
+            "goal",
+            "write config.toml",
+            "--check",
+            check.to_str().unwrap(),
+            "--tries",
+            "1",
+        ],
+        json!([say("done")]),
+        &[],
+    );
+    assert_eq!(again.code, 1, "{}", again.stdout);
     if nobody {
         return;
     }
