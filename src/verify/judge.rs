@@ -4,6 +4,10 @@
 //! fenced as untrusted data; it is offered no tools and answers one JSON object
 //! `{"pass", "reason", "impossible"}`. Anything else, a timeout or a provider error is asked
 //! once more, then the check fails closed.
+//!
+//! The changes come from sup's own snapshot in a git repository too, not from `git diff`: git
+//! would run whatever filters and tools the workspace's `.gitattributes` and config name,
+//! outside any jail, and would miss what the agent committed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -291,8 +295,7 @@ pub fn evidence(
         ));
         let tail = r.output_tail.trim_end();
         if !tail.is_empty() {
-            let from = tail.len().saturating_sub(2048);
-            let mut from = from;
+            let mut from = tail.len().saturating_sub(2048);
             while !tail.is_char_boundary(from) {
                 from += 1;
             }
