@@ -531,7 +531,17 @@ pub(crate) async fn ask(
             }
             Ok(Err(e)) => why = e.to_string(),
             Ok(Ok(response)) => {
-                judged.usage += response.usage;
+                // A provider that reports no usage is counted by estimate, a token per 4
+                // bytes, so that budgets and caps still hold.
+                judged.usage += if response.usage.total() == 0 {
+                    Usage {
+                        input_tokens: (messages.bytes() as u64).div_ceil(4),
+                        output_tokens: (response.text.len() as u64).div_ceil(4),
+                        ..Usage::default()
+                    }
+                } else {
+                    response.usage
+                };
                 answers.push_str(&format!("--- answer {attempts}\n{}\n", response.text));
                 let _ = std::fs::write(&answer_file, &answers);
                 match verdict(&response.text) {
