@@ -1,12 +1,13 @@
 //! Acceptance checks: scripts (run by extension) and shell command lines, run in the
 //! workspace with a timeout, stdin closed, the `SUP_*` environment and the run's sandbox;
 //! exit 0 passes. Script checks run from a copy frozen in the run folder when the goal starts
-//! (Python isolated with `-I`), with `SUP_CHECK_DIR` naming the original folder. Also the
-//! failure report the model gets, and the guard that notices a check changed mid-run. The
-//! interpreters checks run with (`node`, `python3`, `bash`, …) are found once when the goal
-//! starts, outside the workspace and through pyenv, asdf, mise, rbenv and nodenv shims, so
-//! that no `.python-version`, `.tool-versions`, `.nvmrc` or `.node-version` the agent writes
-//! chooses them (unless the goal says `workspace_toolchain = true`).
+//! (Python isolated with `-I`), with `SUP_CHECK_DIR` naming the original folder. Judges
+//! (`super::judge`) run after every other check passed. Also the failure report the model
+//! gets, and the guard that notices a check changed mid-run. The interpreters checks run with
+//! (`node`, `python3`, `bash`, …) are found once when the goal starts, outside the workspace
+//! and through pyenv, asdf, mise, rbenv and nodenv shims, so that no `.python-version`,
+//! `.tool-versions`, `.nvmrc` or `.node-version` the agent writes chooses them (unless the
+//! goal says `workspace_toolchain = true`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

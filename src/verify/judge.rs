@@ -4,6 +4,10 @@
 //! fenced as untrusted data; it is offered no tools and answers one JSON object
 //! `{"pass", "reason", "impossible"}`. Anything else, a timeout or a provider error is asked
 //! once more, then the check fails closed.
+//!
+//! The changes come from sup's own snapshot in a git repository too, not from `git diff`: git
+//! would run whatever filters and tools the workspace's `.gitattributes` and config name,
+//! outside any jail, and would miss what the agent committed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -291,8 +295,7 @@ pub fn evidence(
         ));
         let tail = r.output_tail.trim_end();
         if !tail.is_empty() {
-            let from = tail.len().saturating_sub(2048);
-            let mut from = from;
+            let mut from = tail.len().saturating_sub(2048);
             while !tail.is_char_boundary(from) {
                 from += 1;
             }
@@ -530,7 +533,17 @@ pub(crate) async fn ask(
             }
             Ok(Err(e)) => why = e.to_string(),
             Ok(Ok(response)) => {
-                judged.usage += response.usage;
+                // A provider that reports no usage is counted by estimate, a token per 4
+                // bytes, so that budgets and caps still hold.
+                judged.usage += if response.usage.total() == 0 {
+                    Usage {
+                        input_tokens: (messages.bytes() as u64).div_ceil(4),
+                        output_tokens: (response.text.len() as u64).div_ceil(4),
+                        ..Usage::default()
+                    }
+                } else {
+                    response.usage
+                };
                 answers.push_str(&format!("--- answer {attempts}\n{}\n", response.text));
                 let _ = std::fs::write(&answer_file, &answers);
                 match verdict(&response.text) {
