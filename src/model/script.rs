@@ -92,6 +92,15 @@ impl ScriptModel {
             next: Mutex::new(0),
         })
     }
+
+    /// The script going on after its first `played` turns: a continued run's, whose
+    /// conversation holds those already.
+    pub(crate) fn starting_at(self, played: usize) -> Self {
+        ScriptModel {
+            next: Mutex::new(played),
+            ..self
+        }
+    }
 }
 
 /// Parse a script: JSON array, `{"turns": [...]}`, or JSONL.

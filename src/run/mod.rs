@@ -876,7 +876,7 @@ pub(crate) async fn launch_in(
     if let Some(why) = &spec.price_refusal {
         return Err(setup(why.clone()));
     }
-    let mut model = model::from_spec(&spec.model, &spec.model_base, &spec.providers)?;
+    let mut model = resume::model(spec)?;
     if let Some(path) = &spec.record {
         model = Box::new(Recorder::new(model, path.clone())?);
     }

@@ -210,6 +210,26 @@ pub(crate) fn ended(
     told
 }
 
+/// The model of a run: a continued run's `script:` model goes on after the turns its
+/// conversation holds, instead of playing them again.
+pub(crate) fn model(spec: &RunSpec) -> Result<Box<dyn crate::model::Model>, RunError> {
+    let resolved = spec.model_name();
+    if let (Some((_, history)), Some(path)) = (&spec.thread.from, resolved.strip_prefix("script:"))
+    {
+        let played = history
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant { .. }))
+            .count();
+        let script = crate::model::script::ScriptModel::load(Path::new(path))?;
+        return Ok(Box::new(script.starting_at(played)));
+    }
+    Ok(crate::model::from_spec(
+        &spec.model,
+        &spec.model_base,
+        &spec.providers,
+    )?)
+}
+
 /// What `sup continue` may change of a run's recorded settings.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Overrides {

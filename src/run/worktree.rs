@@ -87,10 +87,19 @@ impl Isolate {
 }
 
 /// Run git in `dir` with the environment's git variables left out (they would point it
-/// elsewhere); its output, trimmed, or what it said on failure.
+/// elsewhere), and no hooks or automatic maintenance (the repository's `post-checkout` or a
+/// background `gc` are not sup's to run); its output, trimmed, or what it said on failure.
 fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
     let mut cmd = Command::new("git");
-    cmd.arg("-C").arg(dir).args(args);
+    cmd.arg("-C").arg(dir).args([
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "maintenance.auto=false",
+        "-c",
+        "gc.auto=0",
+    ]);
+    cmd.args(args);
     for var in [
         "GIT_DIR",
         "GIT_WORK_TREE",
@@ -263,8 +272,6 @@ impl Worktree {
                 git(
                     &self.path,
                     &[
-                        "-c",
-                        "core.hooksPath=/dev/null",
                         "commit",
                         "-q",
                         "--allow-empty",

@@ -754,3 +754,46 @@ fn a_parallel_run_is_told_once_as_one_run() {
     assert_eq!(notices[0]["run_id"], id);
     assert_eq!(notices[0]["event"], "achieved");
 }
+
+#[test]
+fn a_scripted_run_continues_after_the_turns_it_played() {
+    let env = Env::new();
+    let marker = "sleep 45.127";
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "w1", "name": "write_file",
+            "input": {"path": "part.txt", "content": "part one\n"}}]},
+        {"tool_calls": [{"id": "s1", "name": "run_command", "input": {"command": marker}}]},
+        {"text": "done after all"}
+    ]));
+    let child = env
+        .sup()
+        .args(["goal", "write part.txt", "--check-cmd", "test -f part.txt"])
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Killed(child);
+    let dir = eventually(Duration::from_secs(20), "the long command", || {
+        env.run_dirs()
+            .into_iter()
+            .find(|d| transcript_has_call(d, "s1"))
+    });
+    kill(Pid::from_raw(child.0.id() as i32), Signal::SIGKILL).unwrap();
+    child.0.wait().unwrap();
+    let old = dir.file_name().unwrap().to_str().unwrap().to_string();
+    let out = env
+        .sup()
+        .args(["continue", &old, "--json"])
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let r = run.result();
+    assert_eq!(r["answer"], "done after all", "{r}");
+    assert_eq!(r["continued_from"], old.as_str());
+    // The turns played before are not played again.
+    assert!(run.of_type("tool_call").is_empty(), "{}", run.stdout);
+    assert!(no_process(marker));
+}
