@@ -681,7 +681,7 @@ fn the_judges_money_counts_in_the_runs_cost_and_its_cap() {
     assert_eq!(run.code, 3, "{}", run.stderr);
     let r = run.result();
     assert_eq!(r["stop_reason"], "cost", "{r}");
-    let cost = r["cost"].as_f64().unwrap();
+    let cost = r["cost_usd"].as_f64().unwrap();
     assert!((cost - 1.1).abs() < 1e-9, "{r}");
     assert_eq!(server.requests().len(), 2, "no call past the cap");
 }

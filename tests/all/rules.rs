@@ -1490,7 +1490,7 @@ fn the_prompt_names_the_file_a_symlink_really_writes() {
         shown.contains("-echo deploy"),
         "the diff is against the target: {shown}"
     );
-    term.write_all(b"n\n").unwrap();
+    term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
     assert_eq!(
@@ -1577,7 +1577,7 @@ fn the_prompt_escapes_and_flags_blank_looking_letters() {
     let shown = prompt_of(&seen);
     assert!(shown.contains("invisible Unicode"), "{shown}");
     assert_blanks_escaped(&shown);
-    term.write_all(b"n\n").unwrap();
+    term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
 }

@@ -464,7 +464,7 @@ fn a_run_killed_mid_way_is_continued_from_its_transcript() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["id"] == id)
+        .find(|r| r["run_id"] == id)
         .unwrap();
     assert_eq!(row["continued_from"], old.as_str(), "{row}");
     // Once continued, or achieved, a run is not continued again; nor an unknown one.
