@@ -6,6 +6,7 @@
 mod common;
 
 mod approval;
+mod attack;
 mod config;
 mod console_health;
 mod daemon;
