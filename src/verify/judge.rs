@@ -93,10 +93,12 @@ struct Seen {
     text: Option<String>,
 }
 
-/// The workspace when the goal started: every file's hash, the small ones' text.
+/// The workspace when the goal started: every file's hash, the small ones' text, and its
+/// `.gitignore` files as they were then (what the agent writes into one hides nothing).
 #[derive(Default)]
 pub struct Snapshot {
     files: BTreeMap<PathBuf, Seen>,
+    ignores: Arc<Vec<ignore::gitignore::Gitignore>>,
 }
 
 /// Files looked at at most; bytes of a file read to hash it (a bigger one is known by its
@@ -106,23 +108,47 @@ const HASH_FILE: u64 = 16 * 1024 * 1024;
 const KEEP_FILE: u64 = 64 * 1024;
 const KEEP_ALL: usize = 8 * 1024 * 1024;
 
-/// The workspace's files, `.git` and what `.gitignore` ignores left out.
-fn walk(workspace: &Path) -> impl Iterator<Item = PathBuf> {
+/// The workspace's files, `.git` left out, and what `.gitignore` ignores: the workspace's
+/// own files when `kept` is `None`, else those kept (deepest first).
+fn walk(
+    workspace: &Path,
+    kept: Option<Arc<Vec<ignore::gitignore::Gitignore>>>,
+) -> impl Iterator<Item = PathBuf> {
     ignore::WalkBuilder::new(workspace)
         .hidden(false)
-        .git_ignore(true)
+        .git_ignore(kept.is_none())
         .git_global(false)
         .git_exclude(false)
         .require_git(false)
         .parents(false)
         .follow_links(false)
-        .filter_entry(|e| e.file_name() != ".git")
+        .filter_entry(move |e| {
+            e.file_name() != ".git"
+                && kept.as_ref().is_none_or(|k| {
+                    !ignored(k, e.path(), e.file_type().is_some_and(|t| t.is_dir()))
+                })
+        })
         .sort_by_file_name(|a, b| a.cmp(b))
         .build()
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
         .map(|e| e.into_path())
         .take(MAX_FILES)
+}
+
+/// Whether the `.gitignore` files `kept` (deepest first) ignore `path`: the deepest that
+/// says anything of it decides.
+fn ignored(kept: &[ignore::gitignore::Gitignore], path: &Path, is_dir: bool) -> bool {
+    for g in kept.iter().filter(|g| path.starts_with(g.path())) {
+        let m = g.matched(path, is_dir);
+        if m.is_ignore() {
+            return true;
+        }
+        if m.is_whitelist() {
+            return false;
+        }
+    }
+    false
 }
 
 fn rel(workspace: &Path, p: &Path) -> PathBuf {
@@ -144,8 +170,12 @@ fn read(path: &Path) -> Option<Vec<u8>> {
 impl Snapshot {
     pub fn take(workspace: &Path) -> Snapshot {
         let mut files = BTreeMap::new();
+        let mut ignores = Vec::new();
         let mut kept = 0;
-        for path in walk(workspace) {
+        for path in walk(workspace, None) {
+            if path.file_name().is_some_and(|n| n == ".gitignore") {
+                ignores.push(ignore::gitignore::Gitignore::new(&path).0);
+            }
             let Some(bytes) = read(&path) else {
                 continue;
             };
@@ -162,7 +192,12 @@ impl Snapshot {
                 },
             );
         }
-        Snapshot { files }
+        // Deepest first: a nested `.gitignore` overrides the ones above it.
+        ignores.sort_by_key(|g| std::cmp::Reverse(g.path().components().count()));
+        Snapshot {
+            files,
+            ignores: Arc::new(ignores),
+        }
     }
 
     /// What changed in `workspace` since: created, changed and deleted files, then the diff
@@ -171,7 +206,7 @@ impl Snapshot {
         let mut created = Vec::new();
         let mut changed = Vec::new();
         let mut now = std::collections::BTreeSet::new();
-        for path in walk(workspace) {
+        for path in walk(workspace, Some(self.ignores.clone())) {
             let name = rel(workspace, &path);
             let Some(bytes) = read(&path) else {
                 continue;
@@ -634,5 +669,33 @@ mod tests {
         assert!(c.contains("deleted: gone.txt"), "{c}");
         assert!(c.contains("-two") && c.contains("+TWO"), "{c}");
         assert!(c.contains("hello"), "{c}");
+    }
+
+    #[test]
+    fn the_gitignore_of_the_start_decides_what_is_left_out() {
+        let ws = tempfile::tempdir().unwrap();
+        let p = ws.path();
+        std::fs::write(p.join(".gitignore"), "build/\n").unwrap();
+        std::fs::create_dir_all(p.join("sub")).unwrap();
+        std::fs::write(p.join("sub/.gitignore"), "*.log\n!keep.log\n").unwrap();
+        let before = Snapshot::take(p);
+        std::fs::create_dir_all(p.join("build")).unwrap();
+        std::fs::write(p.join("build/out.o"), "x").unwrap();
+        std::fs::write(p.join("sub/a.log"), "x").unwrap();
+        std::fs::write(p.join("sub/keep.log"), "x").unwrap();
+        std::fs::write(p.join("sub/.gitignore"), "*\n").unwrap();
+        std::fs::write(p.join("hidden.txt"), "x").unwrap();
+        std::fs::write(p.join(".gitignore"), "build/\nhidden.txt\n").unwrap();
+        let c = before.changes(p);
+        assert!(
+            !c.contains("build/out.o") && !c.contains("sub/a.log"),
+            "{c}"
+        );
+        assert!(c.contains("created: sub/keep.log"), "{c}");
+        assert!(c.contains("created: hidden.txt"), "{c}");
+        assert!(
+            c.contains("changed: .gitignore") && c.contains("changed: sub/.gitignore"),
+            "{c}"
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
 pub(crate) mod check;
-pub(crate) mod protect;
 pub mod judge;
+pub(crate) mod protect;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -176,10 +176,15 @@ pub(crate) async fn run_from(
     let mut reports: Vec<String> = Vec::new();
     let guarded = &goal.protect;
     // Only checks compare it: a run without them takes none.
+    // A continued run finds its first run's snapshot in its folder.
     let mut snapshot = if goal.checks.is_empty() {
         protect::Snapshot::default()
+    } else if let Some(kept) = protect::Snapshot::load(&rt.run.dir) {
+        kept
     } else {
-        protect::take(&goal.workspace, guarded, &Default::default())
+        let taken = protect::take(&goal.workspace, guarded, &Default::default());
+        taken.save(&rt.run.dir);
+        taken
     };
     for text in protect::notices(goal) {
         rt.events.emit(Event::Notice { text });
@@ -286,6 +291,7 @@ pub(crate) async fn run_from(
         if changes.is_empty() {
             // What the checks wrote (caches, coverage) is not the agent's doing.
             snapshot = protect::take(&goal.workspace, guarded, &now);
+            snapshot.save(&rt.run.dir);
         } else {
             let report = protect::report(&changes, guarded);
             rt.events.emit(Event::Check {

@@ -59,7 +59,14 @@ fn a_continued_run_still_sees_what_the_first_run_did_to_protected_paths() {
     let out = env
         .sup()
         .args(["goal", "make the tests pass", "--check-cmd", RUNNER])
-        .args(["--protect", "conftest.py", "--protect", "tests/**", "--tries", "1"])
+        .args([
+            "--protect",
+            "conftest.py",
+            "--protect",
+            "tests/**",
+            "--tries",
+            "1",
+        ])
         .arg("--json")
         .arg("--model")
         .arg(format!("script:{}", script.display()))
@@ -113,8 +120,19 @@ fn a_gitignore_the_agent_writes_hides_nothing_from_the_judge() {
         .args(["goal", "document the app"])
         .arg("--model")
         .arg(format!("script:{}", script.display()))
-        .args(["--judge-model", "openai:judge-m", "--retries", "1", "--json"])
-        .args(["--tries", "1", "--check-judge", "no file but README.md changed"])
+        .args([
+            "--judge-model",
+            "openai:judge-m",
+            "--retries",
+            "1",
+            "--json",
+        ])
+        .args([
+            "--tries",
+            "1",
+            "--check-judge",
+            "no file but README.md changed",
+        ])
         .env("OPENAI_BASE_URL", &server.url)
         .env_remove("OPENAI_API_KEY")
         .output()
