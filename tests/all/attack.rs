@@ -144,3 +144,53 @@ fn a_gitignore_the_agent_writes_hides_nothing_from_the_judge() {
     assert!(user.contains("created: .gitignore"), "{user}");
     assert!(user.contains("\"expected\": 42"), "{user}");
 }
+
+/// The attack: the agent prints a secret passed to its commands (`--env-pass`) and answers
+/// with it, with message content captured in the OpenTelemetry export, hoping the spans
+/// carry it to a collector that nobody redacts.
+#[test]
+fn a_secret_the_agent_prints_never_reaches_the_otel_collector() {
+    let collector = crate::otel::Collector::start();
+    let env = Env::new();
+    let secret = "tok-3b9f0c1e7a2d4b6c";
+    let script = env.script(json!([
+        cmd("c", "echo \"$DEPLOY_TOKEN\" > leak.txt; cat leak.txt"),
+        say(&format!("the token is {secret}"))
+    ]));
+    let out = env
+        .sup()
+        .args(["goal", "deploy", "--json", "--name", "leaky"])
+        .args([
+            "--check-cmd",
+            "grep -q tok- leak.txt",
+            "--env-pass",
+            "DEPLOY_TOKEN",
+        ])
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .env("DEPLOY_TOKEN", secret)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.url)
+        .env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    crate::common::eventually(std::time::Duration::from_secs(10), "the run's span", || {
+        collector
+            .spans()
+            .iter()
+            .any(|s| s.name == "invoke_agent leaky")
+            .then_some(())
+    });
+    let exported: String = collector
+        .exports
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.body).into_owned())
+        .collect();
+    assert!(exported.contains("[redacted]"), "{exported}");
+    assert!(!exported.contains(secret), "{exported}");
+    assert!(!run.stdout.contains(secret), "{}", run.stdout);
+}

@@ -20,7 +20,7 @@ mod long_runs;
 mod mcp;
 mod mcp_http;
 mod newuser;
-mod otel;
+pub(crate) mod otel;
 mod perf;
 mod providers;
 mod reliability;
