@@ -136,12 +136,14 @@ pub(crate) fn started(
         },
     )?;
     // The exam compares with what the first run started from, not with what it left.
-    if let Some(from) = &t.from_dir {
-        let kept = from.join(crate::verify::protect::FILE);
+    for file in [crate::verify::protect::FILE, crate::verify::judge::FILE] {
+        let Some(kept) = t.from_dir.as_ref().map(|d| d.join(file)) else {
+            break;
+        };
         if kept.exists() {
-            std::fs::copy(&kept, run.dir.join(crate::verify::protect::FILE)).map_err(|e| {
+            std::fs::copy(&kept, run.dir.join(file)).map_err(|e| {
                 setup(format!(
-                    "cannot keep the protected paths' snapshot of {}: {e}",
+                    "cannot keep the snapshot {} of the run continued: {e}",
                     kept.display()
                 ))
             })?;

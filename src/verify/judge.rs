@@ -86,6 +86,7 @@ pub(crate) struct Judged {
 }
 
 /// A file as sup saw it at the start.
+#[derive(serde::Serialize, Deserialize)]
 struct Seen {
     size: u64,
     hash: Vec<u8>,
@@ -95,11 +96,17 @@ struct Seen {
 
 /// The workspace when the goal started: every file's hash, the small ones' text, and its
 /// `.gitignore` files as they were then (what the agent writes into one hides nothing).
-#[derive(Default)]
+/// Kept in the run's folder (`judged.json`), so that a continued run's judges see what
+/// changed since its first run started.
+#[derive(Default, serde::Serialize, Deserialize)]
 pub struct Snapshot {
     files: BTreeMap<PathBuf, Seen>,
-    ignores: Arc<Vec<ignore::gitignore::Gitignore>>,
+    /// Each `.gitignore`, workspace-relative, with its text.
+    gitignores: Vec<(PathBuf, String)>,
 }
+
+/// The file of a run's folder that keeps the judges' snapshot.
+pub(crate) const FILE: &str = "judged.json";
 
 /// Files looked at at most; bytes of a file read to hash it (a bigger one is known by its
 /// size and time); bytes of one file's text kept; bytes of text kept in all.
@@ -170,11 +177,13 @@ fn read(path: &Path) -> Option<Vec<u8>> {
 impl Snapshot {
     pub fn take(workspace: &Path) -> Snapshot {
         let mut files = BTreeMap::new();
-        let mut ignores = Vec::new();
+        let mut gitignores = Vec::new();
         let mut kept = 0;
         for path in walk(workspace, None) {
-            if path.file_name().is_some_and(|n| n == ".gitignore") {
-                ignores.push(ignore::gitignore::Gitignore::new(&path).0);
+            if path.file_name().is_some_and(|n| n == ".gitignore")
+                && let Ok(text) = std::fs::read_to_string(&path)
+            {
+                gitignores.push((rel(workspace, &path), text));
             }
             let Some(bytes) = read(&path) else {
                 continue;
@@ -192,12 +201,43 @@ impl Snapshot {
                 },
             );
         }
-        // Deepest first: a nested `.gitignore` overrides the ones above it.
-        ignores.sort_by_key(|g| std::cmp::Reverse(g.path().components().count()));
-        Snapshot {
-            files,
-            ignores: Arc::new(ignores),
-        }
+        Snapshot { files, gitignores }
+    }
+
+    /// The snapshot kept in run folder `dir`, or else one taken of `workspace` now and kept.
+    pub(crate) fn kept_or_take(dir: &Path, workspace: &Path) -> Snapshot {
+        let kept = std::fs::read(dir.join(FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        kept.unwrap_or_else(|| {
+            let taken = Snapshot::take(workspace);
+            let written = serde_json::to_vec(&taken)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(dir.join(FILE), b));
+            if let Err(e) = written {
+                tracing::warn!("cannot keep the judges' snapshot in {}: {e}", dir.display());
+            }
+            taken
+        })
+    }
+
+    /// The `.gitignore` files of the start as matchers rooted in `workspace`, deepest first
+    /// (a nested one overrides those above it).
+    fn ignores(&self, workspace: &Path) -> Arc<Vec<ignore::gitignore::Gitignore>> {
+        let mut out: Vec<_> = self
+            .gitignores
+            .iter()
+            .filter_map(|(rel, text)| {
+                let root = workspace.join(rel.parent().unwrap_or(Path::new("")));
+                let mut b = ignore::gitignore::GitignoreBuilder::new(root);
+                for line in text.lines() {
+                    let _ = b.add_line(None, line);
+                }
+                b.build().ok()
+            })
+            .collect();
+        out.sort_by_key(|g| std::cmp::Reverse(g.path().components().count()));
+        Arc::new(out)
     }
 
     /// What changed in `workspace` since: created, changed and deleted files, then the diff
@@ -206,7 +246,7 @@ impl Snapshot {
         let mut created = Vec::new();
         let mut changed = Vec::new();
         let mut now = std::collections::BTreeSet::new();
-        for path in walk(workspace, Some(self.ignores.clone())) {
+        for path in walk(workspace, Some(self.ignores(workspace))) {
             let name = rel(workspace, &path);
             let Some(bytes) = read(&path) else {
                 continue;

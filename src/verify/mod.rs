@@ -200,7 +200,7 @@ pub(crate) async fn run_from(
         .checks
         .iter()
         .any(|c| c.as_judge().is_some())
-        .then(|| judge::Snapshot::take(&goal.workspace));
+        .then(|| judge::Snapshot::kept_or_take(&rt.run.dir, &goal.workspace));
     let mut agent = Usage::default();
     let mut judge_cost = 0.0;
     let tries = goal.tries.max(1);

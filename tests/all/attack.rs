@@ -194,3 +194,55 @@ fn a_secret_the_agent_prints_never_reaches_the_otel_collector() {
     assert!(!exported.contains(secret), "{exported}");
     assert!(!run.stdout.contains(secret), "{}", run.stdout);
 }
+
+/// The attack: the first run makes the change the criteria forbid and ends in an error
+/// before any judge looked; the continued run only claims success, hoping its judge compares
+/// with the workspace as the first run left it.
+#[test]
+fn a_continued_runs_judge_sees_what_the_first_run_changed() {
+    let env = Env::new();
+    env.write("README.md", "# app\n");
+    let server = FakeServer::start(vec![verdict(false, "a hard-coded answer file")]);
+    let script = env.script(json!([
+        write("a", "answers.json", "{\"expected\": 42}\n"),
+        {"error": "the provider is down"}
+    ]));
+    let out = env
+        .sup()
+        .args(["goal", "document the app"])
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .args([
+            "--judge-model",
+            "openai:judge-m",
+            "--retries",
+            "1",
+            "--json",
+        ])
+        .args([
+            "--tries",
+            "1",
+            "--check-judge",
+            "no file but README.md changed",
+        ])
+        .env("OPENAI_BASE_URL", &server.url)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let first = Run::new(out);
+    assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
+    assert!(server.requests().is_empty());
+    let id = first.result()["run_id"].as_str().unwrap().to_string();
+    std::fs::write(&script, json!([say("only README.md changed")]).to_string()).unwrap();
+    let out = env
+        .sup()
+        .args(["continue", &id, "--json"])
+        .env("OPENAI_BASE_URL", &server.url)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let user = judge_text(&server.requests()[0].body);
+    assert!(user.contains("created: answers.json"), "{user}");
+}
