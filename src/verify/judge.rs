@@ -211,9 +211,10 @@ impl Snapshot {
             .and_then(|b| serde_json::from_slice(&b).ok());
         kept.unwrap_or_else(|| {
             let taken = Snapshot::take(workspace);
-            let written = serde_json::to_vec(&taken)
+            // Kept texts hold no known secret (their hashes still tell a change).
+            let written = serde_json::to_string(&taken)
                 .map_err(std::io::Error::other)
-                .and_then(|b| std::fs::write(dir.join(FILE), b));
+                .and_then(|t| std::fs::write(dir.join(FILE), crate::redact::text(&t).as_bytes()));
             if let Err(e) = written {
                 tracing::warn!("cannot keep the judges' snapshot in {}: {e}", dir.display());
             }
