@@ -35,6 +35,8 @@ pub(crate) struct Thread {
     pub(crate) from: Option<(String, Vec<Message>)>,
     /// A parallel attempt: its number, how many, and the parallel run's id.
     pub(crate) attempt: Option<(u32, u32, String)>,
+    /// The folder of the run this one continues, whose protected paths' snapshot it keeps.
+    pub(crate) from_dir: Option<PathBuf>,
 }
 
 impl Thread {
@@ -133,6 +135,20 @@ pub(crate) fn started(
             ..Lineage::default()
         },
     )?;
+    // The exam compares with what the first run started from, not with what it left.
+    for file in [crate::verify::protect::FILE, crate::verify::judge::FILE] {
+        let Some(kept) = t.from_dir.as_ref().map(|d| d.join(file)) else {
+            break;
+        };
+        if kept.exists() {
+            std::fs::copy(&kept, run.dir.join(file)).map_err(|e| {
+                setup(format!(
+                    "cannot keep the snapshot {} of the run continued: {e}",
+                    kept.display()
+                ))
+            })?;
+        }
+    }
     if let Some(origin) = &t.origin {
         let origin = Origin {
             model: spec.model_name(),
@@ -360,6 +376,7 @@ pub(crate) fn continuation(
     }
     spec.thread.origin = Some(c.origin.clone());
     spec.thread.from = Some((id.clone(), messages));
+    spec.thread.from_dir = Some(PathBuf::from(&c.row.dir));
     Ok(spec)
 }
 

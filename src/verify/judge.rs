@@ -90,6 +90,7 @@ pub(crate) struct Judged {
 }
 
 /// A file as sup saw it at the start.
+#[derive(serde::Serialize, Deserialize)]
 struct Seen {
     size: u64,
     hash: Vec<u8>,
@@ -97,11 +98,19 @@ struct Seen {
     text: Option<String>,
 }
 
-/// The workspace when the goal started: every file's hash, the small ones' text.
-#[derive(Default)]
+/// The workspace when the goal started: every file's hash, the small ones' text, and its
+/// `.gitignore` files as they were then (what the agent writes into one hides nothing).
+/// Kept in the run's folder (`judged.json`), so that a continued run's judges see what
+/// changed since its first run started.
+#[derive(Default, serde::Serialize, Deserialize)]
 pub struct Snapshot {
     files: BTreeMap<PathBuf, Seen>,
+    /// Each `.gitignore`, workspace-relative, with its text.
+    gitignores: Vec<(PathBuf, String)>,
 }
+
+/// The file of a run's folder that keeps the judges' snapshot.
+pub(crate) const FILE: &str = "judged.json";
 
 /// Files looked at at most; bytes of a file read to hash it (a bigger one is known by its
 /// size and time); bytes of one file's text kept; bytes of text kept in all.
@@ -110,23 +119,47 @@ const HASH_FILE: u64 = 16 * 1024 * 1024;
 const KEEP_FILE: u64 = 64 * 1024;
 const KEEP_ALL: usize = 8 * 1024 * 1024;
 
-/// The workspace's files, `.git` and what `.gitignore` ignores left out.
-fn walk(workspace: &Path) -> impl Iterator<Item = PathBuf> {
+/// The workspace's files, `.git` left out, and what `.gitignore` ignores: the workspace's
+/// own files when `kept` is `None`, else those kept (deepest first).
+fn walk(
+    workspace: &Path,
+    kept: Option<Arc<Vec<ignore::gitignore::Gitignore>>>,
+) -> impl Iterator<Item = PathBuf> {
     ignore::WalkBuilder::new(workspace)
         .hidden(false)
-        .git_ignore(true)
+        .git_ignore(kept.is_none())
         .git_global(false)
         .git_exclude(false)
         .require_git(false)
         .parents(false)
         .follow_links(false)
-        .filter_entry(|e| e.file_name() != ".git")
+        .filter_entry(move |e| {
+            e.file_name() != ".git"
+                && kept.as_ref().is_none_or(|k| {
+                    !ignored(k, e.path(), e.file_type().is_some_and(|t| t.is_dir()))
+                })
+        })
         .sort_by_file_name(|a, b| a.cmp(b))
         .build()
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
         .map(|e| e.into_path())
         .take(MAX_FILES)
+}
+
+/// Whether the `.gitignore` files `kept` (deepest first) ignore `path`: the deepest that
+/// says anything of it decides.
+fn ignored(kept: &[ignore::gitignore::Gitignore], path: &Path, is_dir: bool) -> bool {
+    for g in kept.iter().filter(|g| path.starts_with(g.path())) {
+        let m = g.matched(path, is_dir);
+        if m.is_ignore() {
+            return true;
+        }
+        if m.is_whitelist() {
+            return false;
+        }
+    }
+    false
 }
 
 fn rel(workspace: &Path, p: &Path) -> PathBuf {
@@ -148,8 +181,14 @@ fn read(path: &Path) -> Option<Vec<u8>> {
 impl Snapshot {
     pub fn take(workspace: &Path) -> Snapshot {
         let mut files = BTreeMap::new();
+        let mut gitignores = Vec::new();
         let mut kept = 0;
-        for path in walk(workspace) {
+        for path in walk(workspace, None) {
+            if path.file_name().is_some_and(|n| n == ".gitignore")
+                && let Ok(text) = std::fs::read_to_string(&path)
+            {
+                gitignores.push((rel(workspace, &path), text));
+            }
             let Some(bytes) = read(&path) else {
                 continue;
             };
@@ -166,7 +205,44 @@ impl Snapshot {
                 },
             );
         }
-        Snapshot { files }
+        Snapshot { files, gitignores }
+    }
+
+    /// The snapshot kept in run folder `dir`, or else one taken of `workspace` now and kept.
+    pub(crate) fn kept_or_take(dir: &Path, workspace: &Path) -> Snapshot {
+        let kept = std::fs::read(dir.join(FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        kept.unwrap_or_else(|| {
+            let taken = Snapshot::take(workspace);
+            // Kept texts hold no known secret (their hashes still tell a change).
+            let written = serde_json::to_string(&taken)
+                .map_err(std::io::Error::other)
+                .and_then(|t| std::fs::write(dir.join(FILE), crate::redact::text(&t).as_bytes()));
+            if let Err(e) = written {
+                tracing::warn!("cannot keep the judges' snapshot in {}: {e}", dir.display());
+            }
+            taken
+        })
+    }
+
+    /// The `.gitignore` files of the start as matchers rooted in `workspace`, deepest first
+    /// (a nested one overrides those above it).
+    fn ignores(&self, workspace: &Path) -> Arc<Vec<ignore::gitignore::Gitignore>> {
+        let mut out: Vec<_> = self
+            .gitignores
+            .iter()
+            .filter_map(|(rel, text)| {
+                let root = workspace.join(rel.parent().unwrap_or(Path::new("")));
+                let mut b = ignore::gitignore::GitignoreBuilder::new(root);
+                for line in text.lines() {
+                    let _ = b.add_line(None, line);
+                }
+                b.build().ok()
+            })
+            .collect();
+        out.sort_by_key(|g| std::cmp::Reverse(g.path().components().count()));
+        Arc::new(out)
     }
 
     /// What changed in `workspace` since: created, changed and deleted files, then the diff
@@ -175,7 +251,7 @@ impl Snapshot {
         let mut created = Vec::new();
         let mut changed = Vec::new();
         let mut now = std::collections::BTreeSet::new();
-        for path in walk(workspace) {
+        for path in walk(workspace, Some(self.ignores(workspace))) {
             let name = rel(workspace, &path);
             let Some(bytes) = read(&path) else {
                 continue;
@@ -647,5 +723,33 @@ mod tests {
         assert!(c.contains("deleted: gone.txt"), "{c}");
         assert!(c.contains("-two") && c.contains("+TWO"), "{c}");
         assert!(c.contains("hello"), "{c}");
+    }
+
+    #[test]
+    fn the_gitignore_of_the_start_decides_what_is_left_out() {
+        let ws = tempfile::tempdir().unwrap();
+        let p = ws.path();
+        std::fs::write(p.join(".gitignore"), "build/\n").unwrap();
+        std::fs::create_dir_all(p.join("sub")).unwrap();
+        std::fs::write(p.join("sub/.gitignore"), "*.log\n!keep.log\n").unwrap();
+        let before = Snapshot::take(p);
+        std::fs::create_dir_all(p.join("build")).unwrap();
+        std::fs::write(p.join("build/out.o"), "x").unwrap();
+        std::fs::write(p.join("sub/a.log"), "x").unwrap();
+        std::fs::write(p.join("sub/keep.log"), "x").unwrap();
+        std::fs::write(p.join("sub/.gitignore"), "*\n").unwrap();
+        std::fs::write(p.join("hidden.txt"), "x").unwrap();
+        std::fs::write(p.join(".gitignore"), "build/\nhidden.txt\n").unwrap();
+        let c = before.changes(p);
+        assert!(
+            !c.contains("build/out.o") && !c.contains("sub/a.log"),
+            "{c}"
+        );
+        assert!(c.contains("created: sub/keep.log"), "{c}");
+        assert!(c.contains("created: hidden.txt"), "{c}");
+        assert!(
+            c.contains("changed: .gitignore") && c.contains("changed: sub/.gitignore"),
+            "{c}"
+        );
     }
 }

@@ -176,10 +176,15 @@ pub(crate) async fn run_from(
     let mut reports: Vec<String> = Vec::new();
     let guarded = &goal.protect;
     // Only checks compare it: a run without them takes none.
+    // A continued run finds its first run's snapshot in its folder.
     let mut snapshot = if goal.checks.is_empty() {
         protect::Snapshot::default()
+    } else if let Some(kept) = protect::Snapshot::load(&rt.run.dir) {
+        kept
     } else {
-        protect::take(&goal.workspace, guarded, &Default::default())
+        let taken = protect::take(&goal.workspace, guarded, &Default::default());
+        taken.save(&rt.run.dir);
+        taken
     };
     for text in protect::notices(goal) {
         rt.events.emit(Event::Notice { text });
@@ -195,7 +200,7 @@ pub(crate) async fn run_from(
         .checks
         .iter()
         .any(|c| c.as_judge().is_some())
-        .then(|| judge::Snapshot::take(&goal.workspace));
+        .then(|| judge::Snapshot::kept_or_take(&rt.run.dir, &goal.workspace));
     let mut agent = Usage::default();
     let mut judge_cost = 0.0;
     let tries = goal.tries.max(1);
@@ -286,6 +291,7 @@ pub(crate) async fn run_from(
         if changes.is_empty() {
             // What the checks wrote (caches, coverage) is not the agent's doing.
             snapshot = protect::take(&goal.workspace, guarded, &now);
+            snapshot.save(&rt.run.dir);
         } else {
             let report = protect::report(&changes, guarded);
             rt.events.emit(Event::Check {

@@ -2,6 +2,8 @@
 //! (`protect` globs, `.git` at any depth), taken when the goal starts and again after each
 //! try's checks ran, and the comparison before the checks of each try, whose differences fail
 //! the try as the check result `protected`. What matches is `crate::tools::Protected`'s.
+//! The snapshot is kept in the run's folder (`protected.json`), so that a continued run
+//! compares with what its first run started from, not with what that run left.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -15,8 +17,11 @@ use crate::trace::CheckReport;
 /// The name of the check result a changed protected path gives.
 pub(crate) const NAME: &str = "protected";
 
+/// The file of a run's folder that keeps its snapshot.
+pub(crate) const FILE: &str = "protected.json";
+
 /// One protected path as it was.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Entry {
     /// File, folder, symlink (its target in `hash`) or other.
     kind: u32,
@@ -28,8 +33,29 @@ struct Entry {
 }
 
 /// Every protected path of a workspace, workspace-relative.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Snapshot(BTreeMap<String, Entry>);
+
+impl Snapshot {
+    /// The snapshot kept in run folder `dir`, if one is.
+    pub(crate) fn load(dir: &Path) -> Option<Snapshot> {
+        let text = std::fs::read(dir.join(FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Keep the snapshot in run folder `dir`; one that cannot be kept is said in the log.
+    pub(crate) fn save(&self, dir: &Path) {
+        let written = serde_json::to_vec(self)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(dir.join(FILE), b));
+        if let Err(e) = written {
+            tracing::warn!(
+                "cannot keep the protected paths' snapshot in {}: {e}",
+                dir.display()
+            );
+        }
+    }
+}
 
 /// Take the snapshot of `workspace` (canonical); `previous` spares hashing what did not change.
 pub(crate) fn take(workspace: &Path, guarded: &Protected, previous: &Snapshot) -> Snapshot {

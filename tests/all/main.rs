@@ -6,6 +6,7 @@
 mod common;
 
 mod approval;
+mod attack;
 mod config;
 mod console_health;
 mod daemon;
@@ -19,7 +20,7 @@ mod long_runs;
 mod mcp;
 mod mcp_http;
 mod newuser;
-mod otel;
+pub(crate) mod otel;
 mod perf;
 mod providers;
 mod reliability;

@@ -17,21 +17,21 @@ use crate::common::{Env, eventually};
 
 /// One POST the collector took: its path, content type and body.
 #[derive(Clone)]
-struct Export {
+pub(crate) struct Export {
     path: String,
     content_type: String,
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// An OTLP/HTTP collector on 127.0.0.1: it answers 200 to every request (keep-alive
 /// included) and keeps what it was sent.
-struct Collector {
-    url: String,
-    exports: Arc<Mutex<Vec<Export>>>,
+pub(crate) struct Collector {
+    pub(crate) url: String,
+    pub(crate) exports: Arc<Mutex<Vec<Export>>>,
 }
 
 impl Collector {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let exports = Arc::new(Mutex::new(Vec::new()));
@@ -84,7 +84,7 @@ impl Collector {
     }
 
     /// Every span received so far, decoded by the body's content type.
-    fn spans(&self) -> Vec<Span> {
+    pub(crate) fn spans(&self) -> Vec<Span> {
         let exports = self.exports.lock().unwrap().clone();
         let mut spans = Vec::new();
         for e in exports {
