@@ -66,7 +66,10 @@ fn count(steps: usize, folders: usize) -> BTreeMap<String, u64> {
     let model = home.path().join("model.json");
     script(&model, steps, folders);
     let out = home.path().join("strace.txt");
-    let bin = std::env::var("SUP_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sup").into());
+    let bin = std::env::var("SUP_BENCH_BIN")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_sup").into());
     let status = Command::new("strace")
         .args(["-f", "-c", "-o"])
         .arg(&out)

@@ -3,8 +3,8 @@
 //! (`Goal`); goal files are `crate::config`'s, assembling a run is `crate::run`'s.
 
 pub(crate) mod check;
-pub mod judge;
 pub(crate) mod protect;
+pub mod judge;
 
 use std::path::PathBuf;
 use std::sync::Arc;

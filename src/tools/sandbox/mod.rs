@@ -14,8 +14,8 @@ mod policy;
 mod reaper;
 mod seccomp;
 
-pub(crate) use hardening::is_secret_name;
 pub use hardening::{at_start, hide_in_cmdline};
+pub(crate) use hardening::is_secret_name;
 pub use jail::{Armed, Jail};
 pub use policy::{Policy, Sandbox};
 pub(crate) use policy::{SandboxSettings, check_env_pass, goal_path, parse_size};
