@@ -31,7 +31,7 @@ fn workspace(ws: &Path, folders: usize) {
     for i in 0..FILES {
         let path = ws.join(file(i, folders));
         let dir = path.parent().unwrap();
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
         let text: String = (0..8)
             .map(|l| format!("file {i} line {l}: some small text\n"))
             .collect();
