@@ -116,8 +116,16 @@ impl RunDir {
 /// Lines are written whole or not at all. Streamed text is not written piece by piece; when a
 /// turn fails after text arrived, that partial answer is written as the step's model text.
 pub struct Transcript {
-    file: Mutex<File>,
+    file: Mutex<Held>,
     partial: Mutex<Partial>,
+}
+
+/// The file, and the lines of `message` events not written yet: each goes out in the same
+/// write as the next event's line (another event always follows a message at once), so a
+/// step costs fewer system calls and a watcher of the file waits on nothing held.
+struct Held {
+    file: File,
+    lines: String,
 }
 
 /// The text streamed in the current step, bounded.
@@ -141,7 +149,10 @@ impl Transcript {
                 source,
             })?;
         Ok(Transcript {
-            file: Mutex::new(file),
+            file: Mutex::new(Held {
+                file,
+                lines: String::new(),
+            }),
             partial: Mutex::new(Partial::default()),
         })
     }
@@ -186,6 +197,7 @@ impl Transcript {
     }
 
     fn write(&self, event: &Event) {
+        let hold = matches!(event, Event::Message { .. });
         let Ok(mut value) = serde_json::to_value(event) else {
             return;
         };
@@ -199,19 +211,54 @@ impl Transcript {
         }
         let mut line = value.to_string();
         line.push('\n');
-        if let Ok(mut file) = self.file.lock() {
+        if let Ok(mut held) = self.file.lock() {
+            let held = &mut *held;
+            held.lines.push_str(&line);
+            if hold {
+                return;
+            }
+            let line = std::mem::take(&mut held.lines);
+            let file = &mut held.file;
             // One write per line, so a killed run leaves whole lines; a line that could not be
-            // written whole (a full disk) is cut back off. The transcript must not take the
-            // run down; the failure is logged.
-            let before = file.metadata().map(|m| m.len());
-            if let Err(e) = file.write_all(line.as_bytes()) {
+            // written whole (a full disk) is cut back off: the file's length less what of it
+            // went out (asked only then, so a line costs one system call). The transcript must
+            // not take the run down; the failure is logged.
+            if let Err((e, written)) = write_whole(file, line.as_bytes()) {
                 tracing::warn!("transcript write failed: {e}");
-                if let Ok(len) = before {
-                    let _ = file.set_len(len);
+                if written > 0
+                    && let Ok(meta) = file.metadata()
+                {
+                    let _ = file.set_len(meta.len().saturating_sub(written as u64));
                 }
             }
         }
     }
+}
+
+impl Drop for Transcript {
+    /// A message still held goes out when the run lets go of its transcript.
+    fn drop(&mut self) {
+        if let Ok(held) = self.file.get_mut()
+            && !held.lines.is_empty()
+        {
+            let lines = std::mem::take(&mut held.lines);
+            let _ = write_whole(&mut held.file, lines.as_bytes());
+        }
+    }
+}
+
+/// `write_all` that says, when it fails, how much of `bytes` went out.
+fn write_whole(file: &mut File, bytes: &[u8]) -> Result<(), (std::io::Error, usize)> {
+    let mut written = 0;
+    while written < bytes.len() {
+        match file.write(&bytes[written..]) {
+            Ok(0) => return Err((std::io::ErrorKind::WriteZero.into(), written)),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((e, written)),
+        }
+    }
+    Ok(())
 }
 
 impl EventSink for Transcript {

@@ -218,6 +218,9 @@ pub(crate) fn resolve(workspace: &Path, rel: &str) -> Result<PathBuf, ToolError>
     for (i, part) in parts.iter().enumerate() {
         let next = real.join(part);
         match std::fs::symlink_metadata(&next) {
+            // `real` is already resolved, so a component that is no symlink adds nothing to
+            // resolve: no `canonicalize` (a `readlink` per component of the whole path).
+            Ok(meta) if !meta.file_type().is_symlink() => real = next,
             Ok(_) => {
                 let canon = std::fs::canonicalize(&next).map_err(|_| {
                     ToolError::Invalid(format!(

@@ -477,12 +477,21 @@ impl EventSink for HumanTrace {
                 }
                 _ => {}
             }
-            let _ = writeln!(err, "{}", escape(&line));
-        }
-        if let Event::ToolResult { content, .. } = event
+            // Each event's lines go out in one write: stderr is unbuffered, and `writeln!`
+            // would write the text and the newline apart.
+            let mut out = escape(&line);
+            out.push('\n');
+            if let Event::ToolResult { content, .. } = event
+                && let Some(lines) = self.result_lines(content)
+            {
+                out.push_str(&escape(&lines));
+                out.push('\n');
+            }
+            let _ = err.write_all(out.as_bytes());
+        } else if let Event::ToolResult { content, .. } = event
             && let Some(lines) = self.result_lines(content)
         {
-            let _ = writeln!(err, "{}", escape(&lines));
+            let _ = err.write_all(format!("{}\n", escape(&lines)).as_bytes());
         }
     }
 }

@@ -611,13 +611,18 @@ impl Work<'_> {
             ),
             Err(e) => (e.to_string(), true),
         };
-        let content = self.no_space_note(content);
+        let content = if is_error {
+            self.no_space_note(content)
+        } else {
+            content
+        };
         let content = crate::redact::text(&content).into_owned();
         let content = self.cap(call, content);
         self.result(step, call, content, is_error, started_ms, self.ms())
     }
 
-    /// A call on a full disk says so: the tool's own words rarely do.
+    /// A call that failed on a full disk says so: the tool's own words rarely do. (Only a
+    /// failed one: the check costs five system calls, and a call that worked needs no note.)
     fn no_space_note(&self, mut content: String) -> String {
         for dir in [&self.workspace, &self.output_dir] {
             let dir = dir.ancestors().find(|d| d.exists()).unwrap_or(dir);
