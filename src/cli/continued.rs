@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use super::manage::db;
+use super::db;
 use super::{Cli, Command, Ending, Fail};
 use crate::run::resume::{self, Overrides};
 use crate::run::worktree;

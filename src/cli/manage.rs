@@ -18,15 +18,10 @@ use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
 use crate::store::db::RunRow;
-use crate::store::{self, ApprovalKind, RunStatus, TriggerKind, db::Db};
+use crate::store::{self, ApprovalKind, RunStatus, TriggerKind};
 use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
 
-pub(super) fn db() -> Result<Db, Fail> {
-    let db = Db::open(&store::home())?;
-    // A run whose process is gone is no longer running, whoever asks.
-    db.mark_orphans()?;
-    Ok(db)
-}
+use super::db;
 
 /// A goal file of the folder, loaded or with its error.
 pub(super) type Loaded = (PathBuf, Result<ScheduledGoal, String>);

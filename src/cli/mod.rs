@@ -393,6 +393,14 @@ pub(crate) struct GoalArgs {
     pub(crate) settings: crate::config::Settings,
 }
 
+/// The local store, with runs whose process is gone marked as no longer running.
+pub(super) fn db() -> Result<crate::store::db::Db, Fail> {
+    let db = crate::store::db::Db::open(&crate::store::home())?;
+    // A run whose process is gone is no longer running, whoever asks.
+    db.mark_orphans()?;
+    Ok(db)
+}
+
 pub fn main() -> ExitCode {
     // reqwest is built without a default TLS provider; ring is ours, for every client (model
     // calls, notifications). Installing twice is refused harmlessly.

@@ -10,7 +10,8 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use super::manage::{db, goal_files};
+use super::db;
+use super::manage::goal_files;
 use super::{Ending, Fail};
 use crate::schedule::overview;
 use crate::store::db::{Db, RunRow, stamp};

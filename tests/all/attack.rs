@@ -76,8 +76,13 @@ fn a_continued_run_still_sees_what_the_first_run_did_to_protected_paths() {
     assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
     assert!(env.ws().join("conftest.py").exists(), "{}", first.stdout);
     let id = first.result()["run_id"].as_str().unwrap().to_string();
-    // The same script file, now only claiming success.
-    std::fs::write(&script, json!([say("the tests pass")]).to_string()).unwrap();
+    // The same script file, now only claiming success (a continued `script:` model goes on
+    // after the turns its conversation holds: the first is played already).
+    std::fs::write(
+        &script,
+        json!([say("(played)"), say("the tests pass")]).to_string(),
+    )
+    .unwrap();
     let out = env
         .sup()
         .args(["continue", &id, "--json"])
@@ -233,7 +238,11 @@ fn a_continued_runs_judge_sees_what_the_first_run_changed() {
     assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
     assert!(server.requests().is_empty());
     let id = first.result()["run_id"].as_str().unwrap().to_string();
-    std::fs::write(&script, json!([say("only README.md changed")]).to_string()).unwrap();
+    std::fs::write(
+        &script,
+        json!([say("(played)"), say("only README.md changed")]).to_string(),
+    )
+    .unwrap();
     let out = env
         .sup()
         .args(["continue", &id, "--json"])

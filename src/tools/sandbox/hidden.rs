@@ -7,7 +7,6 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::jail::lenient_canonical;
 use super::mounts::{Hide, MAX_SHOWN};
 use super::policy::Sandbox;
 
@@ -152,4 +151,28 @@ pub(super) fn plan(
         done.push((p, outer));
     }
     Ok((hides, hidden_out, empty))
+}
+
+/// `p` made absolute and free of links as far as it exists; the rest as written.
+pub(super) fn lenient_canonical(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        let here = if cur.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            cur
+        };
+        if let Ok(mut out) = std::fs::canonicalize(here) {
+            out.extend(rest.iter().rev());
+            return out;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
 }

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use super::SandboxError;
 use super::hardening::{PROBLEMS, git_explicit_bare, scrubbed_env};
+use super::hidden::lenient_canonical;
 use super::limits::Limits;
 use super::mounts::{
     Bind, Hide, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts, mount_flags,
@@ -796,30 +797,6 @@ impl Drop for Jail {
         }
         if !self.run_dir.as_os_str().is_empty() {
             let _ = std::fs::remove_file(self.run_dir.join(GROUPS));
-        }
-    }
-}
-
-/// `p` made absolute and free of links as far as it exists; the rest as written.
-pub(super) fn lenient_canonical(p: &Path) -> PathBuf {
-    let mut rest = Vec::new();
-    let mut cur = p;
-    loop {
-        let here = if cur.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            cur
-        };
-        if let Ok(mut out) = std::fs::canonicalize(here) {
-            out.extend(rest.iter().rev());
-            return out;
-        }
-        match (cur.parent(), cur.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                cur = parent;
-            }
-            _ => return p.to_path_buf(),
         }
     }
 }
