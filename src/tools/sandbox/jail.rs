@@ -265,7 +265,14 @@ impl Jail {
                 if let Ok(mut inits) = INITS.lock() {
                     inits.push(ns.init());
                 }
-                let _ = std::fs::write(run_dir.join(JAIL), format!("{} {}\n", ns.id.0, ns.id.1));
+                // The namespace's inode is reused once it is gone: its init (pid and start
+                // time) tells this namespace from a later one with the same number.
+                let init = ns.init();
+                let start = start_time(init).unwrap_or_default();
+                let _ = std::fs::write(
+                    run_dir.join(JAIL),
+                    format!("{} {} {init} {start}\n", ns.id.0, ns.id.1),
+                );
                 jail.ns = Some(ns);
             }
             Err(e) => jail.missing.push(format!(

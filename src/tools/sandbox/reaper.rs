@@ -70,8 +70,19 @@ pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
                 .filter(|e| dead(&e.file_name().to_string_lossy()))
                 .filter_map(|e| {
                     let t = std::fs::read_to_string(e.path().join(JAIL)).ok()?;
-                    let (dev, ino) = t.trim().split_once(' ')?;
-                    Some((dev.parse().ok()?, ino.parse().ok()?))
+                    let mut f = t.split_whitespace().map(str::parse::<u64>);
+                    let (dev, ino, init, start) = (
+                        f.next()?.ok()?,
+                        f.next()?.ok()?,
+                        f.next()?.ok()?,
+                        f.next()?.ok()?,
+                    );
+                    // Only while that very namespace is there: its init still runs. Its
+                    // inode alone names another run's jail once it is gone and reused.
+                    let init = i32::try_from(init).ok()?;
+                    (start_time(init) == Some(start)
+                        && super::pidns::ns_of(init) == Some((dev, ino)))
+                    .then_some((dev, ino))
                 })
                 .collect()
         })
