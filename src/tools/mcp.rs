@@ -290,22 +290,7 @@ async fn start_one(
         reason,
         stderr: String::new(),
     };
-    let started = tokio::time::timeout(START_TIMEOUT, async {
-        let client = ().serve(transport).await.map_err(|e| fail(e.to_string()))?;
-        let tools = client
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| fail(format!("tools/list failed: {e}")))?;
-        Ok::<_, McpError>((client, tools))
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(fail(format!(
-            "no answer within {}s",
-            START_TIMEOUT.as_secs()
-        )))
-    });
+    let started = initialize(transport, &fail, |e| e.to_string()).await;
     match started {
         Ok((client, tools)) => Ok((
             // What the server runs now is its own; what it starts from here on (a tool's
@@ -341,6 +326,35 @@ async fn start_one(
             })
         }
     }
+}
+
+/// Initialize a server over `transport` and list its tools (every page), within the start
+/// timeout; an initialize error is said by `said`, every failure made by `fail`.
+async fn initialize<T, E, A>(
+    transport: T,
+    fail: &impl Fn(String) -> McpError,
+    said: impl Fn(&rmcp::service::ClientInitializeError) -> String,
+) -> Result<(Client, Vec<rmcp::model::Tool>), McpError>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    tokio::time::timeout(START_TIMEOUT, async {
+        let client = ().serve(transport).await.map_err(|e| fail(said(&e)))?;
+        let tools = client
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| fail(format!("tools/list failed: {e}")))?;
+        Ok((client, tools))
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(fail(format!(
+            "no answer within {}s",
+            START_TIMEOUT.as_secs()
+        )))
+    })
 }
 
 /// `${NAME}` in `value`, each from the environment `sup` started with (secrets included);
@@ -407,23 +421,7 @@ async fn start_http(
     }
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     let transport = StreamableHttpClientTransport::from_config(config);
-    let started = tokio::time::timeout(START_TIMEOUT, async {
-        let client = ().serve(transport).await.map_err(|e| fail(http_reason(&format!("{e:#}"))))?;
-        let tools = client
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| fail(format!("tools/list failed: {e}")))?;
-        Ok::<_, McpError>((client, tools))
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(fail(format!(
-            "no answer within {}s",
-            START_TIMEOUT.as_secs()
-        )))
-    })?;
-    let (client, tools) = started;
+    let (client, tools) = initialize(transport, &fail, |e| http_reason(&format!("{e:#}"))).await?;
     Ok((
         Server {
             name: spec.name.clone(),
