@@ -21,6 +21,17 @@ pub(super) fn init_if_asked() {
     if std::env::args_os().next().as_deref() != Some(std::ffi::OsStr::new(INIT_NAME)) {
         return;
     }
+    // SAFETY: only system calls with integer arguments and a local buffer.
+    unsafe { wait_on_lifeline() }
+}
+
+/// Ignore SIGCHLD (the kernel reaps orphans), then wait until stdin, the lifeline, closes
+/// and exit.
+///
+/// # Safety
+///
+/// Only system calls: safe in a forked child of a multithreaded process, before exec.
+unsafe fn wait_on_lifeline() -> ! {
     // SAFETY: signal, read and _exit with integer arguments and a local buffer.
     unsafe {
         libc::signal(libc::SIGCHLD, libc::SIG_IGN);
@@ -130,14 +141,7 @@ impl PidNs {
                     // Not the `sup` binary (a program using the library: a test harness, a
                     // bench), whose start-up would not stop at `init_if_asked`: the copy
                     // waits on its lifeline itself.
-                    libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-                    let mut b = [0u8; 1];
-                    loop {
-                        let n = libc::read(0, b.as_mut_ptr().cast(), 1);
-                        if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
-                            libc::_exit(0);
-                        }
-                    }
+                    wait_on_lifeline();
                 }
                 let bytes = init.to_ne_bytes();
                 libc::write(rw, bytes.as_ptr().cast(), bytes.len());
