@@ -1,0 +1,66 @@
+//! The Chat Completions protocol (`openai:`, and the `deepseek:` and `ollama:` presets of any
+//! compatible server): our messages → request JSON, and streamed chunks or a whole answer →
+//! our response. Pure conversion apart from the transport, so each is tested from strings.
+
+mod decode;
+mod request;
+
+pub use decode::ChatDecoder;
+pub use request::Dialect;
+pub(crate) use request::{Written, cached_body, with_response_format};
+
+use async_trait::async_trait;
+
+use super::http::{Endpoint, HttpOptions, exchange};
+use super::{KeepPartial, Model, ModelError, ModelRequest, ModelResponse, WireCache};
+
+/// A Chat Completions model.
+pub struct ChatModel {
+    pub name: String,
+    pub model: String,
+    pub endpoint: Endpoint,
+    pub http: HttpOptions,
+    pub dialect: Dialect,
+    pub client: reqwest::Client,
+    /// The request body so far, extended by what each step adds.
+    pub wire: WireCache<Written>,
+}
+
+#[async_trait]
+impl Model for ChatModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn step(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let mut dialect = self.dialect.clone();
+        if let Some(room) = request.max_output {
+            dialect.max_tokens = Some(dialect.max_tokens.map_or(room, |n| n.min(room)).max(1));
+        }
+        let (wire, body) = cached_body(
+            &self.wire,
+            &self.model,
+            request.messages,
+            request.tools,
+            self.http.stream,
+            &dialect,
+        )?;
+        let body = match request.json_schema {
+            Some(schema) => with_response_format(body, schema)?,
+            None => body,
+        };
+        let mut kept = KeepPartial::new(ChatDecoder::new(), request.partial, ChatDecoder::partial);
+        let sent = exchange(
+            &self.client,
+            &self.endpoint,
+            &self.http,
+            &body,
+            &mut kept.decoder,
+            request.on_text,
+        )
+        .await;
+        self.wire.put(wire, body);
+        sent?;
+        kept.done().response()
+    }
+}
