@@ -8,7 +8,7 @@ use std::process::{Child, Stdio};
 use crate::common::{Killed, SpawnKilled};
 use std::time::{Duration, Instant};
 
-use crate::common::{Env, eventually};
+use crate::common::{Env, eventually, stop, until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sup::store::db::{Db, RunRow};
@@ -54,20 +54,11 @@ fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
-fn stop(mut child: Killed) -> i32 {
-    signal(&child, Signal::SIGTERM);
-    child.wait().unwrap().code().unwrap_or(-1)
-}
-
 fn runs(env: &Env, goal: &str) -> Vec<RunRow> {
     Db::open(env.home.path())
         .unwrap()
         .runs(Some(goal), None, 1000)
         .unwrap()
-}
-
-fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
-    eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
 
 fn sup_out(env: &Env, args: &[&str]) -> (i32, String) {

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{Killed, SpawnKilled};
+use crate::common::{Killed, SpawnKilled, stop, until};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -225,19 +225,6 @@ impl Fleet {
                 String::from_utf8_lossy(&out.stderr)
             ),
         )
-    }
-}
-
-pub(crate) fn stop(mut child: Killed) -> i32 {
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    child.wait().unwrap().code().unwrap_or(-1)
-}
-
-pub(crate) fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -6,12 +6,12 @@
 use crate::common;
 use crate::common::{Killed, SpawnKilled};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::fake_server::{FakeServer, Indexing, Reply, Turn, openai_json, openai_stream};
-use common::{Env, Run, read_jsonl};
+use common::{Env, Run, read_jsonl, until};
 use serde_json::{Value, json};
 use sup::store::db::Db;
 
@@ -38,14 +38,6 @@ fn runs_json(env: &Env) -> Vec<Value> {
     let out = env.sup().args(["runs", "--json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 // ---------------------------------------------------------------- no panic on any input
@@ -355,17 +347,6 @@ fn read_file_on_a_huge_text_file_returns_a_bounded_page() {
     );
 }
 
-fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            all_files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 #[test]
 fn a_flood_of_output_keeps_at_most_64_mb_with_a_note() {
     let env = Env::new();
@@ -378,8 +359,7 @@ fn a_flood_of_output_keeps_at_most_64_mb_with_a_note() {
         &[],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let mut files = Vec::new();
-    all_files(env.home.path(), &mut files);
+    let files = common::all_files(env.home.path());
     let biggest = files
         .iter()
         .max_by_key(|f| f.metadata().unwrap().len())
@@ -671,8 +651,7 @@ fn sup_show_finds_check_output_under_a_sup_home_with_a_space() {
 // --------------------------------------------------------------------------- redaction
 
 fn assert_no_key_under(dir: &Path) {
-    let mut files = Vec::new();
-    all_files(dir, &mut files);
+    let files = common::all_files(dir);
     for f in files {
         let bytes = std::fs::read(&f).unwrap();
         assert!(

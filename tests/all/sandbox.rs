@@ -823,21 +823,9 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
 const OPENAI_KEY: &str = "sk-openai-key-in-use-7d1e";
 const ANTHROPIC_KEY: &str = "sk-ant-key-in-use-93c2";
 
-fn all_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            all_files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 /// Every file under `dir` that holds `secret`.
 fn files_holding(dir: &Path, secret: &str) -> Vec<String> {
-    let mut files = Vec::new();
-    all_files(dir, &mut files);
+    let files = common::all_files(dir);
     files
         .into_iter()
         .filter(|f| String::from_utf8_lossy(&std::fs::read(f).unwrap()).contains(secret))

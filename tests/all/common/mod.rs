@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake_server;
+pub mod terminal;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -25,6 +26,12 @@ pub fn eventually<T>(timeout: Duration, what: &str, mut probe: impl FnMut() -> O
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `eventually` for a condition: poll `f` until it holds; fail the test, saying `what` was
+/// awaited, after `secs` seconds.
+pub fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
 
 /// `eventually` for async tests: polls without blocking the runtime.
@@ -167,6 +174,23 @@ impl Env {
     }
 }
 
+/// Every file below `dir`, at any depth.
+pub fn all_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 pub fn read_jsonl(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -273,6 +297,16 @@ impl Drop for Killed {
             let _ = child.wait();
         }
     }
+}
+
+/// Stop a `sup daemon` (or any child) as a service manager does, with SIGTERM, and give its
+/// exit code (-1 when a signal ended it).
+pub fn stop(mut child: Killed) -> i32 {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    child.wait().unwrap().code().unwrap_or(-1)
 }
 
 /// `cmd.spawn_killed()`: `Killed::spawn(cmd)` at the end of a builder chain.
