@@ -287,19 +287,30 @@ fn a_queued_call_is_approved_from_another_process() {
     let env = Env::new();
     let child = spawn_queued(&env, write_turn("approved.txt"), &[]);
     let rows = pending(&env, 1);
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(pending(&env, 1).len(), 1, "the read call is not queued");
+    assert_eq!(rows.len(), 1, "the read call is not queued: {rows:?}");
     assert_eq!(rows[0]["tool"], "write_file");
     assert!(rows[0]["input"].as_str().unwrap().contains("approved.txt"));
     assert!(!exists(&env, "approved.txt"), "nothing runs before the yes");
     let id = rows[0]["id"].as_str().unwrap();
     let (code, text) = answer(&env, &["approve", id]);
     assert_eq!(code, 0, "{text}");
+    // The one yes ends the run: a queued read call would hold it (and be listed).
+    let mut child = child;
+    eventually(
+        Duration::from_secs(20),
+        "the run to end after one yes",
+        || child.try_wait().unwrap().map(|_| ()),
+    );
     let run = Run::new(child.wait_with_output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(exists(&env, "approved.txt"));
-    let decision = &run.of_type("approval")[0];
-    assert_eq!(decision["decision"], "approved");
+    let decisions = run.of_type("approval");
+    assert_eq!(
+        decisions.len(),
+        1,
+        "only the write was asked: {decisions:?}"
+    );
+    assert_eq!(decisions[0]["decision"], "approved");
     // Answering twice says what became of it.
     let (code, text) = answer(&env, &["deny", id, "--reason", "late"]);
     assert_eq!(code, 2);
