@@ -250,15 +250,6 @@ fn spawn_queued(env: &Env, turns: Value, args: &[&str]) -> Killed {
         .spawn_killed()
 }
 
-fn pending(env: &Env, n: usize) -> Vec<Value> {
-    eventually(Duration::from_secs(20), "a pending approval", || {
-        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let rows = v.as_array().unwrap().clone();
-        (rows.len() >= n).then_some(rows)
-    })
-}
-
 fn answer(env: &Env, args: &[&str]) -> (i32, String) {
     let out = env.sup().args(args).output().unwrap();
     (
@@ -286,7 +277,7 @@ fn write_turn(path: &str) -> Value {
 fn a_queued_call_is_approved_from_another_process() {
     let env = Env::new();
     let child = spawn_queued(&env, write_turn("approved.txt"), &[]);
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     assert_eq!(rows.len(), 1, "the read call is not queued: {rows:?}");
     assert_eq!(rows[0]["tool"], "write_file");
     assert!(rows[0]["input"].as_str().unwrap().contains("approved.txt"));
@@ -324,7 +315,7 @@ fn a_queued_call_is_approved_from_another_process() {
 fn a_queued_call_denied_with_a_reason_does_not_run_and_the_model_hears_why() {
     let env = Env::new();
     let child = spawn_queued(&env, write_turn("denied.txt"), &[]);
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     let (code, _) = answer(
         &env,
         &[
@@ -381,7 +372,7 @@ fn parallel_calls_wait_independently() {
         ]),
         &[],
     );
-    let rows = pending(&env, 2);
+    let rows = env.pending(2);
     assert_eq!(rows.len(), 2, "both wait at once");
     let id_of = |tool: &str| {
         rows.iter().find(|r| r["tool"] == tool).unwrap()["id"]
@@ -403,7 +394,7 @@ fn approve_always_covers_the_same_call_for_the_rest_of_the_run() {
     let env = Env::new();
     let call = json!({"tool_calls": [{"name": "run_command", "input": {"command": "echo again >> log.txt"}}]});
     let child = spawn_queued(&env, json!([call, call, {"text": "done"}]), &[]);
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     answer(
         &env,
         &["approve", rows[0]["id"].as_str().unwrap(), "--always"],
@@ -425,7 +416,7 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
         json!([{"text": "first draft"}, {"text": "second draft"}]),
         &["--check", "human", "--tries", "2"],
     );
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     assert_eq!(rows[0]["kind"], "check");
     answer(
         &env,
@@ -439,7 +430,7 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
     // Try 2 asks again, with a new request.
     let first = rows[0]["id"].clone();
     let second = eventually(Duration::from_secs(20), "try 2 to ask", || {
-        pending(&env, 1).into_iter().find(|r| r["id"] != first)
+        env.pending(1).into_iter().find(|r| r["id"] != first)
     });
     answer(&env, &["approve", second["id"].as_str().unwrap()]);
     let run = Run::new(child.wait_with_output().unwrap());

@@ -418,20 +418,15 @@ fn bad_protect_globs_are_exit_2_with_file_and_line() {
 
 /// The pending approval requests, once there are `n`.
 fn pending(env: &Env, nobody: bool, n: usize) -> Vec<Value> {
-    crate::common::eventually(
-        std::time::Duration::from_secs(30),
-        "pending approvals",
+    crate::common::pending_with(
         || {
-            let mut c = if nobody {
+            if nobody {
                 env.sup_as_nobody()
             } else {
                 env.sup()
-            };
-            let out = c.args(["approvals", "--json"]).output().unwrap();
-            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-            let rows = v.as_array()?.clone();
-            (rows.len() >= n).then_some(rows)
+            }
         },
+        n,
     )
 }
 

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use common::fake_server::{FakeServer, Reply, Turn, anthropic_json, openai_json};
 use common::terminal::{on_a_terminal, run_args};
@@ -564,23 +563,20 @@ fn sup_approvals_escapes_a_waiting_command() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn_killed();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let listed = loop {
-        let out = env.sup().arg("approvals").output().unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains("run_command") {
-            break out.stdout;
-        }
-        assert!(Instant::now() < deadline, "the request never showed");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let text = String::from_utf8_lossy(&listed).into_owned();
+    env.pending(1);
+    let out = env.sup().arg("approvals").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("run_command"), "{text}");
     let id = text.split_whitespace().next().unwrap().to_string();
     let _ = env
         .sup()
         .args(["deny", &id, "--reason", "hidden text"])
         .output();
     let _ = child.wait();
-    assert!(!listed.contains(&0x1b), "sup approvals passed ESC: {text}");
+    assert!(
+        !out.stdout.contains(&0x1b),
+        "sup approvals passed ESC: {text}"
+    );
     assert!(text.contains(r"\r\u001b[2K"), "{text}");
     assert!(text.contains("control characters"), "{text}");
     assert!(!exists(&env, "pwned.txt"));
@@ -1427,16 +1423,7 @@ fn queued(env: &Env, script: &Path) -> (Child, String, Value) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let rows = loop {
-        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
-        let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if rows.as_array().is_some_and(|r| !r.is_empty()) {
-            break rows;
-        }
-        assert!(Instant::now() < deadline, "the request never showed");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let rows = Value::Array(env.pending(1));
     let out = env.sup().arg("approvals").output().unwrap();
     (
         child,

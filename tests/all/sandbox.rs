@@ -777,26 +777,14 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn_killed();
-    let mut pids = Vec::new();
-    for _ in 0..500 {
-        pids = tagged(&tag);
-        if pids.len() == 3 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(pids.len(), 3, "the three did not start");
+    common::until("the three to start", 5, || tagged(&tag).len() == 3);
     first.kill().unwrap();
     first.wait().unwrap();
     // The jail's init dies with sup, and the kernel ends every process of the jail: the
     // tool's leader, what left its group and its session too.
-    for _ in 0..500 {
-        if tagged(&tag).is_empty() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(tagged(&tag).is_empty(), "outlived sup: {:?}", tagged(&tag));
+    common::until("the jail's processes to end with sup", 5, || {
+        tagged(&tag).is_empty()
+    });
     // The killed run says it is running, under a pid that is always alive.
     let db = env.home.path().join("sup.db");
     let sql = |q: &str| {

@@ -158,6 +158,11 @@ impl Env {
         Run::new(out)
     }
 
+    /// The queued approval requests (`sup approvals --json`), once there are `n` at least.
+    pub fn pending(&self, n: usize) -> Vec<Value> {
+        pending_with(|| self.sup(), n)
+    }
+
     /// Every run folder under SUP_HOME/runs.
     pub fn run_dirs(&self) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(self.home.path().join("runs"))
@@ -189,6 +194,21 @@ pub fn all_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The queued approval requests as `sup()` lists them (`approvals --json`), once there are
+/// `n` at least; fails the test after 30 s.
+pub fn pending_with(sup: impl Fn() -> Command, n: usize) -> Vec<Value> {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{n} pending approval(s)"),
+        || {
+            let out = sup().args(["approvals", "--json"]).output().unwrap();
+            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let rows = v.as_array()?.clone();
+            (rows.len() >= n).then_some(rows)
+        },
+    )
 }
 
 pub fn read_jsonl(path: &Path) -> Vec<Value> {
