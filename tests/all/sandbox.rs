@@ -247,7 +247,14 @@ fn a_background_job_cannot_swap_the_check() {
         &[],
     );
     assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The witness that no swap can come later: the job (its command line names this test's
+    // SUP_HOME) is gone.
+    common::until("the background job to be gone", 10, || {
+        std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
+            !String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default())
+                .contains(&format!("{home}/runs/"))
+        })
+    });
     assert_eq!(
         std::fs::read_to_string(env.ws().join("check.js")).unwrap(),
         "process.exit(1)\n"
