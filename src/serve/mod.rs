@@ -182,6 +182,40 @@ impl Server {
     }
 }
 
+/// The console's routes over the local store of SUP_HOME `home` and the goals in
+/// `goals_dir`, as `sup serve` on loopback builds them (with `token`, sign-in needs it), for
+/// driving in-process (`tower::ServiceExt::oneshot`). `conn` is the (peer, local) addresses of
+/// the connection every request is taken to come by, as the server adds them per connection;
+/// without them, who sent a request cannot be told.
+pub fn app(
+    home: PathBuf,
+    goals_dir: PathBuf,
+    token: Option<String>,
+    conn: Option<(SocketAddr, SocketAddr)>,
+) -> Router {
+    let state = Arc::new(State {
+        cfg: Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            goals_dir,
+            home,
+            token,
+            exe: std::env::current_exe().unwrap_or_default(),
+            fleet: None,
+        },
+        loopback: true,
+        shutdown: CancellationToken::new(),
+        sessions: Mutex::new(HashMap::new()),
+    });
+    let app = router(state);
+    match conn {
+        Some((peer, local)) => app.layer(axum::Extension(axum::extract::ConnectInfo(peer::Conn {
+            peer,
+            local: Some(local),
+        }))),
+        None => app,
+    }
+}
+
 fn router(state: Arc<State>) -> Router {
     Router::new()
         .route("/", get(layout::index))

@@ -3,12 +3,11 @@
 //! processes, and a person as a check. Wherever the answer was not yes, nothing ran.
 
 use crate::common::{Killed, SpawnKilled};
-use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
+use std::io::Write;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::terminal::{on_a_terminal, run_args};
 use crate::common::{Env, Run, eventually, tool_messages, user_messages};
 use serde_json::{Value, json};
 
@@ -251,15 +250,6 @@ fn spawn_queued(env: &Env, turns: Value, args: &[&str]) -> Killed {
         .spawn_killed()
 }
 
-fn pending(env: &Env, n: usize) -> Vec<Value> {
-    eventually(Duration::from_secs(20), "a pending approval", || {
-        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let rows = v.as_array().unwrap().clone();
-        (rows.len() >= n).then_some(rows)
-    })
-}
-
 fn answer(env: &Env, args: &[&str]) -> (i32, String) {
     let out = env.sup().args(args).output().unwrap();
     (
@@ -287,20 +277,31 @@ fn write_turn(path: &str) -> Value {
 fn a_queued_call_is_approved_from_another_process() {
     let env = Env::new();
     let child = spawn_queued(&env, write_turn("approved.txt"), &[]);
-    let rows = pending(&env, 1);
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(pending(&env, 1).len(), 1, "the read call is not queued");
+    let rows = env.pending(1);
+    assert_eq!(rows.len(), 1, "the read call is not queued: {rows:?}");
     assert_eq!(rows[0]["tool"], "write_file");
     assert!(rows[0]["input"].as_str().unwrap().contains("approved.txt"));
     assert!(!exists(&env, "approved.txt"), "nothing runs before the yes");
     let id = rows[0]["id"].as_str().unwrap();
     let (code, text) = answer(&env, &["approve", id]);
     assert_eq!(code, 0, "{text}");
+    // The one yes ends the run: a queued read call would hold it (and be listed).
+    let mut child = child;
+    eventually(
+        Duration::from_secs(20),
+        "the run to end after one yes",
+        || child.try_wait().unwrap().map(|_| ()),
+    );
     let run = Run::new(child.wait_with_output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(exists(&env, "approved.txt"));
-    let decision = &run.of_type("approval")[0];
-    assert_eq!(decision["decision"], "approved");
+    let decisions = run.of_type("approval");
+    assert_eq!(
+        decisions.len(),
+        1,
+        "only the write was asked: {decisions:?}"
+    );
+    assert_eq!(decisions[0]["decision"], "approved");
     // Answering twice says what became of it.
     let (code, text) = answer(&env, &["deny", id, "--reason", "late"]);
     assert_eq!(code, 2);
@@ -314,7 +315,7 @@ fn a_queued_call_is_approved_from_another_process() {
 fn a_queued_call_denied_with_a_reason_does_not_run_and_the_model_hears_why() {
     let env = Env::new();
     let child = spawn_queued(&env, write_turn("denied.txt"), &[]);
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     let (code, _) = answer(
         &env,
         &[
@@ -371,7 +372,7 @@ fn parallel_calls_wait_independently() {
         ]),
         &[],
     );
-    let rows = pending(&env, 2);
+    let rows = env.pending(2);
     assert_eq!(rows.len(), 2, "both wait at once");
     let id_of = |tool: &str| {
         rows.iter().find(|r| r["tool"] == tool).unwrap()["id"]
@@ -393,7 +394,7 @@ fn approve_always_covers_the_same_call_for_the_rest_of_the_run() {
     let env = Env::new();
     let call = json!({"tool_calls": [{"name": "run_command", "input": {"command": "echo again >> log.txt"}}]});
     let child = spawn_queued(&env, json!([call, call, {"text": "done"}]), &[]);
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     answer(
         &env,
         &["approve", rows[0]["id"].as_str().unwrap(), "--always"],
@@ -415,7 +416,7 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
         json!([{"text": "first draft"}, {"text": "second draft"}]),
         &["--check", "human", "--tries", "2"],
     );
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     assert_eq!(rows[0]["kind"], "check");
     answer(
         &env,
@@ -429,7 +430,7 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
     // Try 2 asks again, with a new request.
     let first = rows[0]["id"].clone();
     let second = eventually(Duration::from_secs(20), "try 2 to ask", || {
-        pending(&env, 1).into_iter().find(|r| r["id"] != first)
+        env.pending(1).into_iter().find(|r| r["id"] != first)
     });
     answer(&env, &["approve", second["id"].as_str().unwrap()]);
     let run = Run::new(child.wait_with_output().unwrap());
@@ -447,59 +448,6 @@ fn a_person_as_a_check_accepts_or_rejects_with_a_reason() {
     );
 }
 
-/// Run `sup` on a pseudo-terminal that is its controlling terminal; returns the child, the
-/// terminal's writer and everything it has printed so far.
-pub(crate) fn on_a_terminal(
-    env: &Env,
-    args: &[String],
-) -> (Killed, std::fs::File, Arc<Mutex<String>>) {
-    let pty = nix::pty::openpty(None, None).unwrap();
-    let slave = std::fs::File::from(pty.slave);
-    let mut cmd = env.sup();
-    cmd.env_remove("SUP_APPROVAL")
-        .args(args)
-        .stdin(slave.try_clone().unwrap())
-        .stdout(Stdio::piped())
-        .stderr(slave.try_clone().unwrap());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn_killed();
-    drop(slave);
-    let master = std::fs::File::from(pty.master);
-    let reader = master.try_clone().unwrap();
-    let seen = Arc::new(Mutex::new(String::new()));
-    let sink = seen.clone();
-    std::thread::spawn(move || {
-        let mut reader = reader;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = reader.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    (child, master, seen)
-}
-
-pub(crate) fn wait_for(seen: &Mutex<String>, what: &str, count: usize) {
-    eventually(
-        Duration::from_secs(20),
-        &format!("{count}× {what:?}"),
-        || (seen.lock().unwrap().matches(what).count() >= count).then_some(()),
-    );
-}
-
 #[test]
 fn the_prompt_on_a_terminal_takes_yes_always_and_no_with_a_reason() {
     let env = Env::new();
@@ -511,31 +459,24 @@ fn the_prompt_on_a_terminal_takes_yes_always_and_no_with_a_reason() {
         {"tool_calls": [{"id": "no", "name": "write_file", "input": {"path": "old.txt", "content": "one\nTWO\n"}}]},
         {"text": "done"}
     ]));
-    let args: Vec<String> = vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ];
+    let args = run_args(&script);
     let (child, mut term, seen) = on_a_terminal(&env, &args);
-    wait_for(&seen, "Allow?", 1);
-    assert!(seen.lock().unwrap().contains("touch yes.txt"));
+    seen.wait_for("Allow?", 1);
+    assert!(seen.text().contains("touch yes.txt"));
     term.write_all(b"y\n").unwrap();
-    wait_for(&seen, "Allow?", 2);
+    seen.wait_for("Allow?", 2);
     term.write_all(b"a\n").unwrap();
     // The same call again is not asked; the next prompt is the file write, with its diff.
-    wait_for(&seen, "Allow?", 3);
-    {
-        let text = seen.lock().unwrap();
-        assert!(
-            text.contains("-two") && text.contains("+TWO"),
-            "a diff of the write: {text}"
-        );
-    }
+    seen.wait_for("Allow?", 3);
+    let text = seen.text();
+    assert!(
+        text.contains("-two") && text.contains("+TWO"),
+        "a diff of the write: {text}"
+    );
     term.write_all(b"n the second line stays lowercase\n")
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", seen.lock().unwrap());
+    assert_eq!(out.status.code(), Some(0), "{}", seen.text());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
     assert!(exists(&env, "yes.txt"));
     assert_eq!(
@@ -552,7 +493,7 @@ fn the_prompt_on_a_terminal_takes_yes_always_and_no_with_a_reason() {
         denied.contains("the second line stays lowercase"),
         "{denied}"
     );
-    assert_eq!(seen.lock().unwrap().matches("Allow?").count(), 3);
+    assert_eq!(seen.text().matches("Allow?").count(), 3);
 }
 
 #[test]
@@ -562,14 +503,9 @@ fn quit_at_the_prompt_cancels_the_run() {
         {"tool_calls": [{"name": "run_command", "input": {"command": "touch never.txt"}}]},
         {"text": "done"}
     ]));
-    let args: Vec<String> = vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ];
+    let args = run_args(&script);
     let (child, mut term, seen) = on_a_terminal(&env, &args);
-    wait_for(&seen, "Allow?", 1);
+    seen.wait_for("Allow?", 1);
     term.write_all(b"q\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130));
@@ -594,27 +530,22 @@ fn a_command_cannot_type_an_answer_into_the_prompt() {
         {"tool_calls": [{"id": "x", "name": "run_command", "input": {"command": "touch pwned"}}]},
         {"text": "done"}
     ]));
-    let args: Vec<String> = vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ];
+    let args = run_args(&script);
     let (child, mut term, seen) = on_a_terminal(&env, &args);
-    wait_for(&seen, "Allow?", 1);
+    seen.wait_for("Allow?", 1);
     term.write_all(b"y\n").unwrap();
     // The second prompt waits for the person, who says no.
     eventually(
         Duration::from_secs(20),
         "the second prompt or the end",
         || {
-            let text = seen.lock().unwrap();
+            let text = seen.text();
             (text.matches("Allow?").count() >= 2 || text.contains("Done")).then_some(())
         },
     );
     let _ = term.write_all(b"n\n\n"); // no, and no reason
     let out = child.wait_with_output().unwrap();
-    let text = seen.lock().unwrap().clone();
+    let text = seen.text();
     assert_eq!(out.status.code(), Some(0), "{text}");
     let results = serde_json::to_string(&tool_messages(&env.transcript())).unwrap();
     assert!(results.contains("refused:"), "{results}");
@@ -643,7 +574,7 @@ fn a_command_cannot_draw_on_the_persons_terminal_but_has_terminals_of_its_own() 
     ];
     let (child, _term, seen) = on_a_terminal(&env, &args);
     let out = child.wait_with_output().unwrap();
-    let text = seen.lock().unwrap().clone();
+    let text = seen.text();
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(!text.contains("SPOOFED"), "{text}");
     let results = serde_json::to_string(&tool_messages(&env.transcript())).unwrap();

@@ -8,7 +8,7 @@ use std::process::{Child, Stdio};
 use crate::common::{Killed, SpawnKilled};
 use std::time::{Duration, Instant};
 
-use crate::common::{Env, eventually};
+use crate::common::{Env, eventually, stop, until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sup::store::db::{Db, RunRow};
@@ -50,13 +50,21 @@ fn daemon(env: &Env, args: &[&str]) -> Killed {
         .spawn_killed()
 }
 
-fn signal(child: &Child, sig: Signal) {
-    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+/// What every daemon of this test has logged so far.
+fn daemon_log(env: &Env) -> String {
+    let mut text = String::new();
+    for e in std::fs::read_dir(env.home.path()).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("daemon-") && name.ends_with(".log") {
+            text.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+        }
+    }
+    text
 }
 
-fn stop(mut child: Killed) -> i32 {
-    signal(&child, Signal::SIGTERM);
-    child.wait().unwrap().code().unwrap_or(-1)
+fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
 fn runs(env: &Env, goal: &str) -> Vec<RunRow> {
@@ -64,10 +72,6 @@ fn runs(env: &Env, goal: &str) -> Vec<RunRow> {
         .unwrap()
         .runs(Some(goal), None, 1000)
         .unwrap()
-}
-
-fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
-    eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
 
 fn sup_out(env: &Env, args: &[&str]) -> (i32, String) {
@@ -121,8 +125,8 @@ fn two_daemons_on_one_store_run_each_occurrence_once() {
     let a = daemon(&env, &[]);
     let b = daemon(&env, &[]);
     let daemons = std::collections::BTreeSet::from([a.id(), b.id()]);
-    until("four runs", 20, || runs(&env, "tick").len() >= 4);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Six occurrences raced for by both daemons (a positive count, not a pause).
+    until("six runs", 20, || runs(&env, "tick").len() >= 6);
     assert_eq!(stop(a), 0);
     assert_eq!(stop(b), 0);
     let rows = runs(&env, "tick");
@@ -147,7 +151,10 @@ fn editing_a_goal_file_changes_its_schedule_and_a_broken_one_keeps_the_old() {
     let env = Env::new();
     let path = goal(&env, "edit", "0 0 1 1 *", 0, "");
     let d = daemon(&env, &[]);
-    std::thread::sleep(Duration::from_millis(700));
+    // The witness that the daemon is up with the yearly schedule: its log says so.
+    until("the daemon started with the goal", 10, || {
+        daemon_log(&env).contains("daemon started: 1 scheduled goal(s)")
+    });
     assert!(runs(&env, "edit").is_empty());
     goal(&env, "edit", "* * * * * *", 0, "");
     until("the new schedule fires", 10, || {
@@ -159,7 +166,9 @@ fn editing_a_goal_file_changes_its_schedule_and_a_broken_one_keeps_the_old() {
         "prompt = \"work\"\nschedule = \"every now and then\"\n",
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    until("the broken file is refused", 10, || {
+        daemon_log(&env).contains("the last good version of this goal keeps its schedule")
+    });
     let before = runs(&env, "edit").len();
     until("runs go on", 10, || runs(&env, "edit").len() >= before + 2);
     let (code, text) = sup_out(

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{Killed, SpawnKilled};
+use crate::common::{Killed, SpawnKilled, stop, until};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -95,6 +95,17 @@ impl Pg {
 
     pub(crate) fn exec(&self, sql: &str) {
         rt().block_on(async { connect(&self.url).await.batch_execute(sql).await.unwrap() });
+    }
+
+    /// How many connections to this database there are, besides the one asking.
+    fn connections(&self) -> usize {
+        self.one(&format!(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = '{}' AND pid <> pg_backend_pid()",
+            self.name
+        ))
+        .parse()
+        .unwrap_or(0)
     }
 
     /// As the server restarting would: every connection to this database is cut.
@@ -225,19 +236,6 @@ impl Fleet {
                 String::from_utf8_lossy(&out.stderr)
             ),
         )
-    }
-}
-
-pub(crate) fn stop(mut child: Killed) -> i32 {
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    child.wait().unwrap().code().unwrap_or(-1)
-}
-
-pub(crate) fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -453,10 +451,11 @@ fn connections_cut_mid_run_lose_nothing_and_fire_nothing_twice() {
     until("a run is going", 20, || {
         f.pg.one("SELECT count(*) FROM runs WHERE status = 'running'") == "1"
     });
-    // As a server restart does: every connection goes, twice, a second apart.
+    // As a server restart does: every connection goes, twice, the second time after the
+    // daemon has connected again.
     assert!(f.pg.cut_connections() > 0);
-    std::thread::sleep(Duration::from_millis(1000));
-    f.pg.cut_connections();
+    until("the daemon connects again", 20, || f.pg.connections() > 0);
+    assert!(f.pg.cut_connections() > 0);
     until("three runs achieved after the cuts", 30, || {
         f.pg.one("SELECT count(*) FROM runs WHERE status = 'achieved'")
             .parse::<u32>()
@@ -715,7 +714,6 @@ fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
     until("m0 serves v", 20, || {
         f.pg.one("SELECT count(*) FROM goal_versions") == "1"
     });
-    std::thread::sleep(Duration::from_millis(1100));
     for e in std::fs::read_dir(f.goals.path()).unwrap() {
         let p = e.unwrap().path();
         if p.is_file() {
@@ -729,6 +727,17 @@ fn daemons_with_different_versions_of_a_goal_say_so_and_the_newest_schedules() {
         text.replace("prompt = \"work\"", "prompt = \"work harder\""),
     )
     .unwrap();
+    // The newer version: modified two seconds after m0's copy.
+    let m0_modified = std::fs::metadata(f.goals.path().join("v.toml"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&toml)
+        .unwrap()
+        .set_modified(m0_modified + Duration::from_secs(2))
+        .unwrap();
     let log = std::fs::File::create(f.log(1)).unwrap();
     let b = f
         .sup(1)
@@ -891,12 +900,20 @@ fn overlap_replace_cancels_the_running_one_on_whichever_daemon_runs_it() {
     // `LISTEN` connection is cut, so that the cancel request reaches it only through the
     // store, at its next lease renewal.
     signal(runs_first, Signal::SIGSTOP);
-    f.pg.one(&format!(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+    let listening = f.pg.one(&format!(
+        "SELECT string_agg(pid::text, ',') FROM pg_stat_activity
          WHERE datname = '{}' AND query LIKE 'LISTEN%'",
         f.pg.name
     ));
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(!listening.is_empty(), "no LISTEN connection to cut");
+    f.pg.one(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid IN ({listening})"
+    ));
+    until("the LISTEN connections are gone", 20, || {
+        f.pg.one(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid IN ({listening})"
+        )) == "0"
+    });
     let second = trigger(&mut f, "long");
     signal(runs_first, Signal::SIGCONT);
     assert_ne!(host(&f, &second), first_host, "{}", f.logs());

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use crate::common::{Killed, SpawnKilled};
+use crate::common::{Killed, SpawnKilled, stop, until};
 
 use crate::common;
-use crate::fleet::{Fleet, stop, until};
+use crate::fleet::Fleet;
 use crate::unattended::priced_turn;
 use common::fake_server::FakeServer;
 

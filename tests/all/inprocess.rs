@@ -402,3 +402,305 @@ async fn provider_failures_are_typed() {
     let e = provider_error(R::json(404, json!({"error": {"message": "no such model"}}))).await;
     assert!(matches!(e, ModelError::Provider { .. }), "{e:?}");
 }
+
+/// The console's router in-process (`tower::ServiceExt::oneshot`), beside the browser test
+/// in web.rs: pages, the sign-in they need, the CSRF, origin and peer checks, and 404s.
+mod console {
+    use std::net::SocketAddr;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode, header};
+    use tempfile::TempDir;
+    use tower::ServiceExt;
+
+    struct Console {
+        home: TempDir,
+        goals: TempDir,
+    }
+
+    /// One reply: its status, headers and body as text.
+    struct Got {
+        status: StatusCode,
+        headers: axum::http::HeaderMap,
+        body: String,
+    }
+
+    impl Got {
+        /// The value a `Set-Cookie` gives `name`.
+        fn cookie(&self, name: &str) -> Option<String> {
+            self.headers
+                .get_all(header::SET_COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find_map(|v| v.strip_prefix(&format!("{name}=")))
+                .map(|v| v.split(';').next().unwrap_or("").to_string())
+        }
+    }
+
+    impl Console {
+        fn new() -> Console {
+            Console {
+                home: tempfile::tempdir().unwrap(),
+                goals: tempfile::tempdir().unwrap(),
+            }
+        }
+
+        fn app(&self, token: Option<&str>, conn: Option<(SocketAddr, SocketAddr)>) -> Router {
+            sup::serve::app(
+                self.home.path().to_path_buf(),
+                self.goals.path().to_path_buf(),
+                token.map(str::to_string),
+                conn,
+            )
+        }
+    }
+
+    async fn send(app: &Router, req: Request<Body>) -> Got {
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        Got {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    async fn get(app: &Router, path: &str, cookie: Option<&str>) -> Got {
+        let mut req = Request::get(path).header(header::HOST, "localhost");
+        if let Some(c) = cookie {
+            req = req.header(header::COOKIE, c);
+        }
+        send(app, req.body(Body::empty()).unwrap()).await
+    }
+
+    async fn post(app: &Router, path: &str, headers: &[(&str, &str)], form: &str) -> Got {
+        let mut req = Request::post(path)
+            .header(header::HOST, "localhost")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        send(app, req.body(Body::from(form.to_string())).unwrap()).await
+    }
+
+    fn csrf_of(page: &str) -> String {
+        let i = page
+            .find("name=\"csrf\" value=\"")
+            .expect("a form with a CSRF token")
+            + 19;
+        page[i..i + page[i..].find('"').unwrap()].to_string()
+    }
+
+    /// Sign in as `name`; the session cookie and the session's CSRF token (from a page).
+    async fn sign_in(app: &Router, name: &str, token: Option<&str>) -> (String, String) {
+        let page = get(app, "/signin", None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        let pre = page.cookie("sup_signin").expect("a sign-in cookie");
+        assert_eq!(csrf_of(&page.body), pre);
+        let mut form = format!("name={name}&csrf={pre}&next=/approvals");
+        if let Some(t) = token {
+            form.push_str(&format!("&token={t}"));
+        }
+        let cookie = format!("sup_signin={pre}");
+        let r = post(app, "/signin", &[("cookie", &cookie)], &form).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+        assert_eq!(r.headers["location"], "/approvals");
+        let session = format!("sup_session={}", r.cookie("sup_session").unwrap());
+        let page = get(app, "/approvals", Some(&session)).await;
+        assert!(
+            page.body.contains(name),
+            "signed in as {name}: {}",
+            page.body
+        );
+        let csrf = csrf_of(&page.body);
+        (session, csrf)
+    }
+
+    /// A real loopback connection whose client end this test process holds: the console's
+    /// own binary, as a run's commands would be.
+    fn own_conn() -> (
+        (SocketAddr, SocketAddr),
+        std::net::TcpStream,
+        std::net::TcpStream,
+    ) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        ((peer, server.local_addr().unwrap()), client, server)
+    }
+
+    #[tokio::test]
+    async fn pages_answer_on_localhost_with_the_security_headers_and_404_what_is_not_there() {
+        let c = Console::new();
+        let app = c.app(None, None);
+        let index = get(&app, "/", None).await;
+        assert_eq!(index.status, StatusCode::SEE_OTHER, "{}", index.body);
+        assert_eq!(index.headers["location"], "/runs");
+        for path in ["/runs", "/approvals", "/goals", "/signin"] {
+            let r = get(&app, path, None).await;
+            assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.body);
+            assert!(
+                r.headers["content-security-policy"]
+                    .to_str()
+                    .unwrap()
+                    .contains("default-src 'none'"),
+                "{path}"
+            );
+            assert_eq!(r.headers["x-frame-options"], "DENY", "{path}");
+        }
+        let css = get(&app, "/static/style.css", None).await;
+        assert_eq!(css.status, StatusCode::OK);
+        assert!(!css.body.is_empty());
+        assert_eq!(
+            get(&app, "/nowhere", None).await.status,
+            StatusCode::NOT_FOUND
+        );
+        let run = get(&app, "/runs/20260101-000000-none", None).await;
+        assert_eq!(run.status, StatusCode::NOT_FOUND, "{}", run.body);
+        // Another host name (DNS rebinding) is refused on loopback.
+        let req = Request::get("/runs")
+            .header(header::HOST, "evil.example:8080")
+            .body(Body::empty())
+            .unwrap();
+        let r = send(&app, req).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        assert!(r.body.contains("only to localhost"), "{}", r.body);
+    }
+
+    #[tokio::test]
+    async fn with_a_token_every_page_but_the_sign_in_needs_a_session() {
+        let c = Console::new();
+        let token = "a-long-random-console-token";
+        let app = c.app(Some(token), None);
+        let r = get(&app, "/runs?status=failed", None).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+        assert_eq!(
+            r.headers["location"],
+            "/signin?next=/runs%3Fstatus%3Dfailed"
+        );
+        assert_eq!(get(&app, "/signin", None).await.status, StatusCode::OK);
+        assert_eq!(
+            get(&app, "/static/live.js", None).await.status,
+            StatusCode::OK
+        );
+        let r = post(&app, "/approvals/x/approve", &[], "csrf=x").await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.body);
+        // A wrong token is refused; the right one signs in and opens the pages.
+        let page = get(&app, "/signin", None).await;
+        let pre = page.cookie("sup_signin").unwrap();
+        let cookie = format!("sup_signin={pre}");
+        let wrong = post(
+            &app,
+            "/signin",
+            &[("cookie", &cookie)],
+            &format!("name=ann&csrf={pre}&token=not-the-token-at-all"),
+        )
+        .await;
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{}", wrong.body);
+        assert!(wrong.cookie("sup_session").is_none());
+        let (session, _) = sign_in(&app, "ann", Some(token)).await;
+        assert_eq!(
+            get(&app, "/runs", Some(&session)).await.status,
+            StatusCode::OK
+        );
+        // A session made up by the client is none.
+        let r = get(&app, "/runs", Some("sup_session=made-up")).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER);
+    }
+
+    #[tokio::test]
+    async fn a_post_needs_the_sessions_csrf_token_and_no_other_sites_origin() {
+        let c = Console::new();
+        // A token, so that requests whose sender cannot be told are let through.
+        let token = "a-long-random-console-token";
+        let app = c.app(Some(token), None);
+        // The sign-in form's own token, from its cookie, and nothing else.
+        let page = get(&app, "/signin", None).await;
+        let pre = page.cookie("sup_signin").unwrap();
+        let r = post(
+            &app,
+            "/signin",
+            &[("cookie", &format!("sup_signin={pre}"))],
+            &format!("name=ann&csrf=forged&token={token}"),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        assert!(r.body.contains("CSRF"), "{}", r.body);
+        let (session, csrf) = sign_in(&app, "ann", Some(token)).await;
+        let answer = |headers: Vec<(&'static str, String)>, form: String| {
+            let app = app.clone();
+            let session = session.clone();
+            async move {
+                let mut all: Vec<(&str, &str)> = vec![("cookie", session.as_str())];
+                all.extend(headers.iter().map(|(k, v)| (*k, v.as_str())));
+                post(&app, "/approvals/no-such-request/approve", &all, &form).await
+            }
+        };
+        let forged = answer(vec![], "csrf=forged".into()).await;
+        assert_eq!(forged.status, StatusCode::FORBIDDEN, "{}", forged.body);
+        assert!(forged.body.contains("CSRF"), "{}", forged.body);
+        let cross = answer(
+            vec![("origin", "http://evil.example".into())],
+            format!("csrf={csrf}"),
+        )
+        .await;
+        assert_eq!(cross.status, StatusCode::FORBIDDEN, "{}", cross.body);
+        let fetched = answer(
+            vec![("sec-fetch-site", "cross-site".into())],
+            format!("csrf={csrf}"),
+        )
+        .await;
+        assert_eq!(fetched.status, StatusCode::FORBIDDEN, "{}", fetched.body);
+        // With the token and this site's origin the answer gets through to the store, which
+        // has no such request.
+        let through = answer(
+            vec![("origin", "http://localhost".into())],
+            format!("csrf={csrf}"),
+        )
+        .await;
+        assert_eq!(through.status, StatusCode::NOT_FOUND, "{}", through.body);
+        let verb = post(
+            &app,
+            "/approvals/no-such-request/maybe",
+            &[("cookie", &session)],
+            &format!("csrf={csrf}"),
+        )
+        .await;
+        assert_eq!(verb.status, StatusCode::NOT_FOUND, "{}", verb.body);
+    }
+
+    #[tokio::test]
+    async fn a_post_from_sups_own_binary_or_an_unknown_process_without_a_token_is_refused() {
+        let c = Console::new();
+        // No connection's addresses: the sender cannot be identified.
+        let app = c.app(None, None);
+        let page = get(&app, "/signin", None).await;
+        let pre = page.cookie("sup_signin").unwrap();
+        let form = format!("name=ann&csrf={pre}");
+        let cookie = format!("sup_signin={pre}");
+        let r = post(&app, "/signin", &[("cookie", &cookie)], &form).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        assert!(r.body.contains("cannot tell which process"), "{}", r.body);
+        assert!(r.cookie("sup_session").is_none());
+        // With a token, a sign-in that carries it stands for a person.
+        let token = "a-long-random-console-token";
+        let app = c.app(Some(token), None);
+        sign_in(&app, "bob", Some(token)).await;
+        // A connection from a process that runs the console's own binary (as a run's
+        // commands may) is refused, token or not; a page may still be looked at.
+        let (conn, _client, _server) = own_conn();
+        let app = c.app(Some(token), Some(conn));
+        let form = format!("name=eve&csrf={pre}&token={token}");
+        let r = post(&app, "/signin", &[("cookie", &cookie)], &form).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        assert!(r.body.contains("which sup started"), "{}", r.body);
+        assert!(r.cookie("sup_session").is_none());
+        let r = get(&app, "/signin", None).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+}

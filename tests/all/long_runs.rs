@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{Env, Run, eventually};
+use crate::common::{Env, Run, SpawnKilled, eventually, until};
 use crate::wire_replay::{Protocol, RawServer, run_on, whole};
 
 /// The window of the test server, in its tokens (4 bytes of request body each).
@@ -500,16 +500,6 @@ fn empty_summaries_stop_the_run_with_context() {
     assert_eq!(notices.len(), 3, "{notices:?}");
 }
 
-/// Kills the child when the test ends, however it ends.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Ctrl-C while an answer streams: the text that arrived is in the transcript, marked
 /// partial, with the usage the server reported so far; the trace says what is kept.
 #[test]
@@ -517,6 +507,8 @@ fn ctrl_c_mid_stream_keeps_the_partial_text() {
     let env = Env::new();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let words = sent.clone();
     std::thread::spawn(move || {
         use std::io::{BufRead, BufReader, Write};
         let Ok((mut stream, _)) = listener.accept() else {
@@ -543,19 +535,18 @@ fn ctrl_c_mid_stream_keeps_the_partial_text() {
                 return;
             }
             let _ = stream.flush();
+            words.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(20));
         }
     });
-    let child = env
+    let mut child = env
         .sup()
         .args(["run", "talk", "--model", "anthropic:claude-test"])
         .env("ANTHROPIC_BASE_URL", &url)
         .env("ANTHROPIC_API_KEY", "sk-ant-test")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = Killed(child);
+        .spawn_killed();
     eventually(Duration::from_secs(30), "text to stream", || {
         let dir = env.run_dirs().pop()?;
         std::fs::read_to_string(dir.join("transcript.jsonl"))
@@ -563,18 +554,19 @@ fn ctrl_c_mid_stream_keeps_the_partial_text() {
             .filter(|t| t.contains("step_started"))?;
         Some(())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    until("words to stream", 30, || {
+        sent.load(std::sync::atomic::Ordering::SeqCst) >= 5
+    });
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.0.id() as i32),
+        nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
-    let status = child.0.wait().unwrap();
+    let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     let mut stderr = String::new();
     use std::io::Read;
     child
-        .0
         .stderr
         .take()
         .unwrap()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::approval::{on_a_terminal, wait_for};
+use crate::common::terminal::{on_a_terminal, run_args};
 use crate::common::{self, Env, Killed, Run, SpawnKilled, eventually};
 use crate::web::{console, get};
 
@@ -454,19 +454,14 @@ fn a_reason_typed_on_the_line_after_no_reaches_the_model() {
         {"tool_calls": [{"id": "no", "name": "run_command", "input": {"command": "touch nope.txt"}}]},
         {"text": "done"}
     ]));
-    let args: Vec<String> = vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ];
+    let args = run_args(&script);
     let (child, mut term, seen) = on_a_terminal(&env, &args);
-    wait_for(&seen, "Allow?", 1);
+    seen.wait_for("Allow?", 1);
     term.write_all(b"n\n").unwrap();
-    wait_for(&seen, "reason (", 1);
+    seen.wait_for("reason (", 1);
     term.write_all(b"not in this folder, please\n").unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", seen.lock().unwrap());
+    assert_eq!(out.status.code(), Some(0), "{}", seen.text());
     let tool = common::tool_messages(&env.transcript());
     assert!(
         tool[0].to_string().contains("not in this folder, please"),

@@ -5,7 +5,7 @@ use crate::common::fake_server::{
     FakeServer, Indexing, Reply, Turn, anthropic_events, anthropic_json, anthropic_stream,
     openai_json, openai_stream,
 };
-use crate::common::{Env, Run, tool_messages};
+use crate::common::{self, Env, Run, tool_messages};
 use serde_json::{Value, json};
 
 const OPENAI_KEY: &str = "sk-test-OPENAI-5ecret-key-0001";
@@ -541,17 +541,6 @@ fn a_recorded_run_replays_to_the_same_calls_and_result() {
     assert_eq!(tool_messages(&env.transcript()).len(), 1);
 }
 
-fn all_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            all_files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 #[test]
 fn the_key_appears_in_nothing_a_run_writes() {
     let env = Env::new();
@@ -597,8 +586,7 @@ fn the_key_appears_in_nothing_a_run_writes() {
     }
     for key in [OPENAI_KEY, ANTHROPIC_KEY] {
         assert!(!printed.contains(key), "the key was printed");
-        let mut files = Vec::new();
-        all_files(env.home.path(), &mut files);
+        let files = common::all_files(env.home.path());
         assert!(files.len() > 5);
         for f in files {
             let bytes = std::fs::read(&f).unwrap();

@@ -5,17 +5,16 @@
 //! to another origin, MCP annotations taken as hints, and a bad rule in a goal file.
 
 use crate::common;
-use crate::common::{Killed, SpawnKilled};
+use crate::common::SpawnKilled;
 
-use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use common::fake_server::{FakeServer, Reply, Turn, anthropic_json, openai_json};
+use common::terminal::{on_a_terminal, run_args};
 use common::{Env, Run};
 use serde_json::{Value, json};
 
@@ -477,50 +476,6 @@ fn a_symlink_flipped_while_the_tools_work_never_leads_outside() {
     );
 }
 
-/// Run `sup` on a pseudo-terminal that is its controlling terminal; returns the child, the
-/// terminal's writer and everything it has printed so far.
-fn on_a_terminal(env: &Env, args: &[String]) -> (Killed, std::fs::File, Arc<Mutex<Vec<u8>>>) {
-    let pty = nix::pty::openpty(None, None).unwrap();
-    let slave = std::fs::File::from(pty.slave);
-    let mut cmd = env.sup();
-    cmd.env_remove("SUP_APPROVAL")
-        .args(args)
-        .stdin(slave.try_clone().unwrap())
-        .stdout(Stdio::piped())
-        .stderr(slave.try_clone().unwrap());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn_killed();
-    drop(slave);
-    let master = std::fs::File::from(pty.master);
-    let reader = master.try_clone().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    std::thread::spawn(move || {
-        let mut reader = reader;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = reader.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock().unwrap().extend_from_slice(&buf[..n]);
-        }
-    });
-    (child, master, seen)
-}
-
-fn text_of(seen: &Mutex<Vec<u8>>) -> String {
-    String::from_utf8_lossy(&seen.lock().unwrap()).into_owned()
-}
-
 const HIDDEN: &str = "touch pwned.txt\r\x1b[2K\x1b[1A\x1b[2K  cargo test --all";
 
 #[test]
@@ -530,31 +485,21 @@ fn the_prompt_shows_a_hidden_command_escaped_and_flags_it() {
         {"tool_calls": [{"name": "run_command", "input": {"command": HIDDEN}}]},
         {"text": "done"}
     ]));
-    let args: Vec<String> = vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ];
+    let args = run_args(&script);
     let (child, mut term, seen) = on_a_terminal(&env, &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text_of(&seen).contains("Allow?") {
-        assert!(Instant::now() < deadline, "no prompt: {}", text_of(&seen));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let shown = text_of(&seen);
+    let shown = seen.prompt();
     assert!(
         shown.contains(r"touch pwned.txt\r\x1b[2K\x1b[1A\x1b[2K  cargo test --all"),
         "{shown}"
     );
     assert!(shown.contains("control characters"), "{shown}");
     assert!(
-        !seen.lock().unwrap().contains(&0x1b),
+        !seen.bytes().contains(&0x1b),
         "a raw ESC reached the terminal"
     );
     term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+    assert_eq!(out.status.code(), Some(0), "{}", seen.text());
     assert!(!exists(&env, "pwned.txt"));
 }
 
@@ -618,23 +563,20 @@ fn sup_approvals_escapes_a_waiting_command() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn_killed();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let listed = loop {
-        let out = env.sup().arg("approvals").output().unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains("run_command") {
-            break out.stdout;
-        }
-        assert!(Instant::now() < deadline, "the request never showed");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let text = String::from_utf8_lossy(&listed).into_owned();
+    env.pending(1);
+    let out = env.sup().arg("approvals").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("run_command"), "{text}");
     let id = text.split_whitespace().next().unwrap().to_string();
     let _ = env
         .sup()
         .args(["deny", &id, "--reason", "hidden text"])
         .output();
     let _ = child.wait();
-    assert!(!listed.contains(&0x1b), "sup approvals passed ESC: {text}");
+    assert!(
+        !out.stdout.contains(&0x1b),
+        "sup approvals passed ESC: {text}"
+    );
     assert!(text.contains(r"\r\u001b[2K"), "{text}");
     assert!(text.contains("control characters"), "{text}");
     assert!(!exists(&env, "pwned.txt"));
@@ -1129,19 +1071,9 @@ fn the_prompt_flags_invisible_unicode_without_control_characters() {
         {"tool_calls": [{"name": "run_command", "input": {"command": line}}]},
         {"text": "done"}
     ]));
-    let args: Vec<String> = vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ];
+    let args = run_args(&script);
     let (child, mut term, seen) = on_a_terminal(&env, &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text_of(&seen).contains("Allow?") {
-        assert!(Instant::now() < deadline, "no prompt: {}", text_of(&seen));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let shown = text_of(&seen);
+    let shown = seen.prompt();
     assert!(shown.contains("invisible Unicode"), "{shown}");
     assert!(shown.contains(r"\u{202e}"), "{shown}");
     assert!(
@@ -1150,7 +1082,7 @@ fn the_prompt_flags_invisible_unicode_without_control_characters() {
     );
     term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+    assert_eq!(out.status.code(), Some(0), "{}", seen.text());
 }
 
 /// A template folder the agent writes becomes a new repository's `.git` (its `config` with an
@@ -1450,25 +1382,6 @@ fn a_rule_that_can_never_match_names_the_file_and_line() {
     }
 }
 
-/// Wait for the terminal to show the prompt; what it has shown so far.
-fn prompt_of(seen: &Mutex<Vec<u8>>) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text_of(seen).contains("Allow?") {
-        assert!(Instant::now() < deadline, "no prompt: {}", text_of(seen));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    text_of(seen)
-}
-
-fn model_arg(script: &Path) -> Vec<String> {
-    vec![
-        "run".into(),
-        "work".into(),
-        "--model".into(),
-        format!("script:{}", script.display()),
-    ]
-}
-
 /// The workspace of issue 25: `notes.txt -> ci/deploy.sh`; the agent overwrites notes.txt.
 fn symlinked_notes(env: &Env) -> PathBuf {
     env.write("ci/deploy.sh", "echo deploy\n");
@@ -1483,8 +1396,8 @@ fn symlinked_notes(env: &Env) -> PathBuf {
 fn the_prompt_names_the_file_a_symlink_really_writes() {
     let env = Env::new();
     let script = symlinked_notes(&env);
-    let (child, mut term, seen) = on_a_terminal(&env, &model_arg(&script));
-    let shown = prompt_of(&seen);
+    let (child, mut term, seen) = on_a_terminal(&env, &run_args(&script));
+    let shown = seen.prompt();
     assert!(shown.contains("notes.txt → ci/deploy.sh"), "{shown}");
     assert!(
         shown.contains("-echo deploy"),
@@ -1492,7 +1405,7 @@ fn the_prompt_names_the_file_a_symlink_really_writes() {
     );
     term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+    assert_eq!(out.status.code(), Some(0), "{}", seen.text());
     assert_eq!(
         std::fs::read_to_string(env.ws.path().join("ci/deploy.sh")).unwrap(),
         "echo deploy\n"
@@ -1510,16 +1423,7 @@ fn queued(env: &Env, script: &Path) -> (Child, String, Value) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let rows = loop {
-        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
-        let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if rows.as_array().is_some_and(|r| !r.is_empty()) {
-            break rows;
-        }
-        assert!(Instant::now() < deadline, "the request never showed");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let rows = Value::Array(env.pending(1));
     let out = env.sup().arg("approvals").output().unwrap();
     (
         child,
@@ -1573,13 +1477,13 @@ fn the_prompt_escapes_and_flags_blank_looking_letters() {
         {"tool_calls": [{"name": "run_command", "input": {"command": format!("touch a{BLANKS}b")}}]},
         {"text": "done"}
     ]));
-    let (child, mut term, seen) = on_a_terminal(&env, &model_arg(&script));
-    let shown = prompt_of(&seen);
+    let (child, mut term, seen) = on_a_terminal(&env, &run_args(&script));
+    let shown = seen.prompt();
     assert!(shown.contains("invisible Unicode"), "{shown}");
     assert_blanks_escaped(&shown);
     term.write_all(b"n\n\n").unwrap(); // no, and no reason
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text_of(&seen));
+    assert_eq!(out.status.code(), Some(0), "{}", seen.text());
 }
 
 #[test]

@@ -247,7 +247,14 @@ fn a_background_job_cannot_swap_the_check() {
         &[],
     );
     assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The witness that no swap can come later: the job (its command line names this test's
+    // SUP_HOME) is gone.
+    common::until("the background job to be gone", 10, || {
+        std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
+            !String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default())
+                .contains(&format!("{home}/runs/"))
+        })
+    });
     assert_eq!(
         std::fs::read_to_string(env.ws().join("check.js")).unwrap(),
         "process.exit(1)\n"
@@ -777,26 +784,14 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn_killed();
-    let mut pids = Vec::new();
-    for _ in 0..500 {
-        pids = tagged(&tag);
-        if pids.len() == 3 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(pids.len(), 3, "the three did not start");
+    common::until("the three to start", 5, || tagged(&tag).len() == 3);
     first.kill().unwrap();
     first.wait().unwrap();
     // The jail's init dies with sup, and the kernel ends every process of the jail: the
     // tool's leader, what left its group and its session too.
-    for _ in 0..500 {
-        if tagged(&tag).is_empty() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(tagged(&tag).is_empty(), "outlived sup: {:?}", tagged(&tag));
+    common::until("the jail's processes to end with sup", 5, || {
+        tagged(&tag).is_empty()
+    });
     // The killed run says it is running, under a pid that is always alive.
     let db = env.home.path().join("sup.db");
     let sql = |q: &str| {
@@ -823,21 +818,9 @@ fn after_kill_9_of_sup_the_next_start_ends_what_its_run_left_running() {
 const OPENAI_KEY: &str = "sk-openai-key-in-use-7d1e";
 const ANTHROPIC_KEY: &str = "sk-ant-key-in-use-93c2";
 
-fn all_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            all_files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 /// Every file under `dir` that holds `secret`.
 fn files_holding(dir: &Path, secret: &str) -> Vec<String> {
-    let mut files = Vec::new();
-    all_files(dir, &mut files);
+    let files = common::all_files(dir);
     files
         .into_iter()
         .filter(|f| String::from_utf8_lossy(&std::fs::read(f).unwrap()).contains(secret))

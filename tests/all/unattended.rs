@@ -6,15 +6,15 @@
 use crate::common;
 use crate::common::{Killed, SpawnKilled};
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Env;
-use common::fake_server::{FakeServer, Reply};
+use common::fake_server::{FakeServer, Reply, read_request};
+use common::{Env, stop, until};
 use serde_json::{Value, json};
 
 /// How the receiver answers one request.
@@ -69,31 +69,12 @@ impl Receiver {
                     .pop_front()
                     .unwrap_or(Answer::Status(200));
                 std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut line = String::new();
-                    reader.read_line(&mut line).unwrap();
-                    let mut headers = Vec::new();
-                    loop {
-                        line.clear();
-                        reader.read_line(&mut line).unwrap();
-                        let l = line.trim_end();
-                        if l.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = l.split_once(':') {
-                            headers.push((k.trim().to_string(), v.trim().to_string()));
-                        }
-                    }
-                    let len: usize = headers
-                        .iter()
-                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                        .and_then(|(_, v)| v.parse().ok())
-                        .unwrap_or(0);
-                    let mut body = vec![0; len];
-                    reader.read_exact(&mut body).unwrap();
+                    let Some(request) = read_request(&stream) else {
+                        return;
+                    };
                     recorded.lock().unwrap().push(Got {
-                        headers,
-                        body: String::from_utf8_lossy(&body).into_owned(),
+                        headers: request.headers,
+                        body: String::from_utf8_lossy(&request.body).into_owned(),
                     });
                     match answer {
                         Answer::Status(s) => {
@@ -119,14 +100,6 @@ impl Receiver {
 
     fn got(&self) -> Vec<Got> {
         self.got.lock().unwrap().clone()
-    }
-}
-
-fn until(what: &str, secs: u64, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -831,15 +804,6 @@ fn daemon(env: &Env) -> Killed {
         .spawn_killed()
 }
 
-fn stop(mut daemon: Killed) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    daemon.wait().unwrap();
-}
-
 #[test]
 fn a_daemon_run_that_cannot_start_sends_an_error_notice() {
     let env = Env::new();
@@ -898,17 +862,20 @@ fn the_daemon_retries_a_receiver_that_never_answers_in_the_background() {
             .filter(|g| Some(g.json()["run_id"].clone()) == id)
             .count()
     };
-    until("three attempts at the first run's notice", 30, || {
-        first() >= 3
-    });
-    // Meanwhile the daemon went on: later runs were told too.
-    let runs: std::collections::BTreeSet<String> = hook
-        .got()
-        .iter()
-        .map(|g| g.json()["run_id"].to_string())
-        .collect();
+    // Meanwhile the daemon goes on: later runs are told too.
+    let runs = || {
+        hook.got()
+            .iter()
+            .map(|g| g.json()["run_id"].to_string())
+            .collect::<std::collections::BTreeSet<String>>()
+            .len()
+    };
+    until(
+        "three attempts at the first run's notice, and a later run's",
+        30,
+        || first() >= 3 && runs() >= 2,
+    );
     stop(d);
-    assert!(runs.len() >= 2, "{runs:?}");
     assert_eq!(first(), 3);
 }
 

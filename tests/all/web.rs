@@ -10,9 +10,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Env, read_jsonl, tool_messages};
+use common::{Env, eventually, read_jsonl, tool_messages};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "a-long-enough-secret-token";
@@ -245,18 +245,6 @@ fn write_turns(file: &str, then: &str) -> Value {
         {"tool_calls": [{"id": "w1", "name": "write_file", "input": {"path": file, "content": "hello\n"}}]},
         {"text": then}
     ])
-}
-
-fn pending(env: &Env, n: usize) -> Vec<Value> {
-    let started = Instant::now();
-    loop {
-        let out = env.sup().args(["approvals", "--json"]).output().unwrap();
-        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if rows.len() >= n || started.elapsed() > Duration::from_secs(20) {
-            return rows;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn run_dir(env: &Env, id: &str) -> PathBuf {
@@ -530,7 +518,7 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     };
     let (mut yes, yes_id, _o1) = queued("approved.txt", "wrote it");
     let (mut no, no_id, _o2) = queued("denied.txt", "left it");
-    let rows = pending(&env, 2);
+    let rows = env.pending(2);
     assert_eq!(rows.len(), 2, "{rows:?}");
     let req = |run: &str| {
         rows.iter().find(|r| r["run_id"] == run).unwrap()["id"]
@@ -586,7 +574,7 @@ fn approvals_are_answered_on_the_page_as_web_name_and_only_with_csrf() {
     assert_eq!(r.status, 403, "another origin");
     let r = http(&c.addr, "GET", &approve, &[("Cookie", &cookie)], "");
     assert_eq!(r.status, 405, "a GET changes nothing");
-    assert_eq!(pending(&env, 2).len(), 2, "nothing was answered yet");
+    assert_eq!(env.pending(2).len(), 2, "nothing was answered yet");
 
     let r = http(
         &c.addr,
@@ -918,7 +906,7 @@ fn approve_always_on_the_page_lets_the_same_command_through_and_shows_the_exact_
         turns,
         &["--approval", "queue", "--approval-timeout", "5s"],
     ));
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let req = rows[0]["id"].as_str().unwrap().to_string();
     let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
@@ -1039,19 +1027,11 @@ fn goals_show_schedules_and_file_errors_and_are_paused_resumed_and_run_now() {
     let r = post("/goals/nightly/trigger", &csrf);
     assert_eq!(r.status, 303);
     assert_eq!(r.header("location"), Some("/runs?goal=nightly"));
-    let started = Instant::now();
-    let run = loop {
+    let run = eventually(Duration::from_secs(20), "run now to start a run", || {
         let out = env.sup().args(["runs", "--json"]).output().unwrap();
         let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if let Some(r) = rows.into_iter().find(|r| r["status"] != "running") {
-            break r;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "run now started no run"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        rows.into_iter().find(|r| r["status"] != "running")
+    });
     assert_eq!(run["goal"], "nightly");
     assert_eq!(run["trigger"], "manual");
     assert_eq!(run["status"], "achieved");
@@ -1191,7 +1171,7 @@ fn browser_end_to_end() {
     };
     let (mut yes, yes_id, _o1) = queued("approved.txt", "wrote it");
     let (mut no, no_id, _o2) = queued("denied.txt", "left it");
-    assert_eq!(pending(&env, 2).len(), 2);
+    assert_eq!(env.pending(2).len(), 2);
     let mut cmd = env.sup();
     cmd.args(["daemon", "--serve", "127.0.0.1:0", "--goals"])
         .arg(&dir);
@@ -1263,7 +1243,7 @@ fn the_console_names_the_file_a_symlink_really_writes() {
         {"text": "done"}
     ]);
     let (mut run, _id, _out) = spawn_json(scripted(&env, turns, &["--approval", "queue"]));
-    let rows = pending(&env, 1);
+    let rows = env.pending(1);
     assert_eq!(rows.len(), 1);
     let c = serve(&env, &goals_dir(&env), &[], "127.0.0.1:0");
     let page = get(&c.addr, "/approvals", None);

@@ -598,11 +598,14 @@ fn sigint_while_the_model_thinks_cancels_the_request() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn_killed();
-    // Wait for the run to start (its transcript appears).
-    eventually(Duration::from_secs(20), "the run to start", || {
-        (!env.run_dirs().is_empty()).then_some(())
+    // Wait for the model to be asked (its step has started in the transcript).
+    eventually(Duration::from_secs(20), "the model to be asked", || {
+        let dir = env.run_dirs().pop()?;
+        std::fs::read_to_string(dir.join("transcript.jsonl"))
+            .ok()
+            .filter(|t| t.contains("step_started"))
+            .map(|_| ())
     });
-    std::thread::sleep(Duration::from_millis(200));
     let started = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),

@@ -124,17 +124,26 @@ impl FakeServer {
     }
 }
 
-fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, replies: &Replies) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
+/// One HTTP/1.1 request as read off a connection.
+pub struct Request {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Read one request (its line, headers and `content-length` body) from `stream`; `None` when
+/// the connection closes first.
+pub fn read_request(stream: &TcpStream) -> Option<Request> {
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
+        return None;
     }
     let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
     let mut headers = Vec::new();
     loop {
         line.clear();
-        reader.read_line(&mut line).unwrap();
+        reader.read_line(&mut line).ok()?;
         let l = line.trim_end();
         if l.is_empty() {
             break;
@@ -149,7 +158,23 @@ fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, replies: &Replies) 
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
     let mut body = vec![0; len];
-    reader.read_exact(&mut body).unwrap();
+    reader.read_exact(&mut body).ok()?;
+    Some(Request {
+        path,
+        headers,
+        body,
+    })
+}
+
+fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, replies: &Replies) {
+    let Some(Request {
+        path,
+        headers,
+        body,
+    }) = read_request(&stream)
+    else {
+        return;
+    };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     recorded.lock().unwrap().push(Recorded {
         path,

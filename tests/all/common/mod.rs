@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake_server;
+pub mod terminal;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -25,6 +26,12 @@ pub fn eventually<T>(timeout: Duration, what: &str, mut probe: impl FnMut() -> O
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `eventually` for a condition: poll `f` until it holds; fail the test, saying `what` was
+/// awaited, after `secs` seconds.
+pub fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
 
 /// `eventually` for async tests: polls without blocking the runtime.
@@ -151,6 +158,11 @@ impl Env {
         Run::new(out)
     }
 
+    /// The queued approval requests (`sup approvals --json`), once there are `n` at least.
+    pub fn pending(&self, n: usize) -> Vec<Value> {
+        pending_with(|| self.sup(), n)
+    }
+
     /// Every run folder under SUP_HOME/runs.
     pub fn run_dirs(&self) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(self.home.path().join("runs"))
@@ -165,6 +177,38 @@ impl Env {
         let dir = self.run_dirs().pop().expect("a run folder");
         read_jsonl(&dir.join("transcript.jsonl"))
     }
+}
+
+/// Every file below `dir`, at any depth.
+pub fn all_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The queued approval requests as `sup()` lists them (`approvals --json`), once there are
+/// `n` at least; fails the test after 30 s.
+pub fn pending_with(sup: impl Fn() -> Command, n: usize) -> Vec<Value> {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{n} pending approval(s)"),
+        || {
+            let out = sup().args(["approvals", "--json"]).output().unwrap();
+            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let rows = v.as_array()?.clone();
+            (rows.len() >= n).then_some(rows)
+        },
+    )
 }
 
 pub fn read_jsonl(path: &Path) -> Vec<Value> {
@@ -273,6 +317,16 @@ impl Drop for Killed {
             let _ = child.wait();
         }
     }
+}
+
+/// Stop a `sup daemon` (or any child) as a service manager does, with SIGTERM, and give its
+/// exit code (-1 when a signal ended it).
+pub fn stop(mut child: Killed) -> i32 {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    child.wait().unwrap().code().unwrap_or(-1)
 }
 
 /// `cmd.spawn_killed()`: `Killed::spawn(cmd)` at the end of a builder chain.
