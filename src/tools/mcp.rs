@@ -558,7 +558,13 @@ impl Tool for McpTool {
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let mut params = CallToolRequestParams::new(self.tool.clone());
         params.arguments = input.as_object().cloned();
-        let peer = self.server.live.read().await.as_ref().map(|l| l.peer.clone());
+        let peer = self
+            .server
+            .live
+            .read()
+            .await
+            .as_ref()
+            .map(|l| l.peer.clone());
         let Some(peer) = peer else {
             return Err(ToolError::Failed(format!(
                 "the MCP server `{}` is not running",
