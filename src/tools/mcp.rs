@@ -305,11 +305,11 @@ async fn start_one(
         None => (program.into(), None),
     };
     let mut cmd = tokio::process::Command::new(real);
-    let (outside, launch_env) = super::command::launch_outside(program, &log_dir.join("launch"));
-    cmd.args(outside)
+    let launch = super::command::launch_outside(program, &log_dir.join("launch"));
+    cmd.args(&launch.args)
         .args(first)
         .args(&spec.args)
-        .current_dir(workspace);
+        .current_dir(launch.cwd.as_deref().unwrap_or(workspace));
     // The scrubbed environment, then the secrets passed by name, then `env` as written.
     let mut extra: Vec<(String, String)> = vec![
         ("SUP_WORKSPACE".into(), workspace.display().to_string()),
@@ -321,7 +321,7 @@ async fn start_one(
             extra.push((name.clone(), v));
         }
     }
-    extra.extend(launch_env);
+    extra.extend(launch.env);
     extra.extend(pin);
     extra.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let armed = jail
