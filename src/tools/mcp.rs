@@ -5,8 +5,10 @@
 //! through the same schema gate as every tool; calls with a timeout and cancellation; risk
 //! `exec`, or from annotations (`readOnlyHint` → read) when the server is trusted with
 //! `trust_annotations`, since the MCP specification calls them untrusted hints; stderr into
-//! the run's folder; and every server's process group shut down when the run ends, whatever
-//! ends it. Servers start in the run's sandbox with the scrubbed environment unless
+//! the run's folder; every server started by the run ended before each try's checks (its
+//! process group, and with the agent's jail all it started) and started again, with the same
+//! tools, for the next try; and every server's process group shut down when the run ends,
+//! whatever ends it. Servers start in the run's sandbox with the scrubbed environment unless
 //! `[[mcp]] sandbox = "off"`.
 
 use std::collections::BTreeMap;
@@ -367,11 +369,6 @@ async fn start_one(
     let started = initialize(transport, &fail, |e| e.to_string()).await;
     match started {
         Ok((client, tools)) => {
-            // What the server runs now is its own; what it starts from here on (a tool's
-            // job) is the agent's, and swept before the checks.
-            if let Some(h) = &held {
-                h.freeze();
-            }
             let live = Live {
                 peer: client.peer().clone(),
                 client,

@@ -1,7 +1,8 @@
 //! The jail of a run: what its processes are started with (policy, Landlock ruleset, the
 //! read-only mounts, the scrubbed environment, a private `TMPDIR`), applied to each command
-//! before exec by `Jail::apply`; its first-trace-line description and the explanations of
-//! a refusal given to the model.
+//! before exec by `Jail::apply`; its PID namespace, renewed before a try's checks (which get
+//! one of their own) and again for the next try (`Jail::renew`); its first-trace-line
+//! description and the explanations of a refusal given to the model.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
