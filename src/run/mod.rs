@@ -1042,6 +1042,7 @@ pub(crate) async fn launch_in(
         run: &run,
         gate: Some(&gate),
         jail: jail.clone(),
+        mcp: Some(&servers),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.
     let outcome = match AssertUnwindSafe(crate::verify::run_from(&goal, &rt, spec.thread.history()))

@@ -2,7 +2,7 @@
 //! stdin and its stdout is the result (JSON if it parses, text otherwise); a non-zero exit or
 //! a timeout is an error result that carries stderr. Also which program an MCP server or a
 //! command tool is: a name found outside the workspace (version-manager shims resolved away
-//! from it), and package launchers (`npx`, `uvx`) that resolve nothing from it, so nothing the
+//! from it), and package launchers (`npx`, `uvx`, `bunx`) that resolve nothing from it, so nothing the
 //! agent planted there becomes the program.
 
 use std::path::{Path, PathBuf};
@@ -15,22 +15,46 @@ use super::process::{self, Ending};
 use super::{Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
 
-/// The arguments to put first and the environment to add so that a package launcher run
-/// with the workspace as its working directory resolves nothing from it: `npx` gets an empty
-/// `--prefix` of sup's (no local `node_modules/.bin`, no workspace `.npmrc`); `uvx`/`uv` read
-/// no `uv.toml` or `pyproject.toml` (`UV_NO_CONFIG`). `pipx` resolves in its own folders
-/// already. `empty` is a folder the agent cannot write.
-pub(crate) fn launch_outside(program: &str, empty: &Path) -> (Vec<String>, Vec<(String, String)>) {
+/// How a package launcher is run so that, started for the workspace, it resolves nothing
+/// from it.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Launch {
+    /// Arguments to put first.
+    pub(crate) args: Vec<String>,
+    /// Variables to add.
+    pub(crate) env: Vec<(String, String)>,
+    /// The working folder instead of the workspace.
+    pub(crate) cwd: Option<PathBuf>,
+}
+
+/// How a package launcher run for the workspace resolves nothing from it: `npx` gets an
+/// empty `--prefix` of sup's (no local `node_modules/.bin`, no workspace `.npmrc`);
+/// `uvx`/`uv` read no `uv.toml` or `pyproject.toml` (`UV_NO_CONFIG`); `bunx`, which has no
+/// flag for either and reads a `bunfig.toml`, a `.env` and a local `node_modules/.bin` from
+/// its working folder and those above it, starts in `empty` instead of the workspace (the
+/// program it runs finds the workspace in `SUP_WORKSPACE`). `pipx` resolves in its own
+/// folders already. `empty` is a folder the agent cannot write.
+pub(crate) fn launch_outside(program: &str, empty: &Path) -> Launch {
     match program.rsplit('/').next().unwrap_or(program) {
         "npx" => {
             let _ = std::fs::create_dir_all(empty);
-            (
-                vec!["--prefix".into(), empty.display().to_string()],
-                Vec::new(),
-            )
+            Launch {
+                args: vec!["--prefix".into(), empty.display().to_string()],
+                ..Launch::default()
+            }
         }
-        "uvx" | "uv" => (Vec::new(), vec![("UV_NO_CONFIG".into(), "1".into())]),
-        _ => (Vec::new(), Vec::new()),
+        "uvx" | "uv" => Launch {
+            env: vec![("UV_NO_CONFIG".into(), "1".into())],
+            ..Launch::default()
+        },
+        "bunx" => {
+            let _ = std::fs::create_dir_all(empty);
+            Launch {
+                cwd: Some(empty.to_path_buf()),
+                ..Launch::default()
+            }
+        }
+        _ => Launch::default(),
     }
 }
 
@@ -157,10 +181,11 @@ impl Tool for CommandTool {
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let empty = ctx.output_dir.with_file_name("launch");
-        let (mut args, launch_env) = launch_outside(&self.program, &empty);
+        let launch = launch_outside(&self.program, &empty);
+        let mut args = launch.args;
         args.extend(self.args.iter().cloned());
         let mut env = ctx.env.as_ref().clone();
-        env.extend(launch_env);
+        env.extend(launch.env);
         let (program, pin) = match resolve_program(&self.program, &ctx.workspace) {
             Some((real, pin)) => (real.display().to_string(), pin),
             None => (self.program.clone(), None),
@@ -169,7 +194,7 @@ impl Tool for CommandTool {
         let spec = process::Spec {
             program,
             args,
-            cwd: ctx.workspace.clone(),
+            cwd: launch.cwd.unwrap_or_else(|| ctx.workspace.clone()),
             env,
             stdin: Some(input.to_string().into_bytes()),
             timeout: ctx.timeout,
@@ -201,5 +226,30 @@ impl Tool for CommandTool {
                 Err(ToolError::Failed(text))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_launchers_resolve_nothing_from_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("launch");
+        let npx = launch_outside("/usr/bin/npx", &empty);
+        assert_eq!(npx.args, ["--prefix", &empty.display().to_string()]);
+        assert_eq!(npx.cwd, None);
+        assert_eq!(
+            launch_outside("uvx", &empty).env,
+            [("UV_NO_CONFIG".to_string(), "1".to_string())]
+        );
+        for bunx in ["bunx", "/home/me/.bun/bin/bunx"] {
+            let l = launch_outside(bunx, &empty);
+            assert_eq!(l.cwd.as_deref(), Some(empty.as_path()), "{bunx}");
+            assert!(l.args.is_empty() && l.env.is_empty());
+        }
+        assert!(empty.is_dir());
+        assert_eq!(launch_outside("python3", &empty), Launch::default());
     }
 }

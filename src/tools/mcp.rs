@@ -5,8 +5,10 @@
 //! through the same schema gate as every tool; calls with a timeout and cancellation; risk
 //! `exec`, or from annotations (`readOnlyHint` → read) when the server is trusted with
 //! `trust_annotations`, since the MCP specification calls them untrusted hints; stderr into
-//! the run's folder; and every server's process group shut down when the run ends, whatever
-//! ends it. Servers start in the run's sandbox with the scrubbed environment unless
+//! the run's folder; every server started by the run ended before each try's checks (its
+//! process group, and with the agent's jail all it started) and started again, with the same
+//! tools, for the next try; and every server's process group shut down when the run ends,
+//! whatever ends it. Servers start in the run's sandbox with the scrubbed environment unless
 //! `[[mcp]] sandbox = "off"`.
 
 use std::collections::BTreeMap;
@@ -70,6 +72,15 @@ pub enum McpError {
         reason: String,
         stderr: String,
     },
+    #[error(
+        "MCP server `{name}` was started again for the next try but offers other tools \
+         ({now}) than at the start ({before})"
+    )]
+    Changed {
+        name: String,
+        before: String,
+        now: String,
+    },
 }
 
 /// Process groups of live servers, so that even a hard exit can end them.
@@ -86,21 +97,53 @@ pub(crate) fn kill_all() {
 
 type Client = RunningService<RoleClient, ()>;
 
-/// One running server.
+/// One server of the run, started again after each try's checks.
 pub(crate) struct Server {
-    name: String,
-    client: tokio::sync::Mutex<Option<Client>>,
+    spec: ServerSpec,
+    /// The names of the tools it offered at the start: a server started again must offer
+    /// the same.
+    tools: Vec<String>,
+    /// The running server; `None` while it is ended (a try's checks).
+    live: tokio::sync::RwLock<Option<Live>>,
+    log: PathBuf,
+}
+
+/// A server while it runs.
+struct Live {
+    client: Client,
     peer: rmcp::service::Peer<RoleClient>,
     group: Option<i32>,
     /// Left alone by the sweep while the server lives (the reaper's registry).
     _held: Option<crate::tools::sandbox::Held>,
-    log: PathBuf,
 }
 
-/// The servers of a run; shut them down with `shutdown` when the run ends.
+impl Live {
+    /// Close the transport, then end the whole process group.
+    async fn stop(self, name: &str, log: &Path) {
+        let _ = tokio::time::timeout(Duration::from_secs(3), self.client.cancel()).await;
+        if let Some(g) = self.group {
+            let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            if let Ok(mut live) = LIVE_GROUPS.lock() {
+                live.retain(|x| *x != g);
+            }
+        }
+        tracing::debug!(
+            "MCP server `{name}` shut down; its stderr is in {}",
+            log.display()
+        );
+    }
+}
+
+/// The servers of a run: ended before each try's checks (`end`), started again for the next
+/// try (`restart`), shut down with `shutdown` when the run ends.
 #[derive(Default)]
-pub(crate) struct Servers {
+pub struct Servers {
     servers: Vec<Arc<Server>>,
+    workspace: PathBuf,
+    log_dir: PathBuf,
+    run_id: String,
 }
 
 fn tail_of(path: &Path) -> String {
@@ -131,12 +174,22 @@ impl Servers {
         jail: &super::sandbox::Jail,
         run_id: &str,
     ) -> Result<(Servers, Vec<Arc<dyn Tool>>), McpError> {
-        let mut servers = Servers::default();
+        let mut servers = Servers {
+            servers: Vec::new(),
+            workspace: workspace.to_path_buf(),
+            log_dir: log_dir.to_path_buf(),
+            run_id: run_id.to_string(),
+        };
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
         for spec in specs {
             match start_one(spec, workspace, log_dir, jail, run_id).await {
-                Ok((server, list)) => {
-                    let server = Arc::new(server);
+                Ok((live, log, list)) => {
+                    let server = Arc::new(Server {
+                        spec: spec.clone(),
+                        tools: list.iter().map(|t| t.name.to_string()).collect(),
+                        live: tokio::sync::RwLock::new(Some(live)),
+                        log,
+                    });
                     for t in list {
                         let read_only = t.annotations.as_ref().and_then(|a| a.read_only_hint);
                         let risk = match read_only {
@@ -171,26 +224,49 @@ impl Servers {
         Ok((servers, tools))
     }
 
+    /// End every server the run started (not those reached over HTTP), before a try's
+    /// checks: its process group here, and, in the jail, with all the jail holds when it
+    /// is renewed.
+    pub(crate) async fn end(&self) {
+        for s in self.servers.iter().filter(|s| s.spec.url.is_none()) {
+            let live = s.live.write().await.take();
+            if let Some(live) = live {
+                live.stop(&s.spec.name, &s.log).await;
+            }
+        }
+    }
+
+    /// Start the ended servers again, as they were started at first, for the next try; one
+    /// that cannot start, or offers other tools than at the start, is an error.
+    pub(crate) async fn restart(&self, jail: &super::sandbox::Jail) -> Result<(), McpError> {
+        for s in &self.servers {
+            let mut slot = s.live.write().await;
+            if slot.is_some() {
+                continue;
+            }
+            let (live, _, list) =
+                start_one(&s.spec, &self.workspace, &self.log_dir, jail, &self.run_id).await?;
+            let now: Vec<String> = list.iter().map(|t| t.name.to_string()).collect();
+            if now != s.tools {
+                live.stop(&s.spec.name, &s.log).await;
+                return Err(McpError::Changed {
+                    name: s.spec.name.clone(),
+                    before: s.tools.join(", "),
+                    now: now.join(", "),
+                });
+            }
+            *slot = Some(live);
+        }
+        Ok(())
+    }
+
     /// Close every server: the transport first, then the whole process group.
     pub(crate) async fn shutdown(&mut self) {
         for s in self.servers.drain(..) {
-            let client = s.client.lock().await.take();
-            if let Some(client) = client {
-                let _ = tokio::time::timeout(Duration::from_secs(3), client.cancel()).await;
+            let live = s.live.write().await.take();
+            if let Some(live) = live {
+                live.stop(&s.spec.name, &s.log).await;
             }
-            if let Some(g) = s.group {
-                let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
-                if let Ok(mut live) = LIVE_GROUPS.lock() {
-                    live.retain(|x| *x != g);
-                }
-            }
-            tracing::debug!(
-                "MCP server `{}` shut down; its stderr is in {}",
-                s.name,
-                s.log.display()
-            );
         }
     }
 }
@@ -201,7 +277,7 @@ async fn start_one(
     log_dir: &Path,
     jail: &super::sandbox::Jail,
     run_id: &str,
-) -> Result<(Server, Vec<rmcp::model::Tool>), McpError> {
+) -> Result<(Live, PathBuf, Vec<rmcp::model::Tool>), McpError> {
     if let Some(url) = &spec.url {
         return start_http(spec, url, log_dir).await;
     }
@@ -231,11 +307,11 @@ async fn start_one(
         None => (program.into(), None),
     };
     let mut cmd = tokio::process::Command::new(real);
-    let (outside, launch_env) = super::command::launch_outside(program, &log_dir.join("launch"));
-    cmd.args(outside)
+    let launch = super::command::launch_outside(program, &log_dir.join("launch"));
+    cmd.args(&launch.args)
         .args(first)
         .args(&spec.args)
-        .current_dir(workspace);
+        .current_dir(launch.cwd.as_deref().unwrap_or(workspace));
     // The scrubbed environment, then the secrets passed by name, then `env` as written.
     let mut extra: Vec<(String, String)> = vec![
         ("SUP_WORKSPACE".into(), workspace.display().to_string()),
@@ -247,7 +323,7 @@ async fn start_one(
             extra.push((name.clone(), v));
         }
     }
-    extra.extend(launch_env);
+    extra.extend(launch.env);
     extra.extend(pin);
     extra.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let armed = jail
@@ -292,24 +368,15 @@ async fn start_one(
     };
     let started = initialize(transport, &fail, |e| e.to_string()).await;
     match started {
-        Ok((client, tools)) => Ok((
-            // What the server runs now is its own; what it starts from here on (a tool's
-            // job) is the agent's, and swept before the checks.
-            {
-                if let Some(h) = &held {
-                    h.freeze();
-                }
-                Server {
-                    name: spec.name.clone(),
-                    peer: client.peer().clone(),
-                    client: tokio::sync::Mutex::new(Some(client)),
-                    group,
-                    _held: held,
-                    log,
-                }
-            },
-            tools,
-        )),
+        Ok((client, tools)) => {
+            let live = Live {
+                peer: client.peer().clone(),
+                client,
+                group,
+                _held: held,
+            };
+            Ok((live, log, tools))
+        }
         Err(e) => {
             if let Some(g) = group {
                 let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
@@ -401,7 +468,7 @@ async fn start_http(
     spec: &ServerSpec,
     url: &str,
     log_dir: &Path,
-) -> Result<(Server, Vec<rmcp::model::Tool>), McpError> {
+) -> Result<(Live, PathBuf, Vec<rmcp::model::Tool>), McpError> {
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let fail = |reason: String| McpError::Http {
@@ -422,20 +489,17 @@ async fn start_http(
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     let transport = StreamableHttpClientTransport::from_config(config);
     let (client, tools) = initialize(transport, &fail, |e| http_reason(&format!("{e:#}"))).await?;
-    Ok((
-        Server {
-            name: spec.name.clone(),
-            peer: client.peer().clone(),
-            client: tokio::sync::Mutex::new(Some(client)),
-            group: None,
-            _held: None,
-            log: log_dir.join(format!(
-                "mcp-{}.log",
-                crate::tools::process::safe_name(&spec.name)
-            )),
-        },
-        tools,
-    ))
+    let live = Live {
+        peer: client.peer().clone(),
+        client,
+        group: None,
+        _held: None,
+    };
+    let log = log_dir.join(format!(
+        "mcp-{}.log",
+        crate::tools::process::safe_name(&spec.name)
+    ));
+    Ok((live, log, tools))
 }
 
 /// One tool of one server.
@@ -491,8 +555,21 @@ impl Tool for McpTool {
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let mut params = CallToolRequestParams::new(self.tool.clone());
         params.arguments = input.as_object().cloned();
+        let peer = self
+            .server
+            .live
+            .read()
+            .await
+            .as_ref()
+            .map(|l| l.peer.clone());
+        let Some(peer) = peer else {
+            return Err(ToolError::Failed(format!(
+                "the MCP server `{}` is not running",
+                self.server.spec.name
+            )));
+        };
         // Dropping the request (timeout, cancel) sends the server a cancellation.
-        let call = self.server.peer.call_tool(params);
+        let call = peer.call_tool(params);
         let result = tokio::select! {
             r = tokio::time::timeout(ctx.timeout, call) => r,
             _ = ctx.cancel.cancelled() => return Err(ToolError::Cancelled),
@@ -502,7 +579,7 @@ impl Tool for McpTool {
             Ok(Err(e)) => {
                 return Err(ToolError::Failed(format!(
                     "the MCP server `{}` did not answer: {e} (its stderr: {})",
-                    self.server.name,
+                    self.server.spec.name,
                     self.server.log.display()
                 )));
             }

@@ -11,6 +11,7 @@ pub mod process;
 pub mod sandbox;
 mod schema;
 
+pub use mcp::Servers;
 pub use paths::Protected;
 
 use std::collections::HashMap;

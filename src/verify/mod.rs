@@ -62,6 +62,8 @@ pub struct Runtime<'a> {
     pub gate: Option<&'a Gate>,
     /// The sandbox of every process the run starts.
     pub jail: Arc<Jail>,
+    /// The run's MCP servers: ended before each try's checks, started again for the next.
+    pub mcp: Option<&'a crate::tools::Servers>,
 }
 
 /// How a goal run ended.
@@ -212,6 +214,16 @@ pub(crate) async fn run_from(
                 tries,
             });
         }
+        // The checks' jail ends; the try gets a fresh one, with its MCP servers again.
+        if attempt > 1
+            && !rt.jail.keep_background
+            && let Err(e) = again(rt).await
+        {
+            out.status = Status::Error;
+            out.stop_reason = StopReason::Error;
+            out.error = Some(format!("try {attempt} could not start: {e}"));
+            return out;
+        }
         if let Some(changed) = check::changed(&goal.checks, &originals) {
             return tampered(out, changed);
         }
@@ -242,9 +254,19 @@ pub(crate) async fn run_from(
         if let Some(changed) = check::changed(&goal.checks, &originals) {
             return tampered(out, changed);
         }
-        // Nothing the agent started may run while the checks judge.
+        // Nothing the agent started may run while the checks judge: not its MCP servers, not
+        // what they or its commands started, not its jail; the checks get a jail of their own.
         if !rt.jail.keep_background {
+            if let Some(servers) = rt.mcp {
+                servers.end().await;
+            }
             rt.jail.sweep();
+            if let Err(e) = rt.jail.renew() {
+                out.status = Status::Error;
+                out.stop_reason = StopReason::Error;
+                out.error = Some(format!("the checks of try {attempt} could not start: {e}"));
+                return out;
+            }
         }
         let now = protect::take(&goal.workspace, guarded, &snapshot);
         let changes = protect::compare(&snapshot, &now);
@@ -356,6 +378,16 @@ pub(crate) async fn run_from(
     out.status = Status::Failed;
     out.stop_reason = StopReason::ChecksFailed;
     out
+}
+
+/// Before a try after the first: end the checks' jail, give the agent a fresh one, and start
+/// the MCP servers in it again.
+async fn again(rt: &Runtime<'_>) -> Result<(), String> {
+    rt.jail.renew().map_err(|e| e.to_string())?;
+    match rt.mcp {
+        Some(servers) => servers.restart(&rt.jail).await.map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
 }
 
 /// Open a conversation: the system prompt, then `first` as the user's message.

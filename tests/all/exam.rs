@@ -691,3 +691,91 @@ fn a_planted_node_modules_package_is_not_the_mcp_server_that_runs() {
 fn as_an_ordinary_user_a_planted_node_modules_package_is_not_what_runs() {
     planted_mcp_package(true);
 }
+
+/// A stand-in for `bunx` where it matters here (bun is not installed on every machine): like
+/// bun it reads a `bunfig.toml` and runs a local `node_modules/.bin` program from its
+/// working folder, and otherwise runs the package from its global cache.
+const BUNX: &str = "#!/bin/sh\n\
+                    [ -f bunfig.toml ] && echo 'read the bunfig.toml of' \"$(pwd)\"\n\
+                    if [ -x \"node_modules/.bin/$1\" ]; then exec \"node_modules/.bin/$1\"; fi\n\
+                    echo \"the global $1\"\n";
+
+fn planted_bunx_package(nobody: bool) {
+    let env = Env::new();
+    if std::process::Command::new("sh")
+        .args(["-c", "command -v bunx"])
+        .output()
+        .is_ok_and(|o| !o.status.success())
+    {
+        eprintln!("bun is not installed: `bunx` is played by a stand-in that resolves as it does");
+    }
+    let bin = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bunx = bin.path().join("bunx");
+    std::fs::write(&bunx, BUNX).unwrap();
+    std::fs::set_permissions(&bunx, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let goal = env.write(
+        "goal.toml",
+        "prompt = \"x\"\nworkspace = \".\"\n[[tool]]\nname = \"lint\"\n\
+         command = [\"bunx\", \"eslint\"]\n",
+    );
+    let script = env.script(json!([
+        cmd(
+            "plant",
+            "mkdir -p node_modules/.bin && printf '#!/bin/sh\\necho planted\\n' > \
+             node_modules/.bin/eslint && chmod +x node_modules/.bin/eslint && \
+             echo 'preload = [\"./evil.ts\"]' > bunfig.toml"
+        ),
+        {"tool_calls": [{"id": "lint", "name": "lint", "input": {}}]},
+        say("done")
+    ]));
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = c
+        .env("PATH", path)
+        .args([
+            "goal",
+            "--file",
+            goal.to_str().unwrap(),
+            "--json",
+            "--model",
+        ])
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(
+        run.tool_result("plant")["is_error"],
+        false,
+        "{}",
+        run.stdout
+    );
+    // The plant is real: bunx in the workspace runs it.
+    let direct = std::process::Command::new(&bunx)
+        .arg("eslint")
+        .current_dir(env.ws())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&direct.stdout).contains("planted"));
+    let said = text(run.tool_result("lint"));
+    assert_eq!(said.trim(), "the global eslint", "{}", run.stdout);
+}
+
+#[test]
+fn a_planted_node_modules_package_or_bunfig_is_not_what_bunx_runs() {
+    planted_bunx_package(false);
+}
+
+#[test]
+fn as_an_ordinary_user_a_planted_package_is_not_what_bunx_runs() {
+    planted_bunx_package(true);
+}

@@ -303,6 +303,7 @@ async fn the_verify_loop_retries_with_the_failure_report_until_the_check_passes(
         run: &run,
         gate: None,
         jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
+        mcp: None,
     };
     let out = sup::verify::run(&goal, &rt).await;
     assert_eq!(out.status, Status::Achieved, "{out:?}");
@@ -348,6 +349,7 @@ async fn the_verify_loop_stops_after_the_last_try_as_failed() {
         run: &run,
         gate: None,
         jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
+        mcp: None,
     };
     let out = sup::verify::run(&goal, &rt).await;
     assert_eq!(out.status, Status::Failed);

@@ -527,3 +527,176 @@ fn a_job_an_mcp_tool_started_is_gone_before_the_check() {
         assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
     });
 }
+
+/// A minimal MCP server over stdio that shows whether it is alive: from its start until it
+/// ends, a thread of its own appends a line to `beat` in its working folder (the
+/// workspace). It counts its starts in `starts`; with the argument `once` it refuses a
+/// second one. Its tools: `run` starts a shell command in the background as its own child;
+/// `hello` answers which start of the server it is.
+const BEATING: &str = r#"
+import json, os, subprocess, sys, threading, time
+with open('starts', 'a') as f:
+    f.write('start\n')
+n = len(open('starts').read().splitlines())
+if 'once' in sys.argv[1:] and n > 1:
+    sys.exit(3)
+def beat():
+    while True:
+        with open('beat', 'a') as f:
+            f.write('server %d\n' % n)
+        time.sleep(0.02)
+threading.Thread(target=beat, daemon=True).start()
+for line in sys.stdin:
+    m = json.loads(line)
+    if 'id' not in m:
+        continue
+    meth = m.get('method')
+    if meth == 'initialize':
+        r = {"protocolVersion": m['params'].get('protocolVersion', '2024-11-05'),
+             "capabilities": {"tools": {}}, "serverInfo": {"name": "beating", "version": "1"}}
+    elif meth == 'tools/list':
+        obj = {"type": "object", "properties": {"command": {"type": "string"}}}
+        r = {"tools": [{"name": "run", "description": "run a command in the background",
+                        "inputSchema": obj},
+                       {"name": "hello", "description": "say which start this is",
+                        "inputSchema": {"type": "object"}}]}
+    elif meth == 'tools/call' and m['params']['name'] == 'run':
+        subprocess.Popen(m['params']['arguments']['command'], shell=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        r = {"content": [{"type": "text", "text": "started"}]}
+    elif meth == 'tools/call':
+        r = {"content": [{"type": "text", "text": "hello from start %d" % n}]}
+    else:
+        r = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": m['id'], "result": r}), flush=True)
+"#;
+
+/// The check of the beating server's tests: nothing may add to `beat` while it looks (no
+/// MCP server, no job of one), and `hello.txt` must say the server's second start.
+const STILL: &str = "a=$(wc -l < beat); sleep 0.3; b=$(wc -l < beat); \
+                     if [ \\\"$a\\\" != \\\"$b\\\" ]; then echo ALIVE; tail -n 3 beat; exit 1; fi; \
+                     grep -q 'from start 2' hello.txt";
+
+/// The goal of the beating server's tests: two tries, the server (with `args`), the check.
+fn beating_goal(args: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = dir.path().join("beating.py");
+    std::fs::write(&server, BEATING).unwrap();
+    let body = format!(
+        "{GOAL}tries = 2\n[[mcp]]\nname = \"beating\"\ncommand = [\"python3\", \"{}\"{args}]\n\
+         [[check]]\nrun = \"{STILL}\"\n",
+        server.display()
+    );
+    (dir, body)
+}
+
+#[test]
+fn mcp_servers_and_their_jobs_are_ended_before_the_checks_and_started_again_for_the_next_try() {
+    both(|nobody| {
+        let env = Env::new();
+        let (_dir, body) = beating_goal("");
+        // A job of the server's, in a session of its own: no process group holds it.
+        env.write("job.sh", "while :; do echo job >> beat; sleep 0.02; done\n");
+        let run = goal(
+            &env,
+            nobody,
+            &body,
+            json!([
+                {"tool_calls": [{"id": "j", "name": "beating__run",
+                  "input": {"command": "setsid bash job.sh"}}]},
+                cmd(
+                    "wait",
+                    "for i in $(seq 200); do grep -q job beat 2>/dev/null && break; \
+                     sleep 0.02; done; grep -c job beat"
+                ),
+                say("done"),
+                {"tool_calls": [{"id": "h", "name": "beating__hello", "input": {}}]},
+                cmd("w", "echo 'hello from start 2' > hello.txt"),
+                say("done again")
+            ]),
+        );
+        assert_ne!(text(run.tool_result("wait")).trim(), "0", "{}", run.stdout);
+        let checks = run.result()["checks"].as_array().unwrap().clone();
+        assert_eq!(checks.len(), 2, "{}", run.stdout);
+        let first = checks[0][0]["output_tail"].as_str().unwrap_or_default();
+        assert!(!first.contains("ALIVE"), "try 1: {first}");
+        assert_eq!(checks[0][0]["passed"], false, "{}", run.stdout);
+        // Started again, the server's tools work in the second try.
+        assert_eq!(
+            text(run.tool_result("h")),
+            "hello from start 2",
+            "{}",
+            run.stdout
+        );
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+        let starts = std::fs::read_to_string(env.ws().join("starts")).unwrap();
+        assert_eq!(starts.lines().count(), 2, "{starts}");
+        // And nothing beats once the run is over.
+        let before = std::fs::read_to_string(env.ws().join("beat")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let after = std::fs::read_to_string(env.ws().join("beat")).unwrap();
+        assert_eq!(before, after);
+        let line = sandbox_line(&run);
+        assert!(
+            line.contains("MCP servers included, and the checks run in a fresh one"),
+            "{line}"
+        );
+    });
+}
+
+#[test]
+fn an_mcp_server_that_cannot_start_again_for_the_next_try_is_an_error_result() {
+    both(|nobody| {
+        let env = Env::new();
+        let (_dir, body) = beating_goal(", \"once\"");
+        let run = goal(&env, nobody, &body, json!([say("done"), say("done again")]));
+        let result = run.result();
+        assert_eq!(result["status"], "error", "{}", run.stdout);
+        let error = result["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("try 2") && error.contains("MCP server `beating`"),
+            "{error}"
+        );
+        assert_eq!(result["checks"].as_array().map(Vec::len), Some(1));
+    });
+}
+
+#[test]
+fn checks_run_in_a_jail_of_their_own_after_the_agents_has_ended() {
+    both(|nobody| {
+        let env = Env::new();
+        let check = "mine=$(readlink /proc/self/ns/pid); \
+                     if [ \\\"$mine\\\" = \\\"$(cat agent.ns)\\\" ]; then echo SAME; exit 1; fi; \
+                     if cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\\\0' ' ' | grep -q 'sleep 314[1]'; \
+                     then echo SEEN; exit 1; fi; echo \\\"$mine\\\" > check.ns";
+        let body = format!("{GOAL}tries = 1\n[[check]]\nrun = \"{check}\"\n");
+        let run = goal(
+            &env,
+            nobody,
+            &body,
+            json!([
+                cmd(
+                    "a",
+                    "readlink /proc/self/ns/pid > agent.ns; \
+                     setsid nohup sleep 3141 >/dev/null 2>&1 & \
+                     for i in $(seq 100); do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' \
+                     | grep -q 'sleep 314[1]' && break; sleep 0.02; done; cat agent.ns"
+                ),
+                say("done")
+            ]),
+        );
+        assert!(
+            text(run.tool_result("a")).contains("pid:["),
+            "{}",
+            run.stdout
+        );
+        let tail = run.result()["checks"][0][0]["output_tail"].clone();
+        assert_eq!(run.result()["status"], "achieved", "{tail} {}", run.stdout);
+        let agent = std::fs::read_to_string(env.ws().join("agent.ns")).unwrap();
+        let check = std::fs::read_to_string(env.ws().join("check.ns")).unwrap();
+        assert_ne!(agent, check);
+    });
+}

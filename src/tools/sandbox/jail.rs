@@ -1,7 +1,8 @@
 //! The jail of a run: what its processes are started with (policy, Landlock ruleset, the
 //! read-only mounts, the scrubbed environment, a private `TMPDIR`), applied to each command
-//! before exec by `Jail::apply`; its first-trace-line description and the explanations of
-//! a refusal given to the model.
+//! before exec by `Jail::apply`; its PID namespace, renewed before a try's checks (which get
+//! one of their own) and again for the next try (`Jail::renew`); its first-trace-line
+//! description and the explanations of a refusal given to the model.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -69,8 +70,10 @@ pub struct Jail {
     pub(crate) missing: Vec<String>,
     pub(crate) tmp: PathBuf,
     run_id: String,
-    /// The run's PID namespace: every jailed process lives in it.
-    ns: Option<PidNs>,
+    /// The run's PID namespace: every jailed process lives in it. Ended before a try's
+    /// checks, which get a fresh one of their own, and made anew for the next try
+    /// (`Jail::renew`).
+    ns: Mutex<Option<PidNs>>,
     /// Where commands start; relative paths in their messages are relative to it.
     workspace: PathBuf,
     /// The run folder, where the lock and the process-group record live.
@@ -103,6 +106,8 @@ pub struct Jail {
 /// What a command needs kept open until it has been spawned.
 pub struct Armed {
     _ruleset: Option<OwnedFd>,
+    /// The PID namespace (and its user namespace) the command enters.
+    _ns: Option<(OwnedFd, Option<OwnedFd>)>,
 }
 
 impl Jail {
@@ -122,7 +127,7 @@ impl Jail {
             missing: Vec::new(),
             tmp: std::env::temp_dir(),
             run_id: String::new(),
-            ns: None,
+            ns: Mutex::new(None),
             workspace: PathBuf::new(),
             run_dir: PathBuf::new(),
             _lock: None,
@@ -170,7 +175,7 @@ impl Jail {
             missing: PROBLEMS.get().cloned().unwrap_or_default(),
             tmp: tmp.clone(),
             run_id: run_id.to_string(),
-            ns: None,
+            ns: Mutex::new(None),
             workspace: workspace.to_path_buf(),
             run_dir: run_dir.to_path_buf(),
             _lock: Some(held),
@@ -262,18 +267,8 @@ impl Jail {
         ));
         match PidNs::new() {
             Ok(ns) => {
-                if let Ok(mut inits) = INITS.lock() {
-                    inits.push(ns.init());
-                }
-                // The namespace's inode is reused once it is gone: its init (pid and start
-                // time) tells this namespace from a later one with the same number.
-                let init = ns.init();
-                let start = start_time(init).unwrap_or_default();
-                let _ = std::fs::write(
-                    run_dir.join(JAIL),
-                    format!("{} {} {init} {start}\n", ns.id.0, ns.id.1),
-                );
-                jail.ns = Some(ns);
+                jail.hold(&ns);
+                jail.ns = Mutex::new(Some(ns));
             }
             Err(e) => jail.missing.push(format!(
                 "no PID namespace for the run ({e}): its processes are known by their parent \
@@ -346,6 +341,50 @@ impl Jail {
             }
             Err(e) => self.missing.push(e),
         }
+    }
+
+    /// Know `ns` as this run's: its init is never swept as an orphan, and the run folder
+    /// names it for the sweep after a `sup` that was killed. The namespace's inode is reused
+    /// once it is gone: its init (pid and start time) tells this namespace from a later one
+    /// with the same number.
+    fn hold(&self, ns: &PidNs) {
+        let init = ns.init();
+        if let Ok(mut inits) = INITS.lock() {
+            inits.push(init);
+        }
+        let start = start_time(init).unwrap_or_default();
+        let _ = std::fs::write(
+            self.run_dir.join(JAIL),
+            format!("{} {} {init} {start}\n", ns.id.0, ns.id.1),
+        );
+    }
+
+    /// End the run's PID namespace, and with it every process in it (MCP servers and what
+    /// they started included), and put a fresh one in its place: before a try's checks, so
+    /// that they run in a jail of their own that holds nothing of the agent's, and after
+    /// them, for the next try. A run without a PID namespace has nothing to renew.
+    pub(crate) fn renew(&self) -> Result<(), SandboxError> {
+        let mut ns = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(old) = ns.take() else {
+            return Ok(());
+        };
+        if let Ok(mut inits) = INITS.lock() {
+            inits.retain(|i| *i != old.init());
+        }
+        // Waits for the init, which the kernel lets end only once every member has.
+        drop(old);
+        let fresh = PidNs::new().map_err(|e| {
+            SandboxError::Setup(format!("cannot make the run a fresh PID namespace: {e}"))
+        })?;
+        self.hold(&fresh);
+        *ns = Some(fresh);
+        Ok(())
+    }
+
+    /// The current namespace's id and init, for the sweep.
+    fn current(&self) -> Option<((u64, u64), i32)> {
+        let ns = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        ns.as_ref().map(|n| (n.id, n.init()))
     }
 
     fn is_writable(&self, p: &Path) -> bool {
@@ -509,11 +548,19 @@ impl Jail {
         if let Some(f) = &self.seccomp {
             s.push_str(&format!("; {}", f.describe()));
         }
-        if let Some(n) = &self.ns {
+        if let Some((id, _)) = self.current() {
             s.push_str(&format!(
                 "; jail: PID namespace {} held by sup (ends with the run and with sup)",
-                n.id.1
+                id.1
             ));
+            s.push_str(if self.keep_background {
+                "; keep_background = true: the agent's processes and MCP servers stay alive \
+                 through the checks, which run in the agent's jail"
+            } else {
+                "; before each try's checks the jail ends with all in it, MCP servers \
+                 included, and the checks run in a fresh one of their own; the next try \
+                 gets another, with the MCP servers started again"
+            });
         }
         if let Some(l) = &self.limits {
             s.push_str(&format!("; {}", l.describe()));
@@ -574,24 +621,36 @@ impl Jail {
 
     fn arm(&self, cmd: &mut std::process::Command, policy: Policy) -> std::io::Result<Armed> {
         if policy == Policy::Off || self.policy == Policy::Off {
-            return Ok(Armed { _ruleset: None });
+            return Ok(Armed {
+                _ruleset: None,
+                _ns: None,
+            });
         }
         let ruleset = self.ruleset().map_err(std::io::Error::other)?;
         let fd = ruleset.as_ref().map_or(-1, |f| f.as_raw_fd());
         let binds = self.binds.clone();
         let hides = self.hides.clone();
         let limits = self.limits.as_ref().map(Limits::entry);
-        let (pid_ns, user_ns) = self.ns.as_ref().map_or((-1, -1), |n| {
-            (
-                n.pid_ns.as_raw_fd(),
-                n.user_ns.as_ref().map_or(-1, |u| u.as_raw_fd()),
-            )
+        // Copies of the namespace's files, open until the spawn: a renewal meanwhile closes
+        // the jail's own.
+        let ns = {
+            let held = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+            match held.as_ref() {
+                Some(n) => Some((
+                    n.pid_ns.try_clone()?,
+                    n.user_ns.as_ref().map(OwnedFd::try_clone).transpose()?,
+                )),
+                None => None,
+            }
+        };
+        let (pid_ns, user_ns) = ns.as_ref().map_or((-1, -1), |(p, u)| {
+            (p.as_raw_fd(), u.as_ref().map_or(-1, |u| u.as_raw_fd()))
         });
         let empty = self.empty.clone();
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         // In the jail's user namespace already, an ordinary user needs no other.
-        let maps = (uid != 0 && self.ns.is_none()).then(|| {
+        let maps = (uid != 0 && ns.is_none()).then(|| {
             (
                 format!("{uid} {uid} 1").into_bytes(),
                 format!("{gid} {gid} 1").into_bytes(),
@@ -643,7 +702,10 @@ impl Jail {
         use std::os::unix::process::CommandExt;
         // SAFETY: the closure only makes async-signal-safe system calls.
         unsafe { cmd.pre_exec(closure) };
-        Ok(Armed { _ruleset: ruleset })
+        Ok(Armed {
+            _ruleset: ruleset,
+            _ns: ns,
+        })
     }
 
     /// The Landlock ruleset: read everywhere, write in the writable folders and the device
@@ -780,7 +842,7 @@ impl Jail {
     /// subreaper brought back to `sup`, with all their descendants. Other runs' jails are
     /// not this one's, whatever their processes' environment says.
     pub(crate) fn sweep(&self) -> usize {
-        sweep(self.ns.as_ref().map(|n| (n.id, n.init())))
+        sweep(self.current())
     }
 
     /// Note a process group this run started, with its start time, so that a later `sup`
@@ -799,8 +861,8 @@ impl Jail {
 impl Drop for Jail {
     /// A run that ends normally leaves nothing to sweep after it.
     fn drop(&mut self) {
-        if let (Some(ns), Ok(mut inits)) = (&self.ns, INITS.lock()) {
-            inits.retain(|i| *i != ns.init());
+        if let (Some((_, init)), Ok(mut inits)) = (self.current(), INITS.lock()) {
+            inits.retain(|i| *i != init);
         }
         if !self.run_dir.as_os_str().is_empty() {
             let _ = std::fs::remove_file(self.run_dir.join(GROUPS));

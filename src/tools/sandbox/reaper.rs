@@ -185,50 +185,10 @@ impl Held {
     }
 }
 
-impl Held {
-    /// From now on only what runs below this leader now (with the same start time) is left
-    /// alone, not what it starts later: an MCP server keeps its own processes, but a job one
-    /// of its tools starts is the agent's, swept before the checks like any other.
-    pub(crate) fn freeze(&self) {
-        let procs = processes();
-        let mut members = vec![self.0];
-        let mut i = 0;
-        while i < members.len() {
-            let parent = members[i];
-            members.extend(
-                procs
-                    .iter()
-                    .filter(|(_, pp)| *pp == parent)
-                    .map(|(p, _)| *p),
-            );
-            i += 1;
-        }
-        let frozen: Vec<(i32, u64)> = members
-            .into_iter()
-            .filter_map(|p| Some((p, start_time(p)?)))
-            .collect();
-        if let Ok(mut f) = FROZEN.lock() {
-            f.get_or_insert_with(HashMap::new).insert(self.0, frozen);
-        }
-    }
-}
-
-/// The leaders frozen with `Held::freeze`, and the processes (pid, start time) below them
-/// when they were.
-static FROZEN: Mutex<Option<Frozen>> = Mutex::new(None);
-
-/// Per frozen leader, the processes (pid, start time) below it when it was frozen.
-type Frozen = HashMap<i32, Vec<(i32, u64)>>;
-
 impl Drop for Held {
     fn drop(&mut self) {
         if let Ok(mut l) = LEADERS.lock() {
             l.retain(|p| *p != self.0);
-        }
-        if let Ok(mut f) = FROZEN.lock()
-            && let Some(m) = f.as_mut()
-        {
-            m.remove(&self.0);
         }
     }
 }
@@ -297,30 +257,10 @@ pub(crate) fn sweep(jail: Option<((u64, u64), i32)>) -> usize {
             }
             all
         };
-        // Running tool processes, with all they started and still hold; MCP servers with
-        // what they ran when they were ready.
+        // Running tool processes and MCP servers, with all they started and still hold (a
+        // run ends its MCP servers before it sweeps for its checks).
         let leaders: Vec<i32> = LEADERS.lock().map(|l| l.clone()).unwrap_or_default();
-        let frozen: Frozen = FROZEN
-            .lock()
-            .map(|f| f.clone().unwrap_or_default())
-            .unwrap_or_default();
-        let mut held: HashSet<i32> = below(
-            leaders
-                .iter()
-                .filter(|l| !frozen.contains_key(l))
-                .copied()
-                .collect(),
-        )
-        .into_iter()
-        .collect();
-        for members in frozen.values() {
-            held.extend(
-                members
-                    .iter()
-                    .filter(|(p, start)| start_time(*p) == Some(*start))
-                    .map(|(p, _)| *p),
-            );
-        }
+        let held: HashSet<i32> = below(leaders).into_iter().collect();
         let roots: Vec<i32> = procs
             .iter()
             .filter(|(pid, ppid)| {
