@@ -83,7 +83,7 @@ fn main() {
         &settings,
         &ws_path,
         &home.path().join("r1"),
-        "bench",
+        "bench-1",
         home.path(),
         &[],
     )
@@ -92,7 +92,7 @@ fn main() {
         &settings,
         &git_path,
         &home.path().join("r2"),
-        "bench",
+        "bench-2",
         home.path(),
         &[],
     )
@@ -104,7 +104,7 @@ fn main() {
         },
         &deep_path,
         &home.path().join("r3"),
-        "bench",
+        "bench-3",
         home.path(),
         &[],
     )

@@ -273,6 +273,9 @@ impl Jail {
                     run_dir.join(JAIL),
                     format!("{} {} {init} {start}\n", ns.id.0, ns.id.1),
                 );
+                if let Some(l) = &jail.limits {
+                    l.hold(init);
+                }
                 jail.ns = Some(ns);
             }
             Err(e) => jail.missing.push(format!(
@@ -674,13 +677,18 @@ impl Jail {
         Ok(created.into())
     }
 
-    /// When a command failed and its stderr shows a refusal, say which path the sandbox
-    /// stopped and by which rule, so the model can act on it.
-    pub(crate) fn explain(&self, stderr: &str) -> Option<String> {
+    /// When a command failed (`killed`: by SIGKILL, or a shell's 137) and its stderr shows a
+    /// refusal, say which path the sandbox stopped and by which rule, so the model can act
+    /// on it; or that it was killed for memory.
+    pub(crate) fn explain(&self, stderr: &str, killed: bool) -> Option<String> {
         if self.policy == Policy::Off {
             return None;
         }
-        if let Some(note) = self.limits.as_ref().and_then(|l| l.memory_note(stderr)) {
+        if let Some(note) = self
+            .limits
+            .as_ref()
+            .and_then(|l| l.memory_note(stderr, killed))
+        {
             return Some(note);
         }
         let refused = [

@@ -2,8 +2,10 @@
 //! sup can make one (cgroup v2 with the `pids` and `memory` controllers, else the v1
 //! `pids` and `memory` hierarchies; as root, or in a delegated slice), which every jailed
 //! process enters before exec; else `RLIMIT_NPROC` (counted in the command's user
-//! namespace) and `RLIMIT_AS` per process. Also how many processes the cgroup's OOM killer
-//! ended, so a result can say a command was killed for memory.
+//! namespace) and `RLIMIT_AS` per process. The run's jail init is moved into the cgroup, so
+//! the cgroup of a live run is never empty: an empty `sup-*` cgroup is a dead run's, removed
+//! at the next start. Also whether the cgroup's memory limit was hit or its OOM killer
+//! ended a process, so a result can say a command was killed for memory.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -34,14 +36,26 @@ fn shown(bytes: u64) -> String {
     }
 }
 
-/// The cgroup folders of a run, one per hierarchy, and the file counting its OOM kills.
+/// The cgroup folders of a run, one per hierarchy, and the files counting its memory events.
 #[derive(Debug)]
 struct Cgroup {
     dirs: Vec<PathBuf>,
     /// `cgroup.procs` of each, written by the child with `0` (itself).
     procs: Vec<CString>,
-    events: Option<PathBuf>,
+    /// `memory.events` (v2) or `memory.oom_control` (v1): its `oom_kill` line.
+    oom_kills: PathBuf,
+    /// Times the limit was reached: the `oom` line of `memory.events` (v2), or
+    /// `memory.failcnt` (v1). Counted before the OOM killer sends its SIGKILL, while
+    /// `oom_kill` is counted after it: a killed command can be seen dead before that one.
+    hits: PathBuf,
     v2: bool,
+}
+
+/// Memory events of the cgroup seen so far: OOM kills, and times the limit was hit.
+#[derive(Debug, Default)]
+struct Seen {
+    kills: u64,
+    hits: u64,
 }
 
 #[derive(Debug)]
@@ -51,12 +65,18 @@ pub(super) struct Limits {
     cgroup: Option<Cgroup>,
     /// Why there is no cgroup, for the trace.
     why: String,
-    /// OOM kills seen so far.
-    seen: Mutex<u64>,
+    seen: Mutex<Seen>,
 }
 
-/// Remove the empty cgroups `sup-RUN_ID` in `parent` of runs under `runs` that are over (a
-/// `sup` that exited without dropping its jail, or was killed, leaves them).
+/// How old an empty cgroup `sup-*` of another SUP_HOME must be to be removed: a live run's
+/// holds its jail init from its first moment on, so an empty one is a dead run's, or one
+/// being set up right now.
+const LEFT_OVER: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Remove the empty cgroups `sup-RUN_ID` in `parent` that dead runs left (a `sup` killed, or
+/// that exited without dropping its jail): those of this SUP_HOME's runs that are over (under
+/// `runs`), and those of no run here made long enough ago. The kernel refuses (EBUSY) to
+/// remove one a process is in.
 fn clean(parent: &Path, runs: &Path) {
     let Ok(dir) = std::fs::read_dir(parent) else {
         return;
@@ -66,14 +86,33 @@ fn clean(parent: &Path, runs: &Path) {
         let Some(id) = name.strip_prefix("sup-") else {
             continue;
         };
-        if !id.is_empty()
-            && !id.contains('/')
-            && super::reaper::run_alive(&runs.join(id)) == Some(false)
-        {
-            // Refused (EBUSY) while a process is in it.
+        if id.is_empty() || id.contains('/') {
+            continue;
+        }
+        let run = runs.join(id);
+        let dead = if run.exists() {
+            super::reaper::run_alive(&run) == Some(false)
+        } else {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > LEFT_OVER)
+        };
+        if dead && empty(&e.path()) {
             let _ = std::fs::remove_dir(e.path());
         }
     }
+}
+
+/// Whether no process is in the cgroup `dir` and it has no child cgroup.
+fn empty(dir: &Path) -> bool {
+    let no_procs =
+        std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+    let no_children = std::fs::read_dir(dir)
+        .map(|d| !d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())))
+        .unwrap_or(false);
+    no_procs && no_children
 }
 
 fn write(path: &Path, value: &str) -> std::io::Result<()> {
@@ -122,7 +161,8 @@ fn v2(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
             CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes())
                 .map_err(|e| e.to_string())?,
         ],
-        events: Some(dir.join("memory.events")),
+        oom_kills: dir.join("memory.events"),
+        hits: dir.join("memory.events"),
         dirs: vec![dir],
         v2: true,
     })
@@ -151,10 +191,14 @@ fn v1(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
         let parent = base.join(at.trim_start_matches('/'));
         clean(&parent, runs);
         let dir = parent.join(format!("sup-{run_id}"));
-        let made =
-            std::fs::create_dir(&dir).and_then(|()| write(&dir.join(file), &value.to_string()));
-        if let Err(e) = made {
-            let _ = std::fs::remove_dir(&dir);
+        let made = std::fs::create_dir(&dir)
+            .map_err(|e| (e, false))
+            .and_then(|()| write(&dir.join(file), &value.to_string()).map_err(|e| (e, true)));
+        if let Err((e, created)) = made {
+            // Only what this run made: a folder that was there already is another's.
+            if created {
+                let _ = std::fs::remove_dir(&dir);
+            }
             for d in &dirs {
                 let _ = std::fs::remove_dir(d);
             }
@@ -167,8 +211,10 @@ fn v1(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
         .map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
+    let memory = dirs.get(1).cloned().unwrap_or_default();
     Ok(Cgroup {
-        events: dirs.get(1).map(|d| d.join("memory.oom_control")),
+        oom_kills: memory.join("memory.oom_control"),
+        hits: memory.join("memory.failcnt"),
         procs,
         dirs,
         v2: false,
@@ -196,11 +242,21 @@ impl Limits {
             memory,
             cgroup,
             why,
-            seen: Mutex::new(0),
+            seen: Mutex::new(Seen::default()),
         }
     }
 
-    /// For the first trace line.
+    /// Move the run's jail init into the cgroup, so that it is not empty while the run lives
+    /// (an empty one is a dead run's, see `clean`). Best effort: without it, the cgroup is
+    /// still removed when the run ends.
+    pub(super) fn hold(&self, init: i32) {
+        let Some(c) = &self.cgroup else { return };
+        for d in &c.dirs {
+            let _ = write(&d.join("cgroup.procs"), &init.to_string());
+        }
+    }
+
+    /// For the first trace line; it names the mechanism: `cgroup v2`, `cgroup v1` or `rlimit`.
     pub(super) fn describe(&self) -> String {
         match &self.cgroup {
             Some(c) => format!(
@@ -209,13 +265,14 @@ impl Limits {
                 shown(self.memory),
                 if c.v2 { "v2" } else { "v1" },
                 c.dirs
-                    .first()
+                    .iter()
                     .map(|d| d.display().to_string())
-                    .unwrap_or_default()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             None => format!(
-                "limits: {} processes (RLIMIT_NPROC in each command's user namespace), {} of \
-                 memory per process (RLIMIT_AS), not per run: {}",
+                "limits: {} processes, {} of memory per process (rlimit: RLIMIT_NPROC in each \
+                 command's user namespace and RLIMIT_AS, not per run: {})",
                 self.processes,
                 shown(self.memory),
                 self.why
@@ -237,27 +294,34 @@ impl Limits {
         }
     }
 
-    /// Whether a command just failed for memory: the cgroup's OOM killer ended a process
-    /// since the last time asked, or (with rlimits) its stderr says an allocation failed.
-    pub(super) fn memory_note(&self, stderr: &str) -> Option<String> {
+    /// Whether a command just failed for memory: since the last time asked, the cgroup's OOM
+    /// killer ended a process, or the command was killed (`killed`, by SIGKILL) while the
+    /// run's memory reached its limit; with rlimits, its stderr says an allocation failed.
+    pub(super) fn memory_note(&self, stderr: &str, killed: bool) -> Option<String> {
         let limit = shown(self.memory);
-        if let Some(events) = self.cgroup.as_ref().and_then(|c| c.events.as_ref()) {
-            let kills: u64 = std::fs::read_to_string(events)
-                .ok()
-                .and_then(|t| {
-                    t.lines()
-                        .find_map(|l| l.strip_prefix("oom_kill "))
-                        .and_then(|n| n.trim().parse().ok())
-                })
-                .unwrap_or(0);
+        if let Some(c) = &self.cgroup {
+            let count = |path: &Path, key: &str| -> u64 {
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                if key.is_empty() {
+                    return text.trim().parse().unwrap_or(0);
+                }
+                text.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            let kills = count(&c.oom_kills, "oom_kill ");
+            let hits = count(&c.hits, if c.v2 { "oom " } else { "" });
             let mut seen = self.seen.lock().ok()?;
-            if kills > *seen {
-                *seen = kills;
-                return Some(format!(
-                    "[sandbox] killed for memory: the run's processes reached max_memory = {limit}"
-                ));
-            }
-            return None;
+            let new_kill = kills > seen.kills;
+            let new_hit = hits > seen.hits;
+            *seen = Seen { kills, hits };
+            return (new_kill || (killed && new_hit)).then(|| {
+                format!(
+                    "[sandbox] killed for memory: the run's processes reached max_memory = \
+                     {limit}"
+                )
+            });
         }
         let failed = [
             "MemoryError",
