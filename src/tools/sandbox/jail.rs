@@ -791,6 +791,18 @@ impl Jail {
         sweep(self.ns.as_ref().map(|n| (n.id, n.init())))
     }
 
+    /// Spawn a command `apply` armed, held (see `spawn_held`): inside the run's cgroups from
+    /// the start where a thread of sup's is in them.
+    pub(crate) fn spawn(
+        &self,
+        cmd: &mut tokio::process::Command,
+    ) -> std::io::Result<(tokio::process::Child, Option<Held>)> {
+        match &self.limits {
+            Some(l) => l.spawn(cmd),
+            None => super::reaper::spawn_held(cmd),
+        }
+    }
+
     /// Note a process group this run started, with its start time, so that a later `sup`
     /// can end it should this one be killed.
     pub(crate) fn record(&self, pid: i32) {

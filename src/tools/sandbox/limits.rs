@@ -40,8 +40,8 @@ fn shown(bytes: u64) -> String {
 #[derive(Debug)]
 struct Cgroup {
     dirs: Vec<PathBuf>,
-    /// `cgroup.procs` of each, written by the child with `0` (itself).
-    procs: Vec<CString>,
+    /// How a child joins each.
+    joins: Vec<Join>,
     /// `memory.events` (v2) or `memory.oom_control` (v1): its `oom_kill` line.
     oom_kills: PathBuf,
     /// Times the limit was reached: the `oom` line of `memory.events` (v2), or
@@ -49,6 +49,130 @@ struct Cgroup {
     /// `oom_kill` is counted after it: a killed command can be seen dead before that one.
     hits: PathBuf,
     v2: bool,
+    /// The thread that spawns the run's commands inside the cgroups (v1).
+    spawner: Option<Spawner>,
+}
+
+/// A cgroup a child joins: the `cgroup.procs` it writes `0` (itself) into, unless its line
+/// in `/proc/self/cgroup` (`needle`) shows it is in the cgroup already.
+#[derive(Clone, Debug)]
+struct Join {
+    procs: CString,
+    needle: Vec<u8>,
+}
+
+impl Join {
+    fn new(dir: &Path, needle: String) -> Result<Join, String> {
+        Ok(Join {
+            procs: CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes())
+                .map_err(|e| e.to_string())?,
+            needle: needle.into_bytes(),
+        })
+    }
+}
+
+/// `dir` inside the cgroup `at` of a hierarchy, as `/proc/self/cgroup` names it.
+fn inside(at: &str, name: &str) -> String {
+    format!("{}/{name}", at.trim_end_matches('/'))
+}
+
+/// What a spawner thread is asked: spawn this command (inside the runtime, when given), and
+/// send it back with its child.
+type Job = (
+    tokio::process::Command,
+    Option<tokio::runtime::Handle>,
+    std::sync::mpsc::SyncSender<(tokio::process::Command, Spawned)>,
+);
+
+type Spawned = std::io::Result<(tokio::process::Child, Option<super::reaper::Held>)>;
+
+/// A thread of sup's in the run's v1 cgroups (a v1 cgroup holds threads) that spawns the
+/// run's commands: a child starts in the cgroups of the thread that forked it, and so need
+/// not move into them. A move waits for an RCU grace period, many milliseconds, per command.
+#[derive(Debug)]
+struct Spawner {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Write the calling thread's id into `tasks` of each of `dirs`.
+fn move_thread(dirs: &[PathBuf]) -> std::io::Result<()> {
+    // SAFETY: gettid cannot fail.
+    let tid = unsafe { libc::gettid() }.to_string();
+    for d in dirs {
+        write(&d.join("tasks"), &tid)?;
+    }
+    Ok(())
+}
+
+impl Spawner {
+    /// A thread in `dirs`; it goes back to their parents when dropped.
+    fn new(dirs: &[PathBuf]) -> std::io::Result<Spawner> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let (ready, started) = std::sync::mpsc::sync_channel(1);
+        let inside = dirs.to_vec();
+        let thread = std::thread::Builder::new()
+            .name("sup-jail-spawner".into())
+            .spawn(move || {
+                let entered = move_thread(&inside);
+                let ok = entered.is_ok();
+                let _ = ready.send(entered);
+                if !ok {
+                    return;
+                }
+                for (mut cmd, runtime, reply) in queue {
+                    let _in_runtime = runtime.as_ref().map(|r| r.enter());
+                    let spawned = super::reaper::spawn_held(&mut cmd);
+                    let _ = reply.send((cmd, spawned));
+                }
+                let parents: Vec<PathBuf> = inside
+                    .iter()
+                    .filter_map(|d| d.parent().map(Path::to_path_buf))
+                    .collect();
+                let _ = move_thread(&parents);
+            })?;
+        match started.recv() {
+            Ok(Ok(())) => Ok(Spawner {
+                jobs: Some(jobs),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+
+    fn spawn(&self, cmd: &mut tokio::process::Command) -> Spawned {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let owned = std::mem::replace(cmd, tokio::process::Command::new(""));
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        let Some(jobs) = &self.jobs else {
+            *cmd = owned;
+            return super::reaper::spawn_held(cmd);
+        };
+        if let Err(std::sync::mpsc::SendError((owned, _, _))) = jobs.send((owned, runtime, reply)) {
+            *cmd = owned;
+            return super::reaper::spawn_held(cmd);
+        }
+        match answer.recv() {
+            Ok((back, spawned)) => {
+                *cmd = back;
+                spawned
+            }
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Memory events of the cgroup seen so far: OOM kills, and times the limit was hit.
@@ -156,15 +280,17 @@ fn v2(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
         let _ = std::fs::remove_dir(&dir);
         return Err(format!("cannot set the limits of {}: {e}", dir.display()));
     }
+    let joins = vec![Join::new(
+        &dir,
+        format!("0::{}\n", inside(&own, &format!("sup-{run_id}"))),
+    )?];
     Ok(Cgroup {
-        procs: vec![
-            CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes())
-                .map_err(|e| e.to_string())?,
-        ],
+        joins,
         oom_kills: dir.join("memory.events"),
         hits: dir.join("memory.events"),
         dirs: vec![dir],
         v2: true,
+        spawner: None,
     })
 }
 
@@ -172,12 +298,13 @@ fn v2(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
 fn v1(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, String> {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let mut dirs = Vec::new();
+    let mut joins = Vec::new();
     for (controller, file, value) in [
         ("pids", "pids.max", processes),
         ("memory", "memory.limit_in_bytes", memory),
     ] {
         let base = PathBuf::from("/sys/fs/cgroup").join(controller);
-        let at = own
+        let (names, at) = own
             .lines()
             .find_map(|l| {
                 let mut f = l.splitn(3, ':');
@@ -185,7 +312,7 @@ fn v1(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
                 names
                     .split(',')
                     .any(|n| n == controller)
-                    .then(|| path.to_string())
+                    .then(|| (names.to_string(), path.to_string()))
             })
             .ok_or_else(|| format!("no cgroup v1 {controller} hierarchy"))?;
         let parent = base.join(at.trim_start_matches('/'));
@@ -204,18 +331,25 @@ fn v1(run_id: &str, runs: &Path, processes: u64, memory: u64) -> Result<Cgroup, 
             }
             return Err(format!("cannot make the cgroup {}: {e}", dir.display()));
         }
+        let needle = format!(":{names}:{}\n", inside(&at, &format!("sup-{run_id}")));
+        let join = Join::new(&dir, needle);
         dirs.push(dir);
+        match join {
+            Ok(j) => joins.push(j),
+            Err(e) => {
+                for d in &dirs {
+                    let _ = std::fs::remove_dir(d);
+                }
+                return Err(e);
+            }
+        }
     }
-    let procs = dirs
-        .iter()
-        .map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
     let memory = dirs.get(1).cloned().unwrap_or_default();
     Ok(Cgroup {
         oom_kills: memory.join("memory.oom_control"),
         hits: memory.join("memory.failcnt"),
-        procs,
+        spawner: Spawner::new(&dirs).ok(),
+        joins,
         dirs,
         v2: false,
     })
@@ -280,15 +414,23 @@ impl Limits {
         }
     }
 
+    /// Spawn a jailed command: from inside the cgroups where a thread of sup's is in them.
+    pub(super) fn spawn(&self, cmd: &mut tokio::process::Command) -> Spawned {
+        match self.cgroup.as_ref().and_then(|c| c.spawner.as_ref()) {
+            Some(s) => s.spawn(cmd),
+            None => super::reaper::spawn_held(cmd),
+        }
+    }
+
     /// What a child needs to enter the limits.
     pub(super) fn entry(&self) -> Entry {
         match &self.cgroup {
             Some(c) => Entry {
-                procs: c.procs.clone(),
+                joins: c.joins.clone(),
                 rlimits: None,
             },
             None => Entry {
-                procs: Vec::new(),
+                joins: Vec::new(),
                 rlimits: Some((self.processes, self.memory)),
             },
         }
@@ -342,14 +484,25 @@ impl Limits {
 impl Drop for Limits {
     /// End what is left in the cgroup and remove it.
     fn drop(&mut self) {
-        let Some(c) = &self.cgroup else { return };
+        let Some(c) = &mut self.cgroup else { return };
+        // Its thread out of the cgroups first; sup itself is never killed here.
+        c.spawner = None;
+        let me = std::process::id() as i32;
         for d in &c.dirs {
             for _ in 0..100 {
                 let pids = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
                 if pids.trim().is_empty() {
                     break;
                 }
-                for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+                let pids: Vec<i32> = pids
+                    .lines()
+                    .filter_map(|p| p.trim().parse::<i32>().ok())
+                    .filter(|p| *p != me)
+                    .collect();
+                if pids.is_empty() {
+                    break;
+                }
+                for pid in pids {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid),
                         nix::sys::signal::Signal::SIGKILL,
@@ -365,15 +518,41 @@ impl Drop for Limits {
 /// The cgroup files a child joins, or the rlimits it sets.
 #[derive(Clone, Debug)]
 pub(super) struct Entry {
-    procs: Vec<CString>,
+    joins: Vec<Join>,
     rlimits: Option<(u64, u64)>,
 }
 
 impl Entry {
-    /// In the child before exec (before Landlock): enter the cgroup, or set the rlimits.
-    /// Only system calls.
+    /// In the child before exec (before Landlock): enter the cgroups it is not in yet (a
+    /// child of the spawner thread is in them), or set the rlimits. Only system calls.
     pub(super) fn enter(&self) -> std::io::Result<()> {
-        for p in &self.procs {
+        let mut buf = [0u8; 4096];
+        let mut len = 0;
+        if !self.joins.is_empty() {
+            // SAFETY: open, read and close on a NUL-terminated path and a local buffer.
+            unsafe {
+                let fd = libc::open(
+                    c"/proc/self/cgroup".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                if fd >= 0 {
+                    while len < buf.len() {
+                        let n = libc::read(fd, buf[len..].as_mut_ptr().cast(), buf.len() - len);
+                        if n <= 0 {
+                            break;
+                        }
+                        len += n as usize;
+                    }
+                    libc::close(fd);
+                }
+            }
+        }
+        let mine = &buf[..len];
+        for j in &self.joins {
+            if !j.needle.is_empty() && mine.windows(j.needle.len()).any(|w| w == j.needle) {
+                continue;
+            }
+            let p = &j.procs;
             // SAFETY: open, write and close on a NUL-terminated path and a local buffer.
             unsafe {
                 let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
