@@ -31,23 +31,40 @@ fn spec(dir: &std::path::Path, jail: Arc<Jail>) -> Spec {
     }
 }
 
+/// CPU time (user and system) of this process and of its children that ended: what a
+/// command costs the machine, whatever else runs on it.
+fn cpu() -> Duration {
+    let mut total = Duration::ZERO;
+    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+        // SAFETY: getrusage into a zeroed local struct.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(who, &mut u) };
+        for t in [u.ru_utime, u.ru_stime] {
+            total += Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+        }
+    }
+    total
+}
+
 /// Run the configurations in turn, one command each round, so that load on the machine
-/// weighs on all of them alike; each one's times, sorted.
-async fn time(specs: &[&Spec]) -> Vec<Vec<Duration>> {
+/// weighs on all of them alike; each one's wall times, sorted, and its CPU time in all.
+async fn time(specs: &[&Spec]) -> (Vec<Vec<Duration>>, Vec<Duration>) {
     let cancel = CancellationToken::new();
     let mut times = vec![Vec::with_capacity(RUNS); specs.len()];
+    let mut cpus = vec![Duration::ZERO; specs.len()];
     for _ in 0..RUNS {
         for (i, spec) in specs.iter().enumerate() {
-            let started = Instant::now();
+            let (started, used) = (Instant::now(), cpu());
             let done = process::run(spec, &cancel).await.expect("bash runs");
             assert!(done.ending.success());
             times[i].push(started.elapsed());
+            cpus[i] += cpu().saturating_sub(used);
         }
     }
     for t in &mut times {
         t.sort();
     }
-    times
+    (times, cpus)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -83,7 +100,7 @@ fn main() {
         &settings,
         &ws_path,
         &home.path().join("r1"),
-        "bench",
+        &format!("bench-{}-1", std::process::id()),
         home.path(),
         &[],
     )
@@ -92,7 +109,7 @@ fn main() {
         &settings,
         &git_path,
         &home.path().join("r2"),
-        "bench",
+        &format!("bench-{}-2", std::process::id()),
         home.path(),
         &[],
     )
@@ -104,7 +121,7 @@ fn main() {
         },
         &deep_path,
         &home.path().join("r3"),
-        "bench",
+        &format!("bench-{}-3", std::process::id()),
         home.path(),
         &[],
     )
@@ -138,8 +155,9 @@ fn main() {
     let specs: Vec<&Spec> = configs.iter().map(|(_, s)| s).collect();
     // Warm up, then measure.
     runtime.block_on(time(&specs));
-    let times = runtime.block_on(time(&specs));
+    let (times, cpus) = runtime.block_on(time(&specs));
     let (base, _) = stats(&times[0]);
+    let per_command = |c: Duration| ms(c) / RUNS as f64;
     for (i, ((name, _), t)) in configs.iter().zip(&times).enumerate() {
         let (median, mean) = stats(t);
         let added = median - base;
@@ -154,6 +172,12 @@ fn main() {
         println!(
             "{name:>24}: median {median:.3} ms, mean {mean:.3} ms, sandbox adds {added:+.3} ms \
              (median); {verdict}"
+        );
+        println!(
+            "{:>24}  CPU {:.3} ms per command, sandbox adds {:+.3} ms (what load does not change)",
+            "",
+            per_command(cpus[i]),
+            per_command(cpus[i]) - per_command(cpus[0])
         );
     }
 }

@@ -745,7 +745,13 @@ pub(crate) async fn run_for_tool(
     let stdout = read(&spec.stdout);
     let mut stderr = read(&spec.stderr);
     if !finished.ending.success()
-        && let Some(note) = ctx.jail.explain(&stderr)
+        && let Some(note) = ctx.jail.explain(
+            &stderr,
+            matches!(
+                finished.ending,
+                Ending::Signaled(libc::SIGKILL) | Ending::Exited(137)
+            ),
+        )
     {
         stderr.push_str(&format!("\n{note}\n"));
     }

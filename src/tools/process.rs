@@ -180,8 +180,10 @@ pub async fn run(spec: &Spec, cancel: &CancellationToken) -> Result<Finished, Pr
             source,
         })?;
     // Registered as a running leader before any sweep can see it.
-    let (mut child, _held) =
-        super::sandbox::spawn_held(&mut cmd).map_err(|source| ProcessError::Spawn {
+    let (mut child, _held) = spec
+        .jail
+        .spawn(&mut cmd)
+        .map_err(|source| ProcessError::Spawn {
             program: spec.program.clone(),
             source,
         })?;

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{Env, Run};
+use common::{Env, Run, SpawnKilled};
 use serde_json::{Value, json};
 
 fn cmd(id: &str, command: &str) -> Value {
@@ -344,6 +344,20 @@ for i in range(2000):
 print('forked', n)
 "#;
 
+/// The cgroup folders the sandbox line names (`(cgroup vN, DIR, DIR)`), none without one.
+fn cgroup_dirs(line: &str) -> Vec<std::path::PathBuf> {
+    line.split_once("(cgroup v")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(inside, _)| {
+            inside
+                .split(", ")
+                .skip(1)
+                .map(std::path::PathBuf::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[test]
 fn a_fork_bomb_is_contained_and_the_run_goes_on() {
     both(|nobody| {
@@ -365,13 +379,83 @@ fn a_fork_bomb_is_contained_and_the_run_goes_on() {
             .find_map(|l| l.strip_prefix("forked "))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("{out}"));
-        assert!(forked < 64, "{out}");
+        // Capped by max_processes itself: the jail's own few (its init, the command's relay,
+        // python) count too.
+        assert!((48..64).contains(&forked), "{out}");
         assert!(out.contains("refused after"), "{out}");
         assert!(text(run.tool_result("after")).contains("still here"));
         assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
         let line = sandbox_line(&run);
         assert!(line.contains("limits: 64 processes"), "{line}");
+        if nobody {
+            assert!(
+                line.contains("(cgroup v") || line.contains("(rlimit: RLIMIT_NPROC"),
+                "{line}"
+            );
+        } else {
+            // RLIMIT_NPROC does not bind root: only a cgroup holds a fork bomb of root's.
+            let dirs = cgroup_dirs(&line);
+            assert!(!dirs.is_empty(), "root's limits are a cgroup: {line}");
+            for d in dirs {
+                assert!(!d.exists(), "{} outlived its run", d.display());
+            }
+        }
     });
+}
+
+/// `sup-NAME` beside the cgroups of a first run (`dirs`), made empty; with its folder's time
+/// an hour back when `old`.
+fn left_over(dirs: &[std::path::PathBuf], name: &str, old: bool) -> Vec<std::path::PathBuf> {
+    dirs.iter()
+        .map(|d| {
+            let made = d.parent().unwrap().join(format!("sup-{name}"));
+            std::fs::create_dir(&made).unwrap();
+            if old {
+                let touched = std::process::Command::new("touch")
+                    .args(["-d", "1 hour ago"])
+                    .arg(&made)
+                    .status()
+                    .unwrap();
+                assert!(touched.success());
+            }
+            made
+        })
+        .collect()
+}
+
+#[test]
+fn a_start_removes_the_empty_cgroups_of_dead_runs_and_no_others() {
+    if !root() {
+        eprintln!("skipped: only root makes cgroups here");
+        return;
+    }
+    let env = Env::new();
+    let first = goal(&env, false, GOAL, json!([say("done")]));
+    let dirs = cgroup_dirs(&sandbox_line(&first));
+    if dirs.is_empty() {
+        eprintln!("skipped: no cgroup: {}", sandbox_line(&first));
+        return;
+    }
+    let tag = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
+    // A run of this SUP_HOME that is over (its lock held by nobody), one of another SUP_HOME
+    // long gone, and one being made right now by a run elsewhere.
+    let dead = format!("dead{tag}");
+    let run_dir = env.home.path().join("runs").join(&dead);
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join("lock"), "").unwrap();
+    let dead_dirs = left_over(&dirs, &dead, false);
+    let gone_dirs = left_over(&dirs, &format!("gone{tag}"), true);
+    let young_dirs = left_over(&dirs, &format!("young{tag}"), false);
+    let run = goal(&env, false, GOAL, json!([say("done")]));
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let kept: Vec<bool> = young_dirs.iter().map(|d| d.exists()).collect();
+    for d in &young_dirs {
+        let _ = std::fs::remove_dir(d);
+    }
+    for d in dead_dirs.iter().chain(&gone_dirs) {
+        assert!(!d.exists(), "{} is left", d.display());
+    }
+    assert!(kept.iter().all(|k| *k), "a young cgroup was removed");
 }
 
 #[test]
@@ -698,5 +782,250 @@ fn checks_run_in_a_jail_of_their_own_after_the_agents_has_ended() {
         let agent = std::fs::read_to_string(env.ws().join("agent.ns")).unwrap();
         let check = std::fs::read_to_string(env.ws().join("check.ns")).unwrap();
         assert_ne!(agent, check);
+    });
+}
+
+/// Runs `PROGRAM ARGS…` under a seccomp filter that fails the system calls it is given, as
+/// a kernel without them would: `without.py RULES PROGRAM ARGS…`, RULES a JSON list of
+/// `[number, first argument or null, errno]` (x86_64 numbers).
+const WITHOUT: &str = r#"
+import ctypes, json, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def op(code, jt, jf, k):
+    return struct.pack("HBBI", code, jt, jf, k)
+LD, JEQ, RET = 0x20, 0x15, 0x06
+ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+prog = [op(LD, 0, 0, 4), op(JEQ, 1, 0, 0xC000003E), op(RET, 0, 0, ALLOW)]
+for nr, arg, errno in json.loads(sys.argv[1]):
+    prog.append(op(LD, 0, 0, 0))
+    prog.append(op(JEQ, 0, 1 if arg is None else 3, nr))
+    if arg is not None:
+        prog.append(op(LD, 0, 0, 16))
+        prog.append(op(JEQ, 0, 1, arg))
+    prog.append(op(RET, 0, 0, ERRNO | errno))
+prog.append(op(RET, 0, 0, ALLOW))
+prog = b"".join(prog)
+buf = ctypes.create_string_buffer(prog, len(prog))
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(prog) // 8, ctypes.addressof(buf))
+prctl = libc.prctl
+prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+if prctl(38, 1, None, 0, 0) != 0 or prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:
+    sys.exit("seccomp: " + os.strerror(ctypes.get_errno()))
+os.execv(sys.argv[2], sys.argv[2:])
+"#;
+
+/// `sup goal --file goal.toml --json --model script:…` (as 65534 when `nobody`) on a kernel
+/// without the system calls `rules` (see `WITHOUT`).
+fn goal_without(env: &Env, nobody: bool, rules: &str, body: &str, turns: Value) -> Run {
+    let goal = env.write("goal.toml", body);
+    let script = env.script(turns);
+    let sup = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let wrapper = env.home.path().join("without.py");
+    std::fs::write(&wrapper, WITHOUT).unwrap();
+    let mut c = if nobody {
+        let mut c = std::process::Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+        ]);
+        c
+    } else {
+        std::process::Command::new("/usr/bin/python3")
+    };
+    c.arg(&wrapper).arg(rules).arg(env!("CARGO_BIN_EXE_sup"));
+    for (k, v) in sup.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.current_dir(env.ws())
+        .stdin(std::process::Stdio::null())
+        .args([
+            "goal",
+            "--file",
+            goal.to_str().unwrap(),
+            "--json",
+            "--model",
+        ])
+        .arg(format!("script:{}", script.display()));
+    Run::new(c.output().unwrap())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_kernel_without_a_part_of_the_jail_says_missing_and_sandbox_required_refuses() {
+    const ENOSYS: i32 = 38;
+    const EPERM: i32 = 1;
+    const EINVAL: i32 = 22;
+    let kernels = [
+        (
+            format!("[[444, null, {ENOSYS}], [445, null, {ENOSYS}], [446, null, {ENOSYS}]]"),
+            "this kernel has no Landlock",
+        ),
+        (
+            // unshare: as with user.max_user_namespaces = 0 (and, for root, no PID namespace).
+            format!("[[272, null, {EPERM}]]"),
+            "no PID namespace for the run",
+        ),
+        (
+            // seccomp(2), and prctl(PR_SET_SECCOMP, …).
+            format!("[[317, null, {ENOSYS}], [157, 22, {EINVAL}]]"),
+            "this kernel has no seccomp filters",
+        ),
+    ];
+    both(|nobody| {
+        for (rules, missing) in &kernels {
+            let env = Env::new();
+            let run = goal_without(
+                &env,
+                nobody,
+                rules,
+                GOAL,
+                json!([cmd("c", "echo still-works"), say("done")]),
+            );
+            assert_eq!(run.code, 0, "{missing}, 65534: {nobody}: {}", run.stderr);
+            assert!(text(run.tool_result("c")).contains("still-works"));
+            let line = sandbox_line(&run);
+            assert!(
+                line.contains("MISSING PROTECTION") && line.contains(missing),
+                "{missing}: {line}"
+            );
+            let env = Env::new();
+            let run = goal_without(
+                &env,
+                nobody,
+                rules,
+                &format!("{GOAL}sandbox_required = true\n"),
+                json!([cmd("c", "echo ran"), say("done")]),
+            );
+            assert_eq!(run.code, 2, "{missing}: {}", run.stdout);
+            assert!(
+                run.stderr.contains("sandbox is required") && run.stderr.contains(missing),
+                "{missing}: {}",
+                run.stderr
+            );
+            assert!(!run.stdout.contains("ran"), "{}", run.stdout);
+        }
+    });
+}
+
+#[test]
+fn a_forged_identity_keeps_nothing_alive_through_the_check() {
+    both(|nobody| {
+        let env = Env::new();
+        // A run before: the job claims to be that run's, by its id in the environment and in
+        // a jail record of its own.
+        let first = goal(&env, nobody, GOAL, json!([say("done")]));
+        assert_eq!(first.code, 0, "{}", first.stderr);
+        let other = first.of_type("run_started")[0]["run_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let marker = format!("sup-forged-{}", uuid::Uuid::new_v4().simple());
+        env.write(
+            "job.sh",
+            "while :; do echo 42 > answer.txt; sleep 0.05; done\n",
+        );
+        let spawn = format!(
+            "cat $SUP_HOME/runs/{other}/jail > jail 2>/dev/null; \
+             cp jail $SUP_HOME/runs/$SUP_RUN_ID/jail 2>/dev/null; \
+             SUP_RUN_ID={other} SUP_RUN_TOKEN=forged setsid bash -c 'exec -a {marker} bash job.sh' \
+             >/dev/null 2>&1 < /dev/null & \
+             for i in $(seq 200); do grep -qx 42 answer.txt 2>/dev/null && break; sleep 0.02; done; \
+             cat answer.txt"
+        );
+        let body = format!(
+            "{GOAL}tries = 1\n[[check]]\nrun = \"echo 41 > answer.txt; sleep 0.3; grep -qx 41 answer.txt\"\n"
+        );
+        let run = goal(
+            &env,
+            nobody,
+            &body,
+            json!([cmd("spawn", &spawn), say("done")]),
+        );
+        let left = crate::sandbox::left_with(&marker);
+        assert!(
+            text(run.tool_result("spawn")).contains("42"),
+            "{}",
+            run.stdout
+        );
+        assert_eq!(run.result()["status"], "achieved", "{}", run.stdout);
+        assert!(left.is_empty(), "left running: {left:?}");
+    });
+}
+
+#[test]
+fn after_kill_9_of_sup_nothing_of_its_run_lives_and_the_next_start_says_interrupted() {
+    both(|nobody| {
+        let env = Env::new();
+        let tag = crate::sandbox::new_tag();
+        let spawn = format!(
+            "setsid bash -c 'exec -a {tag}s sleep 300' >/dev/null 2>&1 < /dev/null & \
+             (exec -a {tag}b sleep 300 &); exec -a {tag}l sleep 300"
+        );
+        let goal_file = env.write("goal.toml", GOAL);
+        let script = env.script(json!([cmd("spawn", &spawn), say("done")]));
+        let mut c = if nobody {
+            env.sup_as_nobody()
+        } else {
+            env.sup()
+        };
+        let mut first = c
+            .args(["goal", "--file", goal_file.to_str().unwrap(), "--json"])
+            .args(["--tool-timeout", "600s", "--model"])
+            .arg(format!("script:{}", script.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn_killed();
+        common::eventually(
+            std::time::Duration::from_secs(10),
+            "the three to start",
+            || (crate::sandbox::tagged(&tag).len() == 3).then_some(()),
+        );
+        first.kill().unwrap();
+        first.wait().unwrap();
+        common::eventually(
+            std::time::Duration::from_secs(10),
+            "the jail to end with sup",
+            || crate::sandbox::tagged(&tag).is_empty().then_some(()),
+        );
+        // The killed run says it is running, under a pid that is always alive.
+        let db = env.home.path().join("sup.db");
+        let sql = |q: &str| {
+            let out = as_user(nobody, "/usr/bin/python3")
+                .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchall(); c.commit(); print(r)"])
+                .arg(&db)
+                .arg(q)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        sql("update runs set pid = 1");
+        let run = goal(&env, nobody, GOAL, json!([say("done")]));
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let mut runs = if nobody {
+            env.sup_as_nobody()
+        } else {
+            env.sup()
+        };
+        assert!(
+            runs.args(["runs", "--json"])
+                .output()
+                .unwrap()
+                .status
+                .success()
+        );
+        let statuses = sql("select status from runs order by started_at");
+        assert!(statuses.contains("interrupted"), "{statuses}");
+        assert!(!statuses.contains("running"), "{statuses}");
     });
 }

@@ -425,7 +425,7 @@ fn approvals_record_the_os_user_not_dollar_user() {
 
 /// Host pids of the processes whose command line holds `tag` (a jailed process knows only
 /// its pid in the run's PID namespace, so witnesses are found by name).
-fn tagged(tag: &str) -> Vec<u32> {
+pub(crate) fn tagged(tag: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| {
@@ -437,7 +437,7 @@ fn tagged(tag: &str) -> Vec<u32> {
 }
 
 /// A tag no other test uses.
-fn new_tag() -> String {
+pub(crate) fn new_tag() -> String {
     format!("supwitness{}", uuid_like())
 }
 
@@ -1247,7 +1247,7 @@ fn sup_home_inside_the_workspace_stays_read_only_and_tmpdir_writable() {
 }
 
 /// Whether a process whose command line contains `marker` runs; kills any it finds.
-fn left_with(marker: &str) -> Vec<String> {
+pub(crate) fn left_with(marker: &str) -> Vec<String> {
     let out = std::process::Command::new("pgrep")
         .args(["-f", marker])
         .output()

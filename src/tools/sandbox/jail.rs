@@ -357,6 +357,9 @@ impl Jail {
             self.run_dir.join(JAIL),
             format!("{} {} {init} {start}\n", ns.id.0, ns.id.1),
         );
+        if let Some(l) = &self.limits {
+            l.hold(init);
+        }
     }
 
     /// End the run's PID namespace, and with it every process in it (MCP servers and what
@@ -736,13 +739,18 @@ impl Jail {
         Ok(created.into())
     }
 
-    /// When a command failed and its stderr shows a refusal, say which path the sandbox
-    /// stopped and by which rule, so the model can act on it.
-    pub(crate) fn explain(&self, stderr: &str) -> Option<String> {
+    /// When a command failed (`killed`: by SIGKILL, or a shell's 137) and its stderr shows a
+    /// refusal, say which path the sandbox stopped and by which rule, so the model can act
+    /// on it; or that it was killed for memory.
+    pub(crate) fn explain(&self, stderr: &str, killed: bool) -> Option<String> {
         if self.policy == Policy::Off {
             return None;
         }
-        if let Some(note) = self.limits.as_ref().and_then(|l| l.memory_note(stderr)) {
+        if let Some(note) = self
+            .limits
+            .as_ref()
+            .and_then(|l| l.memory_note(stderr, killed))
+        {
             return Some(note);
         }
         let refused = [
@@ -843,6 +851,18 @@ impl Jail {
     /// not this one's, whatever their processes' environment says.
     pub(crate) fn sweep(&self) -> usize {
         sweep(self.current())
+    }
+
+    /// Spawn a command `apply` armed, held (see `spawn_held`): inside the run's cgroups from
+    /// the start where a thread of sup's is in them.
+    pub(crate) fn spawn(
+        &self,
+        cmd: &mut tokio::process::Command,
+    ) -> std::io::Result<(tokio::process::Child, Option<Held>)> {
+        match &self.limits {
+            Some(l) => l.spawn(cmd),
+            None => super::reaper::spawn_held(cmd),
+        }
     }
 
     /// Note a process group this run started, with its start time, so that a later `sup`
