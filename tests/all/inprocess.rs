@@ -208,6 +208,78 @@ async fn the_work_loop_stops_at_max_steps_and_never_calls_it_success() {
 }
 
 #[tokio::test]
+async fn the_work_loop_stops_on_the_same_call_with_the_same_result_again_and_again() {
+    let mut f = Fixture::new();
+    f.limits.repeat_limit = 3;
+    let same = call("s", "list_files", json!({"path": "."}));
+    let m = model(
+        f.ws.path(),
+        json!([same, same, same, same, same, {"text": "never reached"}]),
+    );
+    let mut messages = Conversation::new();
+    let out = f
+        .work(&m, None)
+        .run(&mut messages, Default::default())
+        .await;
+    assert_eq!(out.stop_reason, StopReason::RepeatedCalls);
+    assert_eq!(out.steps, 3);
+    assert_eq!(out.answer, None);
+}
+
+#[tokio::test]
+async fn the_work_loop_stops_when_the_token_budget_is_spent() {
+    let mut f = Fixture::new();
+    f.limits.token_budget = Some(100);
+    let spend = |id: &str| {
+        json!({"tool_calls": [{"id": id, "name": "list_files", "input": {}}],
+               "usage": {"input_tokens": 60, "output_tokens": 0}})
+    };
+    let m = model(
+        f.ws.path(),
+        json!([spend("1"), spend("2"), spend("3"), {"text": "never reached"}]),
+    );
+    let mut messages = Conversation::new();
+    let out = f
+        .work(&m, None)
+        .run(&mut messages, Default::default())
+        .await;
+    assert_eq!(out.stop_reason, StopReason::Budget);
+    assert_eq!(out.steps, 2, "the step that passed the budget is the last");
+    assert_eq!(out.answer, None);
+}
+
+#[tokio::test]
+async fn the_work_loop_cancelled_while_the_model_thinks_stops_at_once() {
+    let f = Fixture::new();
+    let m = model(
+        f.ws.path(),
+        json!([{"text": "too late", "delay_ms": 60_000}]),
+    );
+    // Cancelled once the step has started (the model is asked), not before.
+    let cancel = f.cancel.clone();
+    let kept = f.kept.clone();
+    tokio::spawn(async move {
+        crate::common::eventually_async(Duration::from_secs(10), "the step to start", || {
+            kept.json()
+                .iter()
+                .any(|e| e["type"] == "step_started")
+                .then_some(())
+        })
+        .await;
+        cancel.cancel();
+    });
+    let started = Instant::now();
+    let mut messages = Conversation::new();
+    let out = f
+        .work(&m, None)
+        .run(&mut messages, Default::default())
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(out.stop_reason, StopReason::Cancelled);
+    assert_eq!(out.answer, None);
+}
+
+#[tokio::test]
 async fn the_gate_asks_the_injected_approver_and_a_denial_is_the_result() {
     let f = Fixture::new();
     let asker = Arc::new(Scripted {

@@ -798,7 +798,7 @@ fn pids_of_sleep_300() -> Vec<i32> {
 }
 
 /// 20 × `kill -9` of the daemon while a run's `sleep 300` tool runs, then a restart: the
-/// figures are printed. Run with `cargo test --test reliability soak -- --ignored --nocapture`.
+/// figures are printed. Run with `cargo test --test all -- reliability::soak --ignored --nocapture`.
 #[test]
 #[ignore = "a soak of about a minute that prints figures; run it on purpose"]
 fn soak_kill_9_of_the_daemon_twenty_times() {
