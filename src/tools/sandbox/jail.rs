@@ -272,7 +272,7 @@ impl Jail {
             }
             Err(e) => jail.missing.push(format!(
                 "no PID namespace for the run ({e}): its processes are known by their parent \
-                 only, and a double fork escapes the sweep"
+                 only, a double fork escapes the sweep, and the checks get no jail of their own"
             )),
         }
         jail.own_pts = true;
