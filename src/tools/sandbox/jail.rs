@@ -260,7 +260,10 @@ impl Jail {
             s.max_processes,
             s.max_memory,
         ));
-        match PidNs::new() {
+        // The jail's mounts, made once by the namespace's init; its commands join them.
+        let (binds, hides, empty) = (jail.binds.clone(), jail.hides.clone(), jail.empty.clone());
+        let mounts = move || hide_behind_read_only_mounts(&binds, None, true, &hides, &empty, true);
+        match PidNs::new(Some(&mounts)) {
             Ok(ns) => {
                 if let Ok(mut inits) = INITS.lock() {
                     inits.push(ns.init());
@@ -323,6 +326,9 @@ impl Jail {
                     .map(|p| format!("{} (not hidden)", p.display())),
             );
             jail.own_pts = false;
+            if let Some(ns) = &mut jail.ns {
+                ns.mnt_ns = None;
+            }
             jail.hides.clear();
             jail.hidden.clear();
             jail.binds.clear();
@@ -584,10 +590,11 @@ impl Jail {
         let binds = self.binds.clone();
         let hides = self.hides.clone();
         let limits = self.limits.as_ref().map(Limits::entry);
-        let (pid_ns, user_ns) = self.ns.as_ref().map_or((-1, -1), |n| {
+        let (pid_ns, user_ns, mnt_ns) = self.ns.as_ref().map_or((-1, -1, -1), |n| {
             (
                 n.pid_ns.as_raw_fd(),
                 n.user_ns.as_ref().map_or(-1, |u| u.as_raw_fd()),
+                n.mnt_ns.as_ref().map_or(-1, |m| m.as_raw_fd()),
             )
         });
         let empty = self.empty.clone();
@@ -612,7 +619,9 @@ impl Jail {
                 super::pidns::enter(pid_ns, user_ns)?;
             }
             let own_proc = pid_ns >= 0;
-            if !binds.is_empty() || own_pts || !hides.is_empty() || own_proc {
+            if mnt_ns >= 0 {
+                super::pidns::enter_mounts(mnt_ns)?;
+            } else if !binds.is_empty() || own_pts || !hides.is_empty() || own_proc {
                 hide_behind_read_only_mounts(
                     &binds,
                     maps.as_ref(),
