@@ -5,7 +5,8 @@
 //! (`enter`): the child joins the namespace (and, as an ordinary user, the user namespace
 //! that owns it), forks once more, and stays outside as a relay of its child's ending, which
 //! lives in the namespace. Membership (`/proc/PID/ns/pid`) is how the sweep and the console
-//! tell the run's processes.
+//! tell the run's processes. The init also makes the run's mount namespace (the jail's
+//! mounts, made once), which each command joins (`enter_mounts`).
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
