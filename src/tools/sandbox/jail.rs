@@ -107,7 +107,7 @@ pub struct Jail {
 pub struct Armed {
     _ruleset: Option<OwnedFd>,
     /// The PID namespace (and its user namespace) the command enters.
-    _ns: Option<(OwnedFd, Option<OwnedFd>)>,
+    _ns: Option<(OwnedFd, Option<OwnedFd>, Option<OwnedFd>)>,
 }
 
 impl Jail {
@@ -265,7 +265,7 @@ impl Jail {
             s.max_processes,
             s.max_memory,
         ));
-        match PidNs::new() {
+        match jail.fresh_namespace() {
             Ok(ns) => {
                 jail.hold(&ns);
                 jail.ns = Mutex::new(Some(ns));
@@ -315,6 +315,9 @@ impl Jail {
                     .map(|p| format!("{} (not hidden)", p.display())),
             );
             jail.own_pts = false;
+            if let Some(ns) = jail.ns.get_mut().unwrap_or_else(|e| e.into_inner()) {
+                ns.mnt_ns = None;
+            }
             jail.hides.clear();
             jail.hidden.clear();
             jail.binds.clear();
@@ -374,14 +377,28 @@ impl Jail {
         if let Ok(mut inits) = INITS.lock() {
             inits.retain(|i| *i != old.init());
         }
+        let mounted = old.mnt_ns.is_some();
         // Waits for the init, which the kernel lets end only once every member has.
         drop(old);
-        let fresh = PidNs::new().map_err(|e| {
+        let mut fresh = self.fresh_namespace().map_err(|e| {
             SandboxError::Setup(format!("cannot make the run a fresh PID namespace: {e}"))
         })?;
+        // A run whose mount namespace did not work has its commands make none.
+        if !mounted {
+            fresh.mnt_ns = None;
+        }
         self.hold(&fresh);
         *ns = Some(fresh);
         Ok(())
+    }
+
+    /// A new PID namespace for the run, with the jail's mounts made once by its init (its
+    /// commands join them).
+    fn fresh_namespace(&self) -> std::io::Result<PidNs> {
+        let mounts = || {
+            hide_behind_read_only_mounts(&self.binds, None, true, &self.hides, &self.empty, true)
+        };
+        PidNs::new(Some(&mounts))
     }
 
     /// The current namespace's id and init, for the sweep.
@@ -642,12 +659,17 @@ impl Jail {
                 Some(n) => Some((
                     n.pid_ns.try_clone()?,
                     n.user_ns.as_ref().map(OwnedFd::try_clone).transpose()?,
+                    n.mnt_ns.as_ref().map(OwnedFd::try_clone).transpose()?,
                 )),
                 None => None,
             }
         };
-        let (pid_ns, user_ns) = ns.as_ref().map_or((-1, -1), |(p, u)| {
-            (p.as_raw_fd(), u.as_ref().map_or(-1, |u| u.as_raw_fd()))
+        let (pid_ns, user_ns, mnt_ns) = ns.as_ref().map_or((-1, -1, -1), |(p, u, m)| {
+            (
+                p.as_raw_fd(),
+                u.as_ref().map_or(-1, |u| u.as_raw_fd()),
+                m.as_ref().map_or(-1, |m| m.as_raw_fd()),
+            )
         });
         let empty = self.empty.clone();
         // SAFETY: getuid and getgid cannot fail.
@@ -671,7 +693,9 @@ impl Jail {
                 super::pidns::enter(pid_ns, user_ns)?;
             }
             let own_proc = pid_ns >= 0;
-            if !binds.is_empty() || own_pts || !hides.is_empty() || own_proc {
+            if mnt_ns >= 0 {
+                super::pidns::enter_mounts(mnt_ns)?;
+            } else if !binds.is_empty() || own_pts || !hides.is_empty() || own_proc {
                 hide_behind_read_only_mounts(
                     &binds,
                     maps.as_ref(),

@@ -5,7 +5,8 @@
 //! (`enter`): the child joins the namespace (and, as an ordinary user, the user namespace
 //! that owns it), forks once more, and stays outside as a relay of its child's ending, which
 //! lives in the namespace. Membership (`/proc/PID/ns/pid`) is how the sweep and the console
-//! tell the run's processes.
+//! tell the run's processes. The init also makes the run's mount namespace (the jail's
+//! mounts, made once), which each command joins (`enter_mounts`).
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -54,6 +55,10 @@ pub(super) struct PidNs {
     pub(super) pid_ns: OwnedFd,
     /// The user namespace that owns it, when sup is not root.
     pub(super) user_ns: Option<OwnedFd>,
+    /// The run's mount namespace, made by the init with the jail's mounts (read-only binds,
+    /// hidden paths, its own `/proc` and `/dev/pts`), that commands join: making and ending
+    /// one per command waits for RCU grace periods, many milliseconds each time.
+    pub(super) mnt_ns: Option<OwnedFd>,
     /// Device and inode of the namespace: who is in it.
     pub(super) id: (u64, u64),
 }
@@ -76,9 +81,12 @@ pub(crate) fn ns_of(pid: i32) -> Option<(u64, u64)> {
 }
 
 impl PidNs {
-    pub(super) fn new() -> std::io::Result<PidNs> {
+    /// The namespace and its init, which first makes a mount namespace of its own with
+    /// `mounts` (system calls only) when given.
+    pub(super) fn new(mounts: Option<&dyn Fn() -> std::io::Result<()>>) -> std::io::Result<PidNs> {
         let (life_r, life_w) = pipe()?;
         let (rep_r, rep_w) = pipe()?;
+        let (made_r, made_w) = pipe()?;
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let maps = (uid != 0).then(|| {
@@ -91,7 +99,7 @@ impl PidNs {
         let name = CString::new(INIT_NAME).map_err(std::io::Error::other)?;
         let argv = [name.as_ptr(), std::ptr::null()];
         let envp = [std::ptr::null::<libc::c_char>()];
-        let (lr, rw) = (life_r.as_raw_fd(), rep_w.as_raw_fd());
+        let (lr, rw, mw) = (life_r.as_raw_fd(), rep_w.as_raw_fd(), made_w.as_raw_fd());
         // Only the `sup` binary ran `at_start`, which makes an exec'd copy an init.
         let exec_self = crate::startup::kept();
         // SAFETY: the child makes only system calls (async-signal-safe) on data made before
@@ -133,6 +141,10 @@ impl PidNs {
                         libc::dup2(null, 1);
                         libc::dup2(null, 2);
                     }
+                    if let Some(m) = mounts {
+                        let made = [u8::from(m().is_ok())];
+                        libc::write(mw, made.as_ptr().cast(), 1);
+                    }
                     libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
                     if exec_self {
                         libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
@@ -149,6 +161,7 @@ impl PidNs {
             }
         }
         drop(rep_w);
+        drop(made_w);
         drop(life_r);
         let mut status = 0;
         // SAFETY: waiting for the child just forked.
@@ -167,6 +180,10 @@ impl PidNs {
             let f = std::fs::File::open(format!("/proc/{init}/ns/{what}"))?;
             Ok(OwnedFd::from(f))
         };
+        let mut made = [0u8; 1];
+        let mounted = mounts.is_some()
+            && std::fs::File::from(made_r).read_exact(&mut made).is_ok()
+            && made[0] == 1;
         let ns = PidNs {
             init,
             _lifeline: life_w,
@@ -176,6 +193,7 @@ impl PidNs {
             } else {
                 None
             },
+            mnt_ns: if mounted { Some(open("mnt")?) } else { None },
             id: ns_of(init).ok_or_else(|| std::io::Error::other("the namespace is gone"))?,
         };
         Ok(ns)
@@ -197,6 +215,24 @@ impl Drop for PidNs {
             libc::waitpid(self.init, std::ptr::null_mut(), libc::__WALL);
         }
     }
+}
+
+/// In the child between fork and exec, in the PID namespace: join the run's mount namespace,
+/// and enter the working folder again there by its path. Only system calls.
+pub(super) fn enter_mounts(mnt_ns: i32) -> std::io::Result<()> {
+    let err = std::io::Error::last_os_error;
+    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
+    // SAFETY: getcwd into a local buffer, setns on an fd that lives as long as the closure,
+    // chdir on that buffer.
+    unsafe {
+        if libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null()
+            || libc::setns(mnt_ns, libc::CLONE_NEWNS) != 0
+            || libc::chdir(cwd.as_ptr()) != 0
+        {
+            return Err(err());
+        }
+    }
+    Ok(())
 }
 
 /// In the child between fork and exec: join the namespace (`user` first, as an ordinary
