@@ -331,6 +331,16 @@ settings! {
         #[arg(skip)]
         #[serde(default, deserialize_with = "duration")]
         pub jitter: Option<Duration>,
+        /// Gitignore-style globs relative to the workspace (`src/**`, `*.py`): the daemon
+        /// starts the goal when a file that matches changes (goal files only).
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "watch_globs")]
+        pub watch: Vec<String>,
+        /// How long a burst of watched changes must be quiet before the goal starts
+        /// (default 2s).
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "duration")]
+        pub debounce: Option<Duration>,
         /// A fleet daemon (`--store`) runs the goal only when it has all these tags
         /// (`sup daemon --tags`).
         #[arg(skip)]
@@ -706,6 +716,9 @@ impl Merge for RuleLists {
     }
 }
 
+/// How long watched changes must be quiet before the goal starts, unless `debounce` says.
+pub(crate) const DEFAULT_DEBOUNCE: Duration = Duration::from_secs(2);
+
 /// Runs kept per goal unless `keep_runs` says otherwise.
 pub(crate) const DEFAULT_KEEP_RUNS: u32 = 100;
 
@@ -733,6 +746,7 @@ impl Settings {
             overlap: Some(Overlap::Skip),
             catch_up: Some(Duration::ZERO),
             jitter: Some(Duration::ZERO),
+            debounce: Some(DEFAULT_DEBOUNCE),
             ..Settings::default()
         }
     }
@@ -779,6 +793,7 @@ impl Settings {
         key(self.prompt.is_some(), "prompt");
         key(self.schedule.is_some(), "schedule");
         key(self.timezone.is_some(), "timezone");
+        key(!self.watch.is_empty(), "watch");
         key(!self.check.is_empty(), "check");
         key(!self.tool.is_empty(), "tool");
         keys
@@ -991,6 +1006,13 @@ fn protect_globs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, 
     for g in &globs {
         crate::tools::Protected::check_glob(g).map_err(serde::de::Error::custom)?;
     }
+    Ok(globs)
+}
+
+/// `watch = [...]`: each a gitignore-style glob that parses and watches something.
+fn watch_globs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let globs = Vec::<String>::deserialize(d)?;
+    crate::globs::Globs::new(Path::new("/"), &globs).map_err(serde::de::Error::custom)?;
     Ok(globs)
 }
 
