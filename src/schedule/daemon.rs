@@ -262,22 +262,24 @@ impl Daemon {
             let old = self.slots.get(&name);
             let next = match &goal.schedule {
                 None => None,
-                Some(schedule) => match old.and_then(|s| s.schedule.as_ref().map(|o| (o, s.next))) {
-                    Some((o, next)) if o.same(schedule) => next,
-                    _ => {
-                        if !starting {
-                            tracing::info!(
-                                "goal {name}: schedule `{}` ({}) loaded",
-                                schedule.expr,
-                                schedule.tz
-                            );
+                Some(schedule) => {
+                    match old.and_then(|s| s.schedule.as_ref().map(|o| (o, s.next))) {
+                        Some((o, next)) if o.same(schedule) => next,
+                        _ => {
+                            if !starting {
+                                tracing::info!(
+                                    "goal {name}: schedule `{}` ({}) loaded",
+                                    schedule.expr,
+                                    schedule.tz
+                                );
+                            }
+                            nexts
+                                .entry(schedule.id())
+                                .or_insert_with(|| (schedule.clone(), schedule.next_after(now)))
+                                .1
                         }
-                        nexts
-                            .entry(schedule.id())
-                            .or_insert_with(|| (schedule.clone(), schedule.next_after(now)))
-                            .1
                     }
-                },
+                }
             };
             let watch = if goal.watch.is_empty() {
                 None
@@ -286,12 +288,16 @@ impl Daemon {
                     Ok(g) => g,
                     Err(e) => {
                         let e = format!("{}: {e}", path.display());
-                        tracing::warn!("{e}; the last good version of this goal keeps its schedule");
+                        tracing::warn!(
+                            "{e}; the last good version of this goal keeps its schedule"
+                        );
                         self.errors.insert(path, e);
                         continue;
                     }
                 };
-                if !starting && old.is_none_or(|s| s.watch.as_ref().is_none_or(|w| w.patterns != goal.watch)) {
+                if !starting
+                    && old.is_none_or(|s| s.watch.as_ref().is_none_or(|w| w.patterns != goal.watch))
+                {
                     tracing::info!("goal {name}: watch {} loaded", goal.watch.join(", "));
                 }
                 // A burst under way, or a run's quiet time, outlives a reload.
@@ -963,13 +969,13 @@ pub async fn run(
         let claimed = d.due(now);
         d.watched(now);
         d.launch_pending();
-        let watch_due = d
-            .slots
-            .values()
-            .filter_map(|s| s.watch.as_ref()?.due)
-            .min();
+        let watch_due = d.slots.values().filter_map(|s| s.watch.as_ref()?.due).min();
         let wake = if claimed {
-            d.slots.values().filter_map(|s| s.next).chain(watch_due).min()
+            d.slots
+                .values()
+                .filter_map(|s| s.next)
+                .chain(watch_due)
+                .min()
         } else {
             Some(now + chrono::Duration::seconds(1))
         };

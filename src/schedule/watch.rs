@@ -36,7 +36,8 @@ impl Workspaces {
             for (ws, watchers) in goals.iter() {
                 for (name, globs) in watchers {
                     let hit = event.paths.iter().any(|p| {
-                        p.strip_prefix(ws).is_ok_and(|rel| !in_git(rel) && globs.matches(rel))
+                        p.strip_prefix(ws)
+                            .is_ok_and(|rel| !in_git(rel) && globs.matches(rel))
                     });
                     if hit {
                         let _ = tx.send(name.clone());
@@ -62,7 +63,10 @@ impl Workspaces {
         let mut next: BTreeMap<PathBuf, Watchers> = BTreeMap::new();
         for (name, ws, globs) in want {
             let Ok(ws) = std::fs::canonicalize(&ws) else {
-                tracing::warn!("goal {name}: cannot watch {}: it does not exist", ws.display());
+                tracing::warn!(
+                    "goal {name}: cannot watch {}: it does not exist",
+                    ws.display()
+                );
                 continue;
             };
             next.entry(ws).or_default().push((name, globs));
