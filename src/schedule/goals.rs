@@ -1,6 +1,7 @@
 //! Goal files as the schedule layer sees them: the verify layer's goal file plus a checked
-//! schedule (cron expression and time zone, errors naming the file, key and line) and the
-//! policies that say what to do with overlapping and missed occurrences; reading a goals folder
+//! schedule (cron expression and time zone, errors naming the file, key and line), its
+//! `watch` globs and debounce, and the policies that say what to do with overlapping and
+//! missed occurrences; reading a goals folder
 //! into a daemon's slots, and watching it for changes (both daemons share these).
 
 use std::path::{Path, PathBuf};

@@ -218,3 +218,23 @@ impl Registry {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_diff_is_cut_at_a_line_and_says_so() {
+        let old: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+        let diff = traced_diff("a.txt", &old, "");
+        assert!(diff.len() <= DIFF_CAP + 64, "{}", diff.len());
+        let body = diff
+            .strip_suffix("… (the diff is cut here)\n")
+            .expect("says it is cut");
+        assert!(body.lines().skip(3).all(|l| l.starts_with("-line ")));
+        assert_eq!(
+            traced_diff("a.txt", "a\n", "b\n"),
+            unified_diff("a.txt", "a\n", "b\n")
+        );
+    }
+}
