@@ -229,6 +229,7 @@ fn write_beneath(
         .and_then(|()| file.write_all(content))
         .map_err(|e| io_error("write", typed, e))?;
     if let Some(old) = old
+        && old != content
         && let (Ok(old), Ok(new)) = (std::str::from_utf8(&old), std::str::from_utf8(content))
     {
         let _ = ctx.diff.set(super::traced_diff(&real_rel, old, new));
