@@ -7,6 +7,7 @@ pub mod approval;
 pub mod cli;
 pub mod config;
 pub(crate) mod duration;
+mod globs;
 pub mod model;
 pub mod notify;
 pub mod redact;

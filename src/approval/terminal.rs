@@ -161,14 +161,6 @@ fn parse_check(s: &str) -> Option<Judgement> {
     }
 }
 
-fn diff(path: &str, old: &str, new: &str) -> String {
-    similar::TextDiff::from_lines(old, new)
-        .unified_diff()
-        .context_radius(3)
-        .header(path, path)
-        .to_string()
-}
-
 /// What the person is asked about: the tool and its input, or for file edits the diff;
 /// escaped for the terminal, with a warning when something was hidden in it.
 pub(crate) fn describe(tool: &str, input: &Value, workspace: &Path) -> String {
@@ -218,7 +210,7 @@ fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
             format!(
                 "\n⚠ write_file wants to {what} {}:\n{}",
                 shown_path(path, workspace),
-                diff(
+                crate::tools::unified_diff(
                     &crate::tools::paths::rule_path(workspace, path),
                     &old.unwrap_or_default(),
                     field("content")
@@ -232,7 +224,11 @@ fn raw_description(tool: &str, input: &Value, workspace: &Path) -> String {
             format!(
                 "\n⚠ edit_file wants to change {}:\n{}",
                 shown_path(path, workspace),
-                diff(&crate::tools::paths::rule_path(workspace, path), &old, &new)
+                crate::tools::unified_diff(
+                    &crate::tools::paths::rule_path(workspace, path),
+                    &old,
+                    &new
+                )
             )
         }
         "run_command" => {

@@ -141,6 +141,7 @@ pub(crate) fn print_goals(
             continue;
         }
         let name = r["name"].as_str().unwrap_or("");
+        let watch = crate::schedule::overview::watch_label(&r["watch"]);
         match r["schedule"].as_str() {
             Some(s) => {
                 let _ = writeln!(
@@ -160,6 +161,20 @@ pub(crate) fn print_goals(
                     .filter_map(|v| v.as_str())
                     .collect();
                 let _ = writeln!(out, "  next: {}", next.join(", "));
+                if let Some(w) = &watch {
+                    let _ = writeln!(out, "  {w}");
+                }
+            }
+            None if let Some(w) = &watch => {
+                let _ = writeln!(
+                    out,
+                    "{name}  {w}{}",
+                    if r["paused"] == true {
+                        "  · paused"
+                    } else {
+                        ""
+                    }
+                );
             }
             None => {
                 let _ = writeln!(

@@ -100,6 +100,7 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
             "healthy": overdue.is_none() && verdict_ok,
             "paused": paused,
             "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
+            "watch": g.watch,
             "last_occurrence": last_occurrence.map(stamp),
             "last": last.map(|r| json!({
                 "run_id": r.id, "status": r.status, "stop_reason": r.stop_reason,
@@ -138,6 +139,9 @@ fn line(r: &Value) -> String {
     let mut l = format!("{icon} {}", s(&r["name"]));
     if r["paused"] == true {
         l.push_str(" · paused");
+    }
+    if let Some(w) = overview::watch_label(&r["watch"]) {
+        l.push_str(&format!(" · {w}"));
     }
     let last = &r["last"];
     if last.is_object() {

@@ -336,6 +336,16 @@ settings! {
         #[arg(skip)]
         #[serde(default, deserialize_with = "duration")]
         pub jitter: Option<Duration>,
+        /// Gitignore-style globs relative to the workspace (`src/**`, `*.py`): the daemon
+        /// starts the goal when a file that matches changes (goal files only).
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "watch_globs")]
+        pub watch: Vec<String>,
+        /// How long a burst of watched changes must be quiet before the goal starts
+        /// (default 2s).
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "duration")]
+        pub debounce: Option<Duration>,
         /// A fleet daemon (`--store`) runs the goal only when it has all these tags
         /// (`sup daemon --tags`).
         #[arg(skip)]
@@ -466,6 +476,9 @@ impl Merge for RuleLists {
     }
 }
 
+/// How long watched changes must be quiet before the goal starts, unless `debounce` says.
+pub(crate) const DEFAULT_DEBOUNCE: Duration = Duration::from_secs(2);
+
 /// Runs kept per goal unless `keep_runs` says otherwise.
 pub(crate) const DEFAULT_KEEP_RUNS: u32 = 100;
 
@@ -493,6 +506,7 @@ impl Settings {
             overlap: Some(Overlap::Skip),
             catch_up: Some(Duration::ZERO),
             jitter: Some(Duration::ZERO),
+            debounce: Some(DEFAULT_DEBOUNCE),
             ..Settings::default()
         }
     }
@@ -539,6 +553,7 @@ impl Settings {
         key(self.prompt.is_some(), "prompt");
         key(self.schedule.is_some(), "schedule");
         key(self.timezone.is_some(), "timezone");
+        key(!self.watch.is_empty(), "watch");
         key(!self.check.is_empty(), "check");
         key(!self.tool.is_empty(), "tool");
         keys

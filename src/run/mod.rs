@@ -564,8 +564,9 @@ pub(crate) struct Launched {
     pub(crate) outcome: Outcome,
 }
 
-/// The approval gate of a run. Scheduled runs never prompt (their default is `queue`); a run
-/// with no terminal never waits on a prompt (its default is `never`), and says so. Calls are
+/// The approval gate of a run. The daemon's runs (scheduled or watched) never prompt (their
+/// default is `queue`); a run with no terminal never waits on a prompt (its default is
+/// `never`), and says so. Calls are
 /// put to the terminal when there is one and the mode is not `queue`, else to the queue;
 /// human checks to the terminal when there is one.
 fn gate(
@@ -576,7 +577,7 @@ fn gate(
     shared: Option<&Shared>,
     events: &Events,
 ) -> Gate {
-    let scheduled = trigger.kind == TriggerKind::Schedule;
+    let scheduled = matches!(trigger.kind, TriggerKind::Schedule | TriggerKind::Watch);
     let terminal = if scheduled { None } else { Terminal::detect() };
     let notice = |text: String| events.emit(Event::Notice { text });
     let mode = match spec.approval {

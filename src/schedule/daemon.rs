@@ -7,8 +7,10 @@
 //! so a thousand due together are all on record within milliseconds; their tasks start after
 //! the commit, and make the run's spec, folder, transcript and model there. A loaded goal
 //! keeps only what scheduling needs: its file's text (a run is built from it), a schedule
-//! shared with every goal of the same expression and zone, and what the claim records. Time
-//! comes from a `Clock`, so tests move time instead of sleeping.
+//! shared with every goal of the same expression and zone, its `watch` globs, and what the
+//! claim records. A goal with `watch` globs starts when files of its workspace that they
+//! match change, once per burst (see `Watched`), through the same claim as an occurrence.
+//! Time comes from a `Clock`, so tests move time instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::cron::Schedule;
 use super::goals::{self, Overlap};
 use super::policy::{self, Decision, Settled};
+use super::watch::Workspaces;
 use crate::config::{GoalFile, UserConfig};
 use crate::run::{self, Invocation, Recorded, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, NewRun, stamp};
@@ -57,13 +60,37 @@ struct Running {
     cancel: CancellationToken,
 }
 
+/// What a goal with `watch` globs needs to start on a change.
+///
+/// A burst of changes starts it once: each change (re)sets `due` to a debounce from now, and
+/// the goal starts when `due` passes with no change since. The goal's own runs change its
+/// workspace, and those changes must not start it again; the daemon cannot tell a run's
+/// writes from anyone else's (a run's processes are many and file events carry no writer),
+/// so it leaves out every change while the goal has a run going (from the claim on, whatever
+/// started it) and for a debounce after the last one ends (`quiet_until`), which covers the
+/// events of its last writes still on their way. A change made by someone else in that
+/// time is left out too: the run that was going is taken to have seen it.
+struct Watched {
+    /// The globs as written, for what the daemon says.
+    patterns: Vec<String>,
+    globs: crate::globs::Globs,
+    workspace: PathBuf,
+    debounce: Duration,
+    /// When the goal starts, unless another change comes first.
+    due: Option<DateTime<Utc>>,
+    /// Changes before this are the last run's own.
+    quiet_until: Option<DateTime<Utc>>,
+}
+
 /// A loaded goal: what scheduling needs, and no more.
 struct Slot {
     path: PathBuf,
     /// The text of the version that last loaded: each run is built from it, so a file that
     /// broke since runs as it was.
     text: Arc<str>,
-    schedule: Schedule,
+    /// `None` for a goal that only `watch` starts.
+    schedule: Option<Schedule>,
+    watch: Option<Watched>,
     overlap: Overlap,
     catch_up: Duration,
     jitter: Duration,
@@ -75,7 +102,7 @@ struct Slot {
     workspace: String,
     next: Option<DateTime<Utc>>,
     running: Vec<Running>,
-    queued: Option<DateTime<Utc>>,
+    queued: Option<(DateTime<Utc>, TriggerKind)>,
 }
 
 /// What a run is built from: a goal file's text, with the daemon's defaults.
@@ -103,6 +130,7 @@ impl Source {
 struct Launch {
     goal: String,
     at: DateTime<Utc>,
+    kind: TriggerKind,
     source: Source,
     jitter: Duration,
     cancel: CancellationToken,
@@ -134,6 +162,8 @@ struct Daemon {
     permits: Arc<Semaphore>,
     /// Every run's cancel token, for shutdown.
     all_running: Arc<Mutex<Vec<CancellationToken>>>,
+    /// The workspaces of goals with `watch` globs.
+    workspaces: Workspaces,
 }
 
 /// A goal file's text, checked as a scheduled goal and as a run (its spec is made and
@@ -225,25 +255,63 @@ impl Daemon {
             if let Some(old) = by_path.get(&path).filter(|old| **old != name) {
                 self.slots.remove(old);
             }
-            let Some(schedule) = goal.schedule else {
+            if goal.schedule.is_none() && goal.watch.is_empty() {
                 self.slots.remove(&name);
                 continue;
-            };
-            let next = match self.slots.get(&name) {
-                Some(s) if s.schedule.same(&schedule) => s.next,
-                _ => {
-                    if !starting {
-                        tracing::info!(
-                            "goal {name}: schedule `{}` ({}) loaded",
-                            schedule.expr,
-                            schedule.tz
-                        );
+            }
+            let old = self.slots.get(&name);
+            let next = match &goal.schedule {
+                None => None,
+                Some(schedule) => {
+                    match old.and_then(|s| s.schedule.as_ref().map(|o| (o, s.next))) {
+                        Some((o, next)) if o.same(schedule) => next,
+                        _ => {
+                            if !starting {
+                                tracing::info!(
+                                    "goal {name}: schedule `{}` ({}) loaded",
+                                    schedule.expr,
+                                    schedule.tz
+                                );
+                            }
+                            nexts
+                                .entry(schedule.id())
+                                .or_insert_with(|| (schedule.clone(), schedule.next_after(now)))
+                                .1
+                        }
                     }
-                    nexts
-                        .entry(schedule.id())
-                        .or_insert_with(|| (schedule.clone(), schedule.next_after(now)))
-                        .1
                 }
+            };
+            let watch = if goal.watch.is_empty() {
+                None
+            } else {
+                let globs = match crate::globs::Globs::new(&spec.goal.workspace, &goal.watch) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        let e = format!("{}: {e}", path.display());
+                        tracing::warn!(
+                            "{e}; the last good version of this goal keeps its schedule"
+                        );
+                        self.errors.insert(path, e);
+                        continue;
+                    }
+                };
+                if !starting
+                    && old.is_none_or(|s| s.watch.as_ref().is_none_or(|w| w.patterns != goal.watch))
+                {
+                    tracing::info!("goal {name}: watch {} loaded", goal.watch.join(", "));
+                }
+                // A burst under way, or a run's quiet time, outlives a reload.
+                let (due, quiet_until) = old
+                    .and_then(|s| s.watch.as_ref())
+                    .map_or((None, None), |w| (w.due, w.quiet_until));
+                Some(Watched {
+                    patterns: goal.watch.clone(),
+                    globs,
+                    workspace: spec.goal.workspace.clone(),
+                    debounce: goal.debounce,
+                    due,
+                    quiet_until,
+                })
             };
             let (running, queued) = self
                 .slots
@@ -255,7 +323,8 @@ impl Daemon {
                 Slot {
                     path,
                     text: text.into(),
-                    schedule,
+                    schedule: goal.schedule,
+                    watch,
                     overlap: goal.overlap,
                     catch_up: goal.catch_up,
                     jitter: goal.jitter,
@@ -279,7 +348,52 @@ impl Daemon {
             tracing::info!("goal {n}: its file is gone; no more occurrences");
             self.slots.remove(&n);
         }
+        let watched = self
+            .slots
+            .iter()
+            .filter_map(|(n, s)| {
+                let w = s.watch.as_ref()?;
+                Some((n.clone(), w.workspace.clone(), w.globs.clone()))
+            })
+            .collect();
+        self.workspaces.set(watched);
         Ok(())
+    }
+
+    /// A change that `name`'s globs match: the goal starts a debounce from now, unless the
+    /// change is taken as its own run's (see `Watched`).
+    fn changed(&mut self, name: &str, now: DateTime<Utc>) {
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        let running = !slot.running.is_empty();
+        let Some(w) = slot.watch.as_mut() else {
+            return;
+        };
+        if running || w.quiet_until.is_some_and(|q| now < q) {
+            tracing::debug!("goal {name}: a change while it runs or just ran, left out");
+            return;
+        }
+        w.due = Some(now + w.debounce);
+    }
+
+    /// Goals whose burst of changes has been quiet for its debounce start, each claimed as
+    /// an occurrence at the time it came due.
+    fn watched(&mut self, now: DateTime<Utc>) {
+        let due: Vec<(String, DateTime<Utc>)> = self
+            .slots
+            .iter_mut()
+            .filter_map(|(n, s)| {
+                let w = s.watch.as_mut()?;
+                let at = w.due.filter(|d| *d <= now)?;
+                w.due = None;
+                Some((n.clone(), at))
+            })
+            .collect();
+        for (name, at) in due {
+            tracing::info!("goal {name}: files it watches changed");
+            self.fire(&name, at, TriggerKind::Watch);
+        }
     }
 
     /// At start: occurrences missed while no daemon ran. The latest within `catch_up` runs;
@@ -297,10 +411,14 @@ impl Daemon {
             let Some(&last) = lasts.get(&name) else {
                 continue;
             };
-            let Some(slot) = self.slots.get(&name) else {
+            let Some((slot, schedule)) = self
+                .slots
+                .get(&name)
+                .and_then(|s| Some((s, s.schedule.as_ref()?)))
+            else {
                 continue;
             };
-            let settled = policy::catch_up(&slot.schedule, last, now, slot.catch_up);
+            let settled = policy::catch_up(schedule, last, now, slot.catch_up);
             self.settle(&name, settled);
         }
     }
@@ -331,7 +449,7 @@ impl Daemon {
             self.log_db(r);
         }
         if let Some(at) = fire {
-            self.fire(name, at);
+            self.fire(name, at, TriggerKind::Schedule);
         }
     }
 
@@ -415,17 +533,18 @@ impl Daemon {
             let Some(slot) = self.slots.get_mut(&name) else {
                 continue;
             };
-            let Some(first) = slot.next else { continue };
-            let (due, total, next) =
-                policy::due(&slot.schedule, first, slot.schedule.next_after(first), now);
+            let (Some(first), Some(schedule)) = (slot.next, slot.schedule.as_ref()) else {
+                continue;
+            };
+            let (due, total, next) = policy::due(schedule, first, schedule.next_after(first), now);
             slot.next = next;
             let settled = policy::settle(due, total, now, policy::window(slot.catch_up));
             self.settle(&name, settled);
         }
     }
 
-    /// Claim an occurrence and act on it.
-    fn fire(&mut self, name: &str, at: DateTime<Utc>) {
+    /// Claim an occurrence (of the schedule, or of a watched change) and act on it.
+    fn fire(&mut self, name: &str, at: DateTime<Utc>, kind: TriggerKind) {
         match self.db.claim(name, at, OccurrenceStatus::Claimed, &self.id) {
             Ok(true) => {}
             Ok(false) => {
@@ -479,7 +598,7 @@ impl Daemon {
                     "goal {name} at {}: queued behind the running one",
                     stamp(at)
                 );
-                slot.queued = Some(at);
+                slot.queued = Some((at, kind));
                 let r = self.db.occurrence(name, at, OccurrenceStatus::Queued, None);
                 self.log_db(r);
                 return;
@@ -491,7 +610,7 @@ impl Daemon {
                 }
             }
         }
-        self.start(name, at);
+        self.start(name, at, kind);
     }
 
     fn source(&self, slot: &Slot) -> Source {
@@ -505,12 +624,23 @@ impl Daemon {
 
     /// Start a run of `name` for `at`: one that can start at once is recorded now (in the
     /// claim's transaction, when there is one); its task starts with `launch_pending`.
-    fn start(&mut self, name: &str, at: DateTime<Utc>) {
+    fn start(&mut self, name: &str, at: DateTime<Utc>, kind: TriggerKind) {
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        // The run that starts covers a burst of changes under way.
+        if let Some(w) = slot.watch.as_mut() {
+            w.due = None;
+        }
         let Some(slot) = self.slots.get(name) else {
             return;
         };
         let source = self.source(slot);
-        let jitter = slot.jitter;
+        // Jitter spreads a schedule's runs; a change wants its run now.
+        let jitter = match kind {
+            TriggerKind::Schedule => slot.jitter,
+            _ => Duration::ZERO,
+        };
         let ready = if jitter.is_zero() {
             self.permits.clone().try_acquire_owned().ok()
         } else {
@@ -521,8 +651,8 @@ impl Daemon {
             let r = self.db.start_run(&NewRun {
                 id: &run.id,
                 goal: &slot.run_goal,
-                trigger: TriggerKind::Schedule,
-                scheduled_for: Some(at),
+                trigger: kind,
+                scheduled_for: scheduled_for(kind, at),
                 model: &slot.model,
                 workspace: &slot.workspace,
                 dir: &run.dir.display().to_string(),
@@ -556,6 +686,7 @@ impl Daemon {
         self.pending.push(Launch {
             goal: name.to_string(),
             at,
+            kind,
             source,
             jitter,
             cancel,
@@ -625,6 +756,7 @@ impl Daemon {
             let Launch {
                 goal,
                 at,
+                kind,
                 source,
                 jitter,
                 cancel,
@@ -638,9 +770,13 @@ impl Daemon {
                 let inner = tokio::spawn(async move {
                     match recorded {
                         Some((recorded, _permit)) => {
-                            start_recorded(&name, at, source, &home, recorded, &cancel).await
+                            start_recorded(&name, (at, kind), source, &home, recorded, &cancel)
+                                .await
                         }
-                        None => run_one(&name, at, source, &home, jitter, &permits, &cancel).await,
+                        None => {
+                            run_one(&name, (at, kind), source, &home, jitter, &permits, &cancel)
+                                .await
+                        }
                     }
                 });
                 let (run_id, status) = match inner.await {
@@ -683,26 +819,41 @@ impl Daemon {
         };
         slot.running.retain(|r| r.at != done.at);
         if slot.running.is_empty()
-            && let Some(q) = slot.queued.take()
+            && let Some(w) = slot.watch.as_mut()
         {
-            self.start(&done.goal, q);
+            w.quiet_until = Some(self.cfg.clock.now() + w.debounce);
+        }
+        if slot.running.is_empty()
+            && let Some((q, kind)) = slot.queued.take()
+        {
+            self.start(&done.goal, q, kind);
         }
     }
+}
+
+/// The time a run records as scheduled for: a schedule's occurrence, none for a change.
+fn scheduled_for(kind: TriggerKind, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    (kind == TriggerKind::Schedule).then_some(at)
+}
+
+/// How the daemon says a run fired.
+fn fired(goal: &str, at: DateTime<Utc>, kind: TriggerKind) {
+    tracing::info!("goal {goal} at {}: fired ({kind})", stamp(at));
 }
 
 /// A run recorded in the claim's transaction, with its permit held by the caller.
 async fn start_recorded(
     goal: &str,
-    at: DateTime<Utc>,
+    (at, kind): (DateTime<Utc>, TriggerKind),
     source: Source,
     home: &Path,
     recorded: Recorded,
     cancel: &CancellationToken,
 ) -> (Option<String>, String) {
-    tracing::info!("goal {goal} at {}: fired", stamp(at));
+    fired(goal, at, kind);
     let trigger = Trigger {
-        kind: TriggerKind::Schedule,
-        scheduled_for: Some(at),
+        kind,
+        scheduled_for: scheduled_for(kind, at),
     };
     let id = recorded.run.id.clone();
     match run::launch_recorded(
@@ -725,7 +876,7 @@ async fn start_recorded(
 
 async fn run_one(
     goal: &str,
-    at: DateTime<Utc>,
+    (at, kind): (DateTime<Utc>, TriggerKind),
     source: Source,
     home: &Path,
     jitter: Duration,
@@ -750,10 +901,10 @@ async fn run_one(
         p = permits.acquire() => p.ok(),
         _ = cancel.cancelled() => return (None, "cancelled before it started".into()),
     };
-    tracing::info!("goal {goal} at {}: fired", stamp(at));
+    fired(goal, at, kind);
     let trigger = Trigger {
-        kind: TriggerKind::Schedule,
-        scheduled_for: Some(at),
+        kind,
+        scheduled_for: scheduled_for(kind, at),
     };
     let launched = match source.spec() {
         Ok(spec) => run::launch(&spec, home, trigger, Vec::new(), cancel).await,
@@ -799,12 +950,13 @@ pub async fn run(
         tasks: JoinSet::new(),
         done_tx,
         all_running: Arc::new(Mutex::new(Vec::new())),
+        workspaces: Workspaces::new(),
     };
     let clock = d.cfg.clock.clone();
     let now = clock.now();
     d.load(now, true)?;
     tracing::info!(
-        "daemon started: {} scheduled goal(s) from {}",
+        "daemon started: {} goal(s) with a schedule or watch from {}",
         d.slots.len(),
         d.cfg.goals_dir.display()
     );
@@ -815,9 +967,15 @@ pub async fn run(
     loop {
         let now = clock.now();
         let claimed = d.due(now);
+        d.watched(now);
         d.launch_pending();
+        let watch_due = d.slots.values().filter_map(|s| s.watch.as_ref()?.due).min();
         let wake = if claimed {
-            d.slots.values().filter_map(|s| s.next).min()
+            d.slots
+                .values()
+                .filter_map(|s| s.next)
+                .chain(watch_due)
+                .min()
         } else {
             Some(now + chrono::Duration::seconds(1))
         };
@@ -828,6 +986,7 @@ pub async fn run(
             Some(done) = done_rx.recv() => d.finished(done),
             Some(()) = reload.recv() => reload_now(&mut d, &clock, &mut watch).await,
             Some(()) = watch.changed() => reload_now(&mut d, &clock, &mut watch).await,
+            Some(goal) = d.workspaces.changed() => d.changed(&goal, clock.now()),
             Some(_) = d.tasks.join_next(), if !d.tasks.is_empty() => {}
         }
     }
@@ -852,7 +1011,7 @@ async fn drain(d: &mut Daemon, done_rx: &mut mpsc::UnboundedReceiver<Done>) {
     let queued: Vec<(String, DateTime<Utc>)> = d
         .slots
         .iter_mut()
-        .filter_map(|(n, s)| s.queued.take().map(|q| (n.clone(), q)))
+        .filter_map(|(n, s)| s.queued.take().map(|(q, _)| (n.clone(), q)))
         .collect();
     for (name, at) in queued {
         let r = d.db.occurrence(&name, at, OccurrenceStatus::Skipped, None);

@@ -142,6 +142,13 @@ impl Daemon {
             |g| match RunSpec::build(defaults, Some(&g.file)) {
                 Ok(mut spec) => {
                     spec.sandbox.goals = Some(goals_dir.clone());
+                    if !g.watch.is_empty() {
+                        tracing::warn!(
+                            "goal {}: `watch` starts goals of `sup daemon` without a shared \
+                             store; the fleet daemon leaves it out",
+                            g.file.name
+                        );
+                    }
                     Ok((g, spec))
                 }
                 Err(e) => Err(format!("{}: {e}", g.file.path.display())),

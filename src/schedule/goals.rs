@@ -1,6 +1,7 @@
 //! Goal files as the schedule layer sees them: the verify layer's goal file plus a checked
-//! schedule (cron expression and time zone, errors naming the file, key and line) and the
-//! policies that say what to do with overlapping and missed occurrences; reading a goals folder
+//! schedule (cron expression and time zone, errors naming the file, key and line), its
+//! `watch` globs and debounce, and the policies that say what to do with overlapping and
+//! missed occurrences; reading a goals folder
 //! into a daemon's slots, and watching it for changes (both daemons share these).
 
 use std::path::{Path, PathBuf};
@@ -20,6 +21,10 @@ pub(crate) struct ScheduledGoal {
     pub(crate) overlap: Overlap,
     pub(crate) catch_up: Duration,
     pub(crate) jitter: Duration,
+    /// `watch` globs (empty: changes start nothing) and how long a burst of them must be
+    /// quiet first.
+    pub(crate) watch: Vec<String>,
+    pub(crate) debounce: Duration,
 }
 
 /// Load a goal file and check its schedule and time zone.
@@ -53,6 +58,8 @@ pub(crate) fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
         overlap: s.overlap.or(defaults.overlap).unwrap_or(Overlap::Skip),
         catch_up: s.catch_up.or(defaults.catch_up).unwrap_or_default(),
         jitter: s.jitter.or(defaults.jitter).unwrap_or_default(),
+        watch: s.watch.clone(),
+        debounce: s.debounce.or(defaults.debounce).unwrap_or_default(),
         schedule,
         file,
     })

@@ -118,6 +118,13 @@ pub(crate) fn find(dir: &Path, name: &str) -> Result<ScheduledGoal, OverviewErro
         }))
 }
 
+/// What a goal watches as `sup goals`, `sup status` and the console say it: `watch src/**,
+/// *.py`; `None` for a goal that watches nothing.
+pub(crate) fn watch_label(globs: &Value) -> Option<String> {
+    let globs: Vec<&str> = globs.as_array()?.iter().filter_map(Value::as_str).collect();
+    (!globs.is_empty()).then(|| format!("watch {}", globs.join(", ")))
+}
+
 /// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken
 /// file, else name, file, schedule, timezone, next (3), paused, skipped, missed,
 /// skipped_while_paused, last.
@@ -179,6 +186,7 @@ pub(crate) fn overview_with(
                     "file": path.display().to_string(),
                     "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
                     "timezone": g.schedule.as_ref().map(|s| s.tz.name().to_string()),
+                    "watch": g.watch,
                     "next": next,
                     "paused": stats.paused,
                     "skipped": stats.skipped,

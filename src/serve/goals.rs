@@ -280,6 +280,9 @@ fn goals_page(
                         dt { "Schedule" }
                         dd { @if r["schedule"].is_string() { code { (s(&r["schedule"])) } " (" (s(&r["timezone"])) ")" }
                              @else { "none: runs only when triggered" } }
+                        @if let Some(w) = overview::watch_label(&r["watch"]) {
+                            dt { "Watch" } dd { code { (w) } }
+                        }
                         dt { "Next" }
                         dd { @for t in r["next"].as_array().into_iter().flatten() { span.next { (s(t)) } } }
                         dt { "Last verdict" }

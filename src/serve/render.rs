@@ -1,6 +1,7 @@
 //! A transcript as HTML: each event as the terminal trace shows it (the same renderer), with
 //! what the trace cuts short — arguments, whole results, check output, the answer — folded
-//! under it. Control characters are made visible and everything is escaped by maud.
+//! under it, and what a file tool changed as its diff. Control characters are made visible
+//! and everything is escaped by maud.
 
 use maud::{Markup, html};
 
@@ -84,10 +85,16 @@ fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
 pub(crate) fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
     let line = trace.line(event)?;
     let (class, detail) = parts(event);
+    let diff = match event {
+        Event::ToolResult { diff, .. } => diff.as_deref(),
+        _ => None,
+    };
     let hidden = crate::trace::has_hidden(&line)
         || detail
-            .as_ref()
-            .is_some_and(|(_, t)| crate::trace::has_hidden(t));
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .chain(diff)
+            .any(crate::trace::has_hidden);
     Some(html! {
         div class={ "ev " (class) } {
             @if hidden { p.flagged { (FLAGGED) } }
@@ -95,8 +102,28 @@ pub(crate) fn event(trace: &HumanTrace, event: &Event) -> Option<Markup> {
             @if let Some((label, text)) = detail {
                 details { summary { (label) } pre { (capped(&text)) } }
             }
+            @if let Some(diff) = diff {
+                details.diff open { summary { "diff" } pre {
+                    @for l in diff.lines() {
+                        span class=(diff_class(l)) { (clean(l)) } "\n"
+                    }
+                } }
+            }
         }
     })
+}
+
+/// The CSS class of a line of a unified diff.
+fn diff_class(line: &str) -> &'static str {
+    if line.starts_with("+++") || line.starts_with("---") || line.starts_with("@@") {
+        "hunk"
+    } else if line.starts_with('+') {
+        "add"
+    } else if line.starts_with('-') {
+        "del"
+    } else {
+        "same"
+    }
 }
 
 /// The events of a transcript's text; lines that do not parse are left out.
@@ -122,5 +149,26 @@ mod tests {
         assert!(!html.contains('\u{1b}'), "{html}");
         assert!(html.contains("\\x1b"), "{html}");
         assert!(html.contains("invisible Unicode"), "{html}");
+    }
+
+    #[test]
+    fn a_file_tools_diff_shows_its_lines_marked_and_escaped() {
+        let trace = HumanTrace::to(false, Box::new(std::io::sink()));
+        let e = Event::ToolResult {
+            step: 1,
+            id: "w".into(),
+            name: "write_file".into(),
+            content: "overwrote a.txt (4 bytes)".into(),
+            is_error: false,
+            started_ms: 0.0,
+            finished_ms: 1.0,
+            diff: Some("--- a.txt\n+++ a.txt\n@@ -1 +1 @@\n-old\n+<b>new</b>\n".into()),
+        };
+        let html = event(&trace, &e).unwrap().into_string();
+        assert!(html.contains(r#"<span class="del">-old</span>"#), "{html}");
+        assert!(
+            html.contains(r#"<span class="add">+&lt;b&gt;new&lt;/b&gt;</span>"#),
+            "{html}"
+        );
     }
 }

@@ -131,6 +131,8 @@ vocabulary! {
         Schedule = "schedule",
         /// `sup trigger`.
         Manual = "manual",
+        /// The daemon, after a change to a file the goal's `watch` globs match.
+        Watch = "watch",
     }
 }
 

@@ -166,14 +166,14 @@ fn special_write(
 }
 
 /// Write a whole file beneath the workspace, after the checks a write needs; says whether
-/// it existed, and where it is.
+/// it existed, and where it is. What changed goes to `ctx.diff` when old and new are text.
 fn write_beneath(
     ctx: &ToolContext,
     tool: &str,
     typed: &str,
     content: &[u8],
 ) -> Result<(bool, String), ToolError> {
-    use std::io::Write;
+    use std::io::{Read, Seek, Write};
     use std::os::unix::fs::MetadataExt;
     let (path, rel) = target(ctx, typed)?;
     refuse_protected(ctx, &path, typed)?;
@@ -190,12 +190,22 @@ fn write_beneath(
             .map_err(|e| io_error("create the folders of", typed, e))?;
     }
     let existed = dir.exists(&rel);
-    let mut file = open_regular(
-        &dir,
-        &rel,
-        cap_std::fs::OpenOptions::new().write(true).create(true),
-    )
-    .map_err(|e| io_error("write", typed, e))?;
+    let open = |read| {
+        open_regular(
+            &dir,
+            &rel,
+            cap_std::fs::OpenOptions::new()
+                .read(read)
+                .write(true)
+                .create(true),
+        )
+    };
+    // Read as well, for the diff; a file the agent may write but not read is written unseen.
+    let (file, readable) = match open(true) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => (open(false), false),
+        opened => (opened, true),
+    };
+    let mut file = file.map_err(|e| io_error("write", typed, e))?;
     let real = opened_inside(ctx, &file, typed)?;
     let meta = file.metadata().map_err(|e| io_error("write", typed, e))?;
     let real_rel = relative(&ctx.workspace, &real);
@@ -208,11 +218,28 @@ fn write_beneath(
         }
         return Err(e);
     }
+    let old = if readable && meta.len() <= DIFF_SOURCE_CAP {
+        let mut old = Vec::new();
+        file.read_to_end(&mut old).ok().map(|_| old)
+    } else {
+        None
+    };
     file.set_len(0)
+        .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(content))
         .map_err(|e| io_error("write", typed, e))?;
+    if let Some(old) = old
+        && old != content
+        && let (Ok(old), Ok(new)) = (std::str::from_utf8(&old), std::str::from_utf8(content))
+    {
+        let _ = ctx.diff.set(super::traced_diff(&real_rel, old, new));
+    }
     Ok((existed, real_rel))
 }
+
+/// The largest file whose change a write traces as a diff (a diff of larger ones is cut
+/// anyway, and reading them costs).
+const DIFF_SOURCE_CAP: u64 = 1024 * 1024;
 
 /// A deny rule on where an opened file really is: the path may have changed since the gate
 /// judged it (a symlink flipped inside the workspace).

@@ -60,6 +60,36 @@ pub struct ToolContext {
     pub(crate) rules: Arc<crate::rules::Rules>,
     /// The sandbox every process of the run starts in.
     pub(crate) jail: Arc<sandbox::Jail>,
+    /// What a file tool changed, as `unified_diff` makes it: the trace shows it.
+    pub(crate) diff: std::sync::OnceLock<String>,
+}
+
+/// The most of a diff a trace event holds; the rest is cut at a line.
+const DIFF_CAP: usize = 32 * 1024;
+
+/// `old` → `new` of `path` as a unified diff with three lines of context.
+pub(crate) fn unified_diff(path: &str, old: &str, new: &str) -> String {
+    similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(path, path)
+        .to_string()
+}
+
+/// What a file tool changed, for the trace: `unified_diff`, cut after `DIFF_CAP` bytes (at a
+/// line, saying so).
+pub(crate) fn traced_diff(path: &str, old: &str, new: &str) -> String {
+    let mut diff = unified_diff(path, old, new);
+    if diff.len() > DIFF_CAP {
+        let mut end = DIFF_CAP;
+        while !diff.is_char_boundary(end) {
+            end -= 1;
+        }
+        let end = diff[..end].rfind('\n').map_or(0, |i| i + 1);
+        diff.truncate(end);
+        diff.push_str("… (the diff is cut here)\n");
+    }
+    diff
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,5 +217,25 @@ impl Registry {
             input,
             timeout: self.timeouts.get(*index).copied().flatten(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_diff_is_cut_at_a_line_and_says_so() {
+        let old: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+        let diff = traced_diff("a.txt", &old, "");
+        assert!(diff.len() <= DIFF_CAP + 64, "{}", diff.len());
+        let body = diff
+            .strip_suffix("… (the diff is cut here)\n")
+            .expect("says it is cut");
+        assert!(body.lines().skip(3).all(|l| l.starts_with("-line ")));
+        assert_eq!(
+            traced_diff("a.txt", "a\n", "b\n"),
+            unified_diff("a.txt", "a\n", "b\n")
+        );
     }
 }

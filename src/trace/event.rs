@@ -215,6 +215,9 @@ pub enum Event {
         /// Milliseconds since the run started.
         started_ms: f64,
         finished_ms: f64,
+        /// What a file tool changed, as a unified diff (cut when long); none for the others.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        diff: Option<String>,
     },
     StepFinished {
         step: u32,
@@ -468,6 +471,7 @@ mod tests {
                 is_error: true,
                 started_ms: 1.5,
                 finished_ms: 2.25,
+                diff: Some("--- a.txt\n+++ a.txt\n@@ -1 +1 @@\n-a\n+b\n".into()),
             },
             Event::StepFinished {
                 step: 2,

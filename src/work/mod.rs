@@ -442,17 +442,19 @@ impl Work<'_> {
     /// A result for a call that did not run.
     fn unrun(&self, step: u32, call: &ToolCall, why: &str) -> ToolResult {
         let now = self.ms();
-        self.result(step, call, why.to_string(), true, now, now)
+        self.result(step, call, why.to_string(), true, (now, now), None)
     }
 
+    /// A call's result: traced (with what a file tool changed) and given to the model, known
+    /// secrets redacted; it started and finished at those milliseconds of the run.
     fn result(
         &self,
         step: u32,
         call: &ToolCall,
         content: String,
         is_error: bool,
-        started_ms: f64,
-        finished_ms: f64,
+        (started_ms, finished_ms): (f64, f64),
+        diff: Option<String>,
     ) -> ToolResult {
         let content = crate::redact::text(&content).into_owned();
         self.events.emit(Event::ToolResult {
@@ -463,6 +465,7 @@ impl Work<'_> {
             is_error,
             started_ms,
             finished_ms,
+            diff,
         });
         ToolResult {
             call_id: call.id.clone(),
@@ -592,6 +595,7 @@ impl Work<'_> {
             env: self.env.clone(),
             rules: Arc::new(self.gate.map(|g| g.rules().clone()).unwrap_or_default()),
             jail: self.jail.clone(),
+            diff: Default::default(),
         };
         // Tools that run processes time out on their own and report what they printed;
         // this is the backstop for every other tool.
@@ -618,7 +622,8 @@ impl Work<'_> {
         };
         let content = crate::redact::text(&content).into_owned();
         let content = self.cap(call, content);
-        self.result(step, call, content, is_error, started_ms, self.ms())
+        let ms = (started_ms, self.ms());
+        self.result(step, call, content, is_error, ms, ctx.diff.into_inner())
     }
 
     /// A call that failed on a full disk says so: the tool's own words rarely do. (Only a

@@ -238,3 +238,66 @@ fn a_runs_page_answers_its_waiting_request_shows_step_times_and_reruns_its_goal(
         (rows.len() == 2 && rows.iter().all(|r| r["status"] == "achieved")).then_some(())
     });
 }
+
+#[test]
+fn a_runs_page_shows_the_diff_of_each_write_redacted() {
+    let env = Env::new();
+    const TOKEN: &str = "s3cr3t-token-value-42";
+    env.write("notes.txt", &format!("token={TOKEN}\nold line\nkept\n"));
+    let dir = goal(
+        &env,
+        "writes",
+        "env_pass = [\"DIFF_TEST_TOKEN\"]\n",
+        json!([
+            {"tool_calls": [
+                {"id": "w1", "name": "write_file", "input": {"path": "notes.txt", "content": format!("token={TOKEN}\nnew line\nkept\n")}},
+                {"id": "w2", "name": "write_file", "input": {"path": "fresh.txt", "content": "first\n"}}
+            ]},
+            {"text": "written"}
+        ]),
+    );
+    let out = env
+        .sup()
+        .env("DIFF_TEST_TOKEN", TOKEN)
+        .args(["goal", "--json", "--file"])
+        .arg(dir.join("writes.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = crate::common::Run::new(out);
+    let run_id = run.result()["run_id"].as_str().unwrap().to_string();
+    let c = serve(&env, &dir);
+    let page = get(&c.addr, &format!("/runs/{run_id}"), None).body;
+    let diffs: Vec<&str> = page
+        .split("<details class=\"diff\" open>")
+        .skip(1)
+        .collect();
+    assert_eq!(diffs.len(), 2, "a diff for each write: {page}");
+    assert!(
+        diffs[0].contains(r#"<span class="del">-old line</span>"#),
+        "{}",
+        diffs[0]
+    );
+    assert!(
+        diffs[0].contains(r#"<span class="add">+new line</span>"#),
+        "{}",
+        diffs[0]
+    );
+    assert!(
+        diffs[0].contains(r#"<span class="same"> kept</span>"#),
+        "{}",
+        diffs[0]
+    );
+    assert!(
+        diffs[1].contains(r#"<span class="add">+first</span>"#),
+        "{}",
+        diffs[1]
+    );
+    assert!(!page.contains(TOKEN), "the secret is on the page");
+    assert!(diffs[0].contains("token=[redacted]"), "{}", diffs[0]);
+}

@@ -29,6 +29,7 @@ mod sandbox;
 mod schedule;
 mod unattended;
 mod verify_loop;
+mod watch;
 mod web;
 mod wire_replay;
 mod work_loop;

@@ -1,0 +1,168 @@
+//! File triggers through the binary: `watch = [globs]` with `debounce` starts a goal of
+//! `sup daemon` once per burst of changes under its workspace, never for its own runs'
+//! writes; a bad glob or debounce is a goal file error naming the file and line.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use sup::store::db::{Db, RunRow};
+use sup::store::{RunStatus, TriggerKind};
+
+use crate::common::{Env, Killed, SpawnKilled, eventually};
+
+const DEBOUNCE_MS: u64 = 200;
+
+/// A goal in `home/goals` watching `src/**` of the workspace, whose run writes `src/out.txt`
+/// (a file its globs match) and answers.
+fn watching_goal(env: &Env) -> PathBuf {
+    let dir = env.home.path().join("goals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(env.ws().join("src")).unwrap();
+    let script = json!([
+        {"tool_calls": [
+            {"id": "w", "name": "write_file", "input": {"path": "src/out.txt", "content": "made by the run\n"}}
+        ]},
+        {"text": "done"}
+    ]);
+    std::fs::write(dir.join("w.json"), script.to_string()).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "prompt = \"work\"\nmodel = \"script:w.json\"\nworkspace = \"{}\"\n\
+             watch = [\"src/**\"]\ndebounce = \"{DEBOUNCE_MS}ms\"\n",
+            env.ws().display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn daemon(env: &Env) -> (Killed, PathBuf) {
+    let log = env.home.path().join("daemon.log");
+    let child = env
+        .sup()
+        .env("RUST_LOG", "sup=debug")
+        .arg("daemon")
+        .arg("--goals")
+        .arg(env.home.path().join("goals"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn_killed();
+    (child, log)
+}
+
+fn runs(env: &Env) -> Vec<RunRow> {
+    Db::open(env.home.path())
+        .unwrap()
+        .runs(Some("w"), None, 100)
+        .unwrap()
+}
+
+/// Wait until `n` runs are on record and all have ended.
+fn ended(env: &Env, n: usize) -> Vec<RunRow> {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{n} ended run(s)"),
+        || {
+            let rows = runs(env);
+            (rows.len() >= n && rows.iter().all(|r| r.status != RunStatus::Running)).then_some(rows)
+        },
+    )
+}
+
+/// Longer than the quiet time after a run plus a debounce: a run that a change of the run's
+/// own (or a second burst) had started would be on record by then.
+fn past_two_debounces() {
+    std::thread::sleep(Duration::from_millis(3 * DEBOUNCE_MS));
+}
+
+#[test]
+fn a_burst_of_changes_starts_one_run_and_the_runs_own_writes_start_none() {
+    let env = Env::new();
+    watching_goal(&env);
+    let (mut d, log) = daemon(&env);
+    eventually(Duration::from_secs(20), "the daemon to start", || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("daemon started")
+            .then_some(())
+    });
+    // Nothing changed yet: no run.
+    past_two_debounces();
+    assert!(runs(&env).is_empty(), "a run before any change");
+
+    // A burst: several files written and rewritten at once.
+    for i in 0..5 {
+        env.write(&format!("src/f{i}.rs"), "one");
+    }
+    for i in 0..5 {
+        env.write(&format!("src/f{i}.rs"), "two");
+    }
+    env.write("README.md", "not watched");
+    let rows = ended(&env, 1);
+    assert_eq!(rows[0].status, RunStatus::Achieved, "{rows:?}");
+    assert_eq!(rows[0].trigger, TriggerKind::Watch);
+    assert_eq!(rows[0].scheduled_for, None);
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("src/out.txt")).unwrap(),
+        "made by the run\n"
+    );
+    // The run wrote src/out.txt, which the globs match: no second run for that.
+    past_two_debounces();
+    assert_eq!(runs(&env).len(), 1, "the run's own write started another");
+
+    // The daemon still watches: a later change starts exactly one more run.
+    env.write("src/later.rs", "x");
+    let rows = ended(&env, 2);
+    assert!(rows.iter().all(|r| r.trigger == TriggerKind::Watch));
+    past_two_debounces();
+    assert_eq!(runs(&env).len(), 2, "{:?}", runs(&env));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("files it watches changed").count(),
+        2,
+        "{text}"
+    );
+    d.kill().unwrap();
+}
+
+#[test]
+fn sup_goals_shows_what_a_goal_watches() {
+    let env = Env::new();
+    watching_goal(&env);
+    let out = env
+        .sup()
+        .args(["goals", "--goals"])
+        .arg(env.home.path().join("goals"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("watch src/**"), "{text}");
+}
+
+#[test]
+fn a_bad_glob_or_debounce_is_exit_2_naming_file_and_line() {
+    let env = Env::new();
+    for (key, value) in [("watch", "[\"src/[x\"]"), ("debounce", "\"soon\"")] {
+        let path = env.write(
+            &format!("{key}.toml"),
+            &format!("prompt = \"p\"\nmodel = \"script:none.json\"\n{key} = {value}\n"),
+        );
+        let out = env
+            .sup()
+            .args(["goal", "--file"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+        assert!(
+            err.contains(&format!("{}:3:", path.display())) && err.contains(&format!("`{key}`")),
+            "{key}: {err}"
+        );
+    }
+}
