@@ -131,6 +131,8 @@ vocabulary! {
         Schedule = "schedule",
         /// `sup trigger`.
         Manual = "manual",
+        /// A signed `POST /hooks/GOAL` on the console.
+        Webhook = "webhook",
     }
 }
 
@@ -209,7 +211,7 @@ mod tests {
             "nope"
                 .parse::<TriggerKind>()
                 .unwrap_err()
-                .contains("cli, schedule, manual")
+                .contains("cli, schedule, manual, webhook")
         );
     }
 }
