@@ -352,7 +352,9 @@ mod tests {
             "g",
             TriggerVar::new(
                 "webhook",
-                Some(Arc::new(serde_json::json!({"ref": "refs/heads/main", "n": [1, 2]}))),
+                Some(Arc::new(
+                    serde_json::json!({"ref": "refs/heads/main", "n": [1, 2]}),
+                )),
             ),
             Some(now),
             Previous {
@@ -385,7 +387,11 @@ mod tests {
             .render(&ctx())
             .unwrap();
         assert_eq!(out, "[]True");
-        assert!(src("{{ trigger.payload.ref }}").check(&BTreeMap::new()).is_ok());
+        assert!(
+            src("{{ trigger.payload.ref }}")
+                .check(&BTreeMap::new())
+                .is_ok()
+        );
     }
 
     #[test]

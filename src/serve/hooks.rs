@@ -145,7 +145,10 @@ pub(crate) async fn hook(
             Some(pg) => pg.new_delivery(&name, &id).await.map_err(pg_error),
             None => {
                 let (goal, id) = (name.clone(), id.clone());
-                with_db(&state, move |db| db.new_delivery(&goal, &id).map_err(db_error)).await
+                with_db(&state, move |db| {
+                    db.new_delivery(&goal, &id).map_err(db_error)
+                })
+                .await
             }
         };
         match new {
@@ -202,7 +205,10 @@ async fn start(state: &State, name: &str, body: Vec<u8>) -> Response {
     });
     let errors = tokio::spawn(async move {
         let mut text = String::new();
-        let _ = (&mut stderr).take(64 * 1024).read_to_string(&mut text).await;
+        let _ = (&mut stderr)
+            .take(64 * 1024)
+            .read_to_string(&mut text)
+            .await;
         // The rest is drained, so the run never waits on a full pipe.
         let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
         text

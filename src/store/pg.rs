@@ -21,7 +21,7 @@ use crate::schedule::policy::{self, Decision};
 use crate::trace::{CheckReport, Status, StopReason};
 
 /// The schema this `sup` knows; a store with a higher version is refused.
-pub(crate) const SCHEMA_VERSION: i32 = 3;
+pub(crate) const SCHEMA_VERSION: i32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PgError {

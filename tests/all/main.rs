@@ -30,6 +30,7 @@ mod schedule;
 mod unattended;
 mod verify_loop;
 mod web;
+mod webhook;
 mod wire_replay;
 mod work_loop;
 mod worktree;
