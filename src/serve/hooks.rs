@@ -4,7 +4,8 @@
 //! under the secret (`X-Hub-Signature-256` or `X-Sup-Signature`, `sha256=HEX`) stands for
 //! the sender, checked in constant time; the peer check of every POST still refuses a run's
 //! own processes. A delivery id (`X-GitHub-Delivery`, `X-Sup-Delivery`) seen before is
-//! answered 200 and runs nothing; ids are kept in the store.
+//! answered 200 and runs nothing; ids are kept in the store. A paused goal, or one whose
+//! overlap skips while a run of it goes on, is answered 200 with why, and nothing runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::State;
 use super::layout::{db_error, fleet, pg_error, with_db};
+use crate::config::Overlap;
 use crate::schedule::overview;
+use crate::store::RunStatus;
 
 /// The largest body a webhook may send.
 pub(crate) const MAX_HOOK_BODY: usize = 1024 * 1024;
@@ -86,9 +89,9 @@ pub(crate) async fn hook(
         let name = name.clone();
         tokio::task::spawn_blocking(move || overview::find(&dir, &name)).await
     };
-    let secret_env = match goal {
+    let (secret_env, overlap) = match goal {
         Ok(Ok(g)) => match g.file.settings.webhook {
-            Some(w) => w.into_inner().secret_env,
+            Some(w) => (w.into_inner().secret_env, g.overlap),
             None => {
                 return refuse(
                     StatusCode::NOT_FOUND,
@@ -161,6 +164,31 @@ pub(crate) async fn hook(
                 );
             }
             Err(e) => return e.into_response(),
+        }
+    }
+    // A fleet's claim decides pause and overlap; on one machine they are decided here.
+    if fleet(&state).is_none() {
+        let goal = name.clone();
+        let state_of = with_db(&state, move |db| {
+            let paused = db.paused(&goal).map_err(db_error)?;
+            let running = db
+                .runs(Some(&goal), Some(RunStatus::Running), 1)
+                .map_err(db_error)?;
+            Ok((paused, !running.is_empty()))
+        })
+        .await;
+        let not_run = match state_of {
+            Ok((true, _)) => Some("paused"),
+            // No run waits on one machine: `queue` skips as `skip` does.
+            Ok((false, true)) if matches!(overlap, Overlap::Skip | Overlap::Queue) => {
+                Some("skipped")
+            }
+            Ok(_) => None,
+            Err(e) => return e.into_response(),
+        };
+        if let Some(status) = not_run {
+            tracing::info!("webhook of {name}: not run: {status}");
+            return answer(StatusCode::OK, json!({"goal": name, "status": status}));
         }
     }
     start(&state, &name, body.to_vec()).await

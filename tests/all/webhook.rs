@@ -28,7 +28,11 @@ fn sign(secret: &str, body: &str) -> String {
 
 /// A goal `hook` with `[webhook]` whose prompt uses the payload's `ref`.
 fn hook_goal(env: &Env, goals: &Path) {
-    let script = env.script(json!([{"text": "deployed"}]));
+    hook_goal_with(env, goals, json!([{"text": "deployed"}]));
+}
+
+fn hook_goal_with(env: &Env, goals: &Path, turns: Value) {
+    let script = env.script(turns);
     std::fs::write(
         goals.join("hook.toml"),
         format!(
@@ -117,6 +121,40 @@ fn a_signed_delivery_runs_the_goal_with_its_payload_fenced_in_the_prompt() {
         .filter(|r| r["goal"] == "hook")
         .collect();
     assert_eq!(hooked.len(), 2, "{hooked:?}");
+}
+
+/// Overlap `skip` (the default) holds for webhooks as for occurrences: a delivery while the
+/// goal's run goes on runs nothing; so does one while the goal is paused.
+#[test]
+fn a_delivery_while_the_goal_runs_or_is_paused_runs_nothing() {
+    let env = Env::new();
+    let goals = goals_dir(&env);
+    hook_goal_with(
+        &env,
+        &goals,
+        json!([{"text": "deployed", "delay_ms": 3000}]),
+    );
+    let c = serve(&env, &goals, &[("HOOK_SECRET", SECRET)], "127.0.0.1:0");
+    let body = r#"{"ref": "refs/heads/main"}"#;
+    let sig = sign(SECRET, body);
+    let first = post(&c.addr, "hook", &[("X-Sup-Signature", &sig)], body);
+    assert_eq!(first.status, 202, "{}", first.body);
+    let second = post(&c.addr, "hook", &[("X-Sup-Signature", &sig)], body);
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert!(second.body.contains("skipped"), "{}", second.body);
+    let first: Value = serde_json::from_str(&first.body).unwrap();
+    finished(&env, first["run_id"].as_str().unwrap());
+    let out = env
+        .sup()
+        .args(["pause", "hook", "--goals"])
+        .arg(&goals)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let paused = post(&c.addr, "hook", &[("X-Sup-Signature", &sig)], body);
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    assert!(paused.body.contains("paused"), "{}", paused.body);
+    assert_eq!(runs(&env).len(), 1, "{:?}", runs(&env));
 }
 
 #[test]
