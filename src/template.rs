@@ -387,6 +387,10 @@ mod tests {
             .render(&ctx())
             .unwrap();
         assert_eq!(out, "[]True");
+        let out = src("{{ trigger|upper }} {{ 'on ' ~ trigger }} {{ trigger.kind == 'webhook' }}")
+            .render(&ctx())
+            .unwrap();
+        assert_eq!(out, "WEBHOOK on webhook True");
         assert!(
             src("{{ trigger.payload.ref }}")
                 .check(&BTreeMap::new())

@@ -347,7 +347,11 @@ pub(crate) async fn trigger(
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        println!("{name}: trigger {id} waits for a daemon with room");
+        if json_out {
+            println!("{}", json!({"trigger": id, "status": "pending"}));
+        } else {
+            println!("{name}: trigger {id} waits for a daemon with room");
+        }
         return Ok(Ending::Achieved);
     }
     let mut spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(Fail::from)?;

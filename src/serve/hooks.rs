@@ -280,6 +280,13 @@ async fn start(state: &State, name: &str, body: Vec<u8>) -> Response {
         );
     }
     if let Some(status) = said.get("status").and_then(Value::as_str) {
+        // Handed to the fleet, waiting for a daemon with room.
+        if status == "pending" {
+            return answer(
+                StatusCode::ACCEPTED,
+                json!({"goal": name, "status": status}),
+            );
+        }
         tracing::info!("webhook of {name}: not run: {status}");
         return answer(StatusCode::OK, json!({"goal": name, "status": status}));
     }
