@@ -451,8 +451,12 @@ impl GoalFile {
                 && !name.starts_with(|c: char| c.is_ascii_digit())
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !ok {
+                let start = w.span().start.min(text.len());
+                let at = text[start..]
+                    .find("secret_env")
+                    .map_or(start, |i| start + i);
                 return Err(err(
-                    line_at(text, w.span().start),
+                    line_at(text, at),
                     format!(
                         "key `webhook.secret_env`: `{name}` is not an environment variable's \
                          name; write e.g. secret_env = \"GITHUB_WEBHOOK_SECRET\""

@@ -200,7 +200,7 @@ fn a_goal_file_with_a_bad_webhook_table_is_exit_2_naming_its_line() {
         "prompt = \"x\"\n\n[webhook]\nsecret = \"S\"\n",
     )
     .unwrap();
-    for (file, line) in [("bad.toml", 3), ("typo.toml", 4)] {
+    for (file, line) in [("bad.toml", 4), ("typo.toml", 4)] {
         let out = env
             .sup()
             .args(["goal", "--file"])
