@@ -143,7 +143,8 @@ pub(crate) async fn hook(
             "the body is not JSON: send it as application/json",
         );
     }
-    if let Some(id) = delivery(&headers) {
+    let delivered = delivery(&headers);
+    if let Some(id) = &delivered {
         let new = match fleet(&state) {
             Some(pg) => pg.new_delivery(&name, &id).await.map_err(pg_error),
             None => {
@@ -191,7 +192,24 @@ pub(crate) async fn hook(
             return answer(StatusCode::OK, json!({"goal": name, "status": status}));
         }
     }
-    start(&state, &name, body.to_vec()).await
+    let started = start(&state, &name, body.to_vec()).await;
+    // A delivery whose run could not start may be delivered again.
+    if let Some(id) = delivered.filter(|_| started.status().is_server_error()) {
+        let forgot = match fleet(&state) {
+            Some(pg) => pg.forget_delivery(&name, &id).await.map_err(pg_error),
+            None => {
+                let goal = name.clone();
+                with_db(&state, move |db| {
+                    db.forget_delivery(&goal, &id).map_err(db_error)
+                })
+                .await
+            }
+        };
+        if let Err(e) = forgot {
+            tracing::warn!("webhook of {name}: {}", e.1);
+        }
+    }
+    started
 }
 
 /// `sup trigger NAME --webhook --json` with the body on stdin; answered with the run's id

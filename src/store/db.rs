@@ -1010,6 +1010,17 @@ impl Db {
         Ok(n == 1)
     }
 
+    /// Forget a delivery whose run could not start, so that it may be delivered again.
+    pub(crate) fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery = ?2",
+                params![goal, delivery],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     pub(crate) fn paused(&self, goal: &str) -> Result<bool, DbError> {
         Ok(self
             .conn

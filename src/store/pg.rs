@@ -1121,6 +1121,18 @@ impl PgStore {
         Ok(n == 1)
     }
 
+    /// Forget a delivery whose run could not start, so that it may be delivered again.
+    pub(crate) async fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "DELETE FROM webhook_deliveries WHERE goal = $1 AND delivery = $2",
+            &[&goal, &delivery],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
     /// What became of a trigger: its occurrence's status and run.
     pub(crate) async fn settle_trigger(
         &self,

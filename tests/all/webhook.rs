@@ -186,6 +186,29 @@ fn unsigned_badly_signed_oversized_and_unknown_deliveries_run_nothing() {
     assert!(runs(&env).is_empty(), "{:?}", runs(&env));
 }
 
+/// A delivery whose run cannot start (a model no provider has) is a 500, and is not kept:
+/// delivered again once fixed, it runs.
+#[test]
+fn a_delivery_whose_run_cannot_start_may_be_delivered_again() {
+    let env = Env::new();
+    let goals = goals_dir(&env);
+    hook_goal(&env, &goals);
+    let file = goals.join("hook.toml");
+    let good = std::fs::read_to_string(&file).unwrap();
+    let model = good.lines().find(|l| l.starts_with("model")).unwrap();
+    std::fs::write(&file, good.replace(model, "model = \"nope:x\"")).unwrap();
+    let c = serve(&env, &goals, &[("HOOK_SECRET", SECRET)], "127.0.0.1:0");
+    let body = r#"{"ref": "refs/heads/main"}"#;
+    let sig = sign(SECRET, body);
+    let headers = [("X-Sup-Signature", sig.as_str()), ("X-Sup-Delivery", "d-9")];
+    let failed = post(&c.addr, "hook", &headers, body);
+    assert_eq!(failed.status, 500, "{}", failed.body);
+    assert!(failed.body.contains("nope"), "{}", failed.body);
+    std::fs::write(&file, &good).unwrap();
+    let again = post(&c.addr, "hook", &headers, body);
+    assert_eq!(again.status, 202, "{}", again.body);
+}
+
 #[test]
 fn a_goal_file_with_a_bad_webhook_table_is_exit_2_naming_its_line() {
     let env = Env::new();
