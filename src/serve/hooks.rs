@@ -146,7 +146,7 @@ pub(crate) async fn hook(
     let delivered = delivery(&headers);
     if let Some(id) = &delivered {
         let new = match fleet(&state) {
-            Some(pg) => pg.new_delivery(&name, &id).await.map_err(pg_error),
+            Some(pg) => pg.new_delivery(&name, id).await.map_err(pg_error),
             None => {
                 let (goal, id) = (name.clone(), id.clone());
                 with_db(&state, move |db| {
