@@ -301,14 +301,20 @@ pub(crate) async fn trigger(
     dir: &Path,
     name: &str,
     json_out: bool,
+    payload: Option<serde_json::Value>,
 ) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let store = open(url).await?;
     let user = crate::approval::answer::os_user();
-    let by = format!("{user}@{} (sup trigger)", pg::this_host());
+    let (kind, by) = match payload {
+        Some(_) => (crate::store::TriggerKind::Webhook, "webhook"),
+        None => (crate::store::TriggerKind::Manual, "sup trigger"),
+    };
+    let by = format!("{user}@{} ({by})", pg::this_host());
     if store.live_daemon_for(name).await.map_err(Fail::usage)? {
+        let text = payload.as_ref().map(|p| p.to_string());
         let id = store
-            .request_trigger(name, &by)
+            .request_trigger(name, &by, kind, text.as_deref())
             .await
             .map_err(Fail::usage)?;
         eprintln!("· trigger {id} of {name} handed to the fleet");
@@ -341,11 +347,16 @@ pub(crate) async fn trigger(
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        println!("{name}: trigger {id} waits for a daemon with room");
+        if json_out {
+            println!("{}", json!({"trigger": id, "status": "pending"}));
+        } else {
+            println!("{name}: trigger {id} waits for a daemon with room");
+        }
         return Ok(Ending::Achieved);
     }
     let mut spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(Fail::from)?;
     spec.sandbox.goals = Some(dir.to_path_buf());
+    spec.payload = payload.map(std::sync::Arc::new);
     let me = pg::Claimer {
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),
@@ -353,7 +364,7 @@ pub(crate) async fn trigger(
     let claimed = store
         .claim(
             &me,
-            crate::store::TriggerKind::Manual,
+            kind,
             &[pg::Due {
                 goal: name.to_string(),
                 at: chrono::Utc::now(),
@@ -366,7 +377,11 @@ pub(crate) async fn trigger(
     let run_id = match claimed.first() {
         Some(pg::Claimed::Run { run_id, .. }) => run_id.clone(),
         Some(pg::Claimed::Not { status, .. }) => {
-            println!("{name}: not run: {status} (overlap and pause rules of the goal)");
+            if json_out {
+                println!("{}", json!({"status": status}));
+            } else {
+                println!("{name}: not run: {status} (overlap and pause rules of the goal)");
+            }
             return Ok(Ending::Achieved);
         }
         None => {
@@ -388,7 +403,7 @@ pub(crate) async fn trigger(
         &spec,
         &store::home(),
         Trigger {
-            kind: crate::store::TriggerKind::Manual,
+            kind,
             scheduled_for: None,
         },
         vec![sink],

@@ -366,6 +366,7 @@ pub(crate) async fn trigger(
     name: &str,
     json_out: bool,
     approval: Option<crate::approval::Mode>,
+    payload: Option<serde_json::Value>,
 ) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
     let inv = invocation(Settings {
@@ -384,7 +385,12 @@ pub(crate) async fn trigger(
         );
         spec.approval = Some(crate::approval::Mode::Queue);
     }
-    execute(spec, json_out, false, true, TriggerKind::Manual).await
+    let kind = match payload {
+        Some(_) => TriggerKind::Webhook,
+        None => TriggerKind::Manual,
+    };
+    spec.payload = payload.map(std::sync::Arc::new);
+    execute(spec, json_out, false, true, kind).await
 }
 
 pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {

@@ -267,6 +267,10 @@ enum Command {
         /// approve` or on the console).
         #[arg(long, value_parser = crate::config::parse_enum::<crate::approval::Mode>)]
         approval: Option<crate::approval::Mode>,
+        /// Started by the console for a webhook delivery: recorded as `webhook`, its body
+        /// (JSON) on stdin.
+        #[arg(long, hide = true)]
+        webhook: bool,
     },
     /// Pause a goal: the daemon skips its occurrences until it is resumed.
     Pause {
@@ -393,6 +397,28 @@ pub(crate) struct GoalArgs {
     pub(crate) settings: crate::config::Settings,
 }
 
+/// `sup trigger --webhook`: the delivery's body, JSON on stdin (the console checked it).
+fn payload(webhook: bool) -> Result<Option<serde_json::Value>, Fail> {
+    if !webhook {
+        return Ok(None);
+    }
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::io::stdin(), crate::serve::MAX_HOOK_BODY as u64 + 1),
+        &mut body,
+    )
+    .map_err(Fail::usage)?;
+    if body.len() > crate::serve::MAX_HOOK_BODY {
+        return Err(Fail::usage(anyhow::anyhow!(
+            "the webhook's body is over {} bytes",
+            crate::serve::MAX_HOOK_BODY
+        )));
+    }
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|e| Fail::usage(anyhow::anyhow!("the webhook's body is not JSON: {e}")))
+}
+
 /// The local store, with runs whose process is gone marked as no longer running.
 pub(super) fn db() -> Result<crate::store::db::Db, Fail> {
     let db = crate::store::db::Db::open(&crate::store::home())?;
@@ -505,7 +531,8 @@ pub fn main() -> ExitCode {
                 goals,
                 json,
                 approval,
-            } => manage::trigger(&goals, &name, json, approval).await,
+                webhook,
+            } => manage::trigger(&goals, &name, json, approval, payload(webhook)?).await,
             Command::Pause { name, goals } => manage::pause(&goals, &name, true),
             Command::Resume { name, goals } => manage::pause(&goals, &name, false),
             Command::Approvals { json } => manage::approvals(json),
@@ -619,8 +646,12 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             "`sup continue` continues a run of this machine's store; run it without --store"
         ))),
         Command::Trigger {
-            name, goals, json, ..
-        } => fleet::trigger(url, &goals, &name, json).await,
+            name,
+            goals,
+            json,
+            webhook,
+            ..
+        } => fleet::trigger(url, &goals, &name, json, payload(webhook)?).await,
         Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,
         Command::Resume { name, goals } => fleet::pause(url, &goals, &name, false).await,
         Command::Approvals { json } => fleet::approvals(url, json).await,

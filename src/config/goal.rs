@@ -77,6 +77,20 @@ pub struct McpServer {
     pub(crate) env_pass: Vec<String>,
 }
 
+/// `[webhook]`: a signed `POST /hooks/NAME` on the console starts the goal.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Webhook {
+    /// The environment variable holding the HMAC-SHA256 key deliveries are signed with.
+    pub(crate) secret_env: String,
+}
+
+impl super::Show for Webhook {
+    fn show(&self) -> String {
+        format!("secret_env {}", self.secret_env)
+    }
+}
+
 fn argv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     let v = Vec::<String>::deserialize(d)?;
     if v.is_empty() {
@@ -430,6 +444,25 @@ impl GoalFile {
                 check,
                 timeout: c.timeout,
             });
+        }
+        if let Some(w) = &settings.webhook {
+            let name = &w.get_ref().secret_env;
+            let ok = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                let start = w.span().start.min(text.len());
+                let at = text[start..]
+                    .find("secret_env")
+                    .map_or(start, |i| start + i);
+                return Err(err(
+                    line_at(text, at),
+                    format!(
+                        "key `webhook.secret_env`: `{name}` is not an environment variable's \
+                         name; write e.g. secret_env = \"GITHUB_WEBHOOK_SECRET\""
+                    ),
+                ));
+            }
         }
         let mut tools = Vec::new();
         for t in std::mem::take(&mut settings.tool) {

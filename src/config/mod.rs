@@ -405,6 +405,9 @@ settings! {
         /// interrupted: `mark` (default) or `continue` (as `sup continue RUN_ID`).
         #[arg(skip)]
         pub on_interrupt: Option<OnInterrupt>,
+        /// `[webhook]`: a signed `POST /hooks/NAME` on the console starts the goal.
+        #[arg(skip)]
+        pub webhook: Option<Spanned<goal::Webhook>>,
     }
 }
 
@@ -556,6 +559,7 @@ impl Settings {
         key(!self.watch.is_empty(), "watch");
         key(!self.check.is_empty(), "check");
         key(!self.tool.is_empty(), "tool");
+        key(self.webhook.is_some(), "webhook");
         keys
     }
 }

@@ -113,6 +113,8 @@ pub(crate) struct RunSpec {
     pub(crate) isolate: worktree::Isolate,
     /// How the run ties to others: where it came from, what it continues, which attempt.
     pub(crate) thread: resume::Thread,
+    /// The body of the webhook delivery that started the run (`{{ trigger.payload }}`).
+    pub(crate) payload: Option<Arc<serde_json::Value>>,
 }
 
 fn setup(msg: impl Into<String>) -> RunError {
@@ -316,6 +318,7 @@ impl RunSpec {
             max_cost: unattended.max_cost,
             max_cost_per_day: unattended.max_cost_per_day,
             price_refusal: unattended.refusal,
+            payload: None,
         })
     }
 }
@@ -640,7 +643,7 @@ fn this_run(
         spec.timezone,
         now,
         &goal.name,
-        trigger.kind.as_str(),
+        template::TriggerVar::new(trigger.kind.as_str(), spec.payload.clone()),
         trigger.scheduled_for,
         previous,
         spec.params.clone(),

@@ -289,7 +289,7 @@ impl Daemon {
             let settled = policy::catch_up(s, *last, now, g.catch_up);
             self.settle(name, g, settled, &mut due).await;
         }
-        self.claim(TriggerKind::Schedule, due).await;
+        self.claim(TriggerKind::Schedule, due, None).await;
     }
 
     /// Record what `policy::settle` missed (and tell the last of it); what runs is due.
@@ -376,7 +376,7 @@ impl Daemon {
         if self.permits.available_permits() == 0 {
             tokio::time::sleep(Duration::from_millis(30 + u64::from(fastrand::u8(..) % 50))).await;
         }
-        self.claim(TriggerKind::Schedule, due).await;
+        self.claim(TriggerKind::Schedule, due, None).await;
     }
 
     /// Claim in the store and start what this daemon won. A daemon with room first claims
@@ -385,7 +385,13 @@ impl Daemon {
     /// locks; then whatever the others left (a daemon that is late, gone or without the tags).
     /// The runs start once everything is claimed: their folders, transcripts and store writes
     /// stay off the claim's path.
-    async fn claim(&mut self, kind: TriggerKind, due: Vec<Due>) -> Vec<Claimed> {
+    /// Claim `due`; what runs of it starts here, with `payload` (a webhook's body) when given.
+    async fn claim(
+        &mut self,
+        kind: TriggerKind,
+        due: Vec<Due>,
+        payload: Option<Arc<serde_json::Value>>,
+    ) -> Vec<Claimed> {
         if due.is_empty() {
             return Vec::new();
         }
@@ -408,7 +414,7 @@ impl Daemon {
             match c {
                 Claimed::Run { goal, at, run_id } => {
                     if !self.running.contains_key(run_id) {
-                        self.start(goal, kind, *at, run_id);
+                        self.start(goal, kind, *at, run_id, payload.clone());
                     }
                 }
                 Claimed::Not { goal, at, status } => {
@@ -447,14 +453,22 @@ impl Daemon {
         out
     }
 
-    fn start(&mut self, goal: &str, kind: TriggerKind, at: DateTime<Utc>, run_id: &str) {
+    fn start(
+        &mut self,
+        goal: &str,
+        kind: TriggerKind,
+        at: DateTime<Utc>,
+        run_id: &str,
+        payload: Option<Arc<serde_json::Value>>,
+    ) {
         let Some(g) = self.goals.get(goal) else {
             tracing::error!("goal {goal}: claimed but no longer loaded; run {run_id} not started");
             return;
         };
         let cancel = CancellationToken::new();
         self.running.insert(run_id.to_string(), cancel.clone());
-        let spec = g.spec.clone();
+        let mut spec = g.spec.clone();
+        spec.payload = payload;
         let store = self.cfg.store.clone();
         let home = self.cfg.home.clone();
         let permits = self.permits.clone();
@@ -522,7 +536,7 @@ impl Daemon {
         }
         let retry = g.retry;
         match self.cfg.store.take_queued(&self.me, goal, retry).await {
-            Ok(Some((at, run_id))) => self.start(goal, TriggerKind::Schedule, at, &run_id),
+            Ok(Some((at, run_id))) => self.start(goal, TriggerKind::Schedule, at, &run_id, None),
             Ok(None) => {}
             Err(e) => tracing::error!("{e}"),
         }
@@ -547,18 +561,28 @@ impl Daemon {
                 return;
             }
         };
-        for (id, goal, kind, at) in taken {
-            let Some(g) = self.goals.get(&goal) else {
+        for t in taken {
+            let Some(g) = self.goals.get(&t.goal) else {
                 continue;
             };
+            let (id, goal, kind) = (t.id, t.goal, t.kind);
             let due = vec![Due {
                 goal: goal.clone(),
-                at,
+                at: t.at,
                 overlap: g.overlap,
                 retry_interrupted: g.retry,
             }];
             tracing::info!("goal {goal}: {kind} trigger {id} taken");
-            let claimed = self.claim(TriggerKind::Manual, due).await;
+            let (kind, payload) = match TriggerKind::parse(&kind) {
+                Some(TriggerKind::Webhook) => (
+                    TriggerKind::Webhook,
+                    t.payload
+                        .and_then(|p| serde_json::from_str(&p).ok())
+                        .map(Arc::new),
+                ),
+                _ => (TriggerKind::Manual, None),
+            };
+            let claimed = self.claim(kind, due, payload).await;
             let (status, run_id) = match claimed.first() {
                 Some(Claimed::Run { run_id, .. }) => ("running", Some(run_id.clone())),
                 Some(Claimed::Not { status, .. }) => (status.as_str(), None),

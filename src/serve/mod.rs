@@ -3,13 +3,15 @@
 //! runtime. Templates are maud (compiled into the binary, every value escaped by default);
 //! the style sheet and the one small script are embedded. Loopback by default; any other
 //! address needs `SUP_SERVE_TOKEN`. Every state-changing request is a POST carrying the
-//! session's CSRF token, and none is taken from a process that `sup` started (`peer`).
+//! session's CSRF token, and none is taken from a process that `sup` started (`peer`);
+//! a webhook (`hooks`) carries a signature instead of a session.
 //! With a fleet's store (`--store`) runs, transcripts, approvals and goal figures come from
 //! PostgreSQL, and answers reach waiting runs on any machine.
 
 mod approvals;
 mod auth;
 mod goals;
+mod hooks;
 mod layout;
 mod peer;
 mod render;
@@ -27,6 +29,7 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use auth::MIN_TOKEN_LEN;
+pub(crate) use hooks::MAX_HOOK_BODY;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ServeError {
@@ -227,6 +230,10 @@ fn router(state: Arc<State>) -> Router {
         .route("/approvals/{id}/{verb}", post(approvals::answer))
         .route("/goals", get(goals::goals))
         .route("/goals/{name}/{verb}", post(goals::goal_action))
+        .route(
+            "/hooks/{name}",
+            post(hooks::hook).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/signin", get(auth::signin_page).post(auth::signin))
         .route("/signout", post(auth::signout))
         .route("/static/style.css", get(layout::style))

@@ -146,6 +146,13 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN repo TEXT;
     CREATE INDEX runs_parent ON runs (parent);
     CREATE INDEX runs_continued ON runs (continued_from);",
+    // 6: the webhook deliveries a goal took, so that one delivered again runs nothing.
+    "CREATE TABLE webhook_deliveries (
+        goal TEXT NOT NULL,
+        delivery TEXT NOT NULL,
+        received_at TEXT NOT NULL,
+        PRIMARY KEY (goal, delivery)
+    );",
 ];
 
 /// A time as the store keeps it: RFC 3339, UTC, always with milliseconds, so that the
@@ -985,6 +992,30 @@ impl Db {
                 "INSERT INTO goal_state (goal, paused) VALUES (?1, ?2)
                  ON CONFLICT (goal) DO UPDATE SET paused = excluded.paused",
                 params![goal, paused],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Record a webhook delivery of `goal`: whether it is new (one seen before runs nothing).
+    pub(crate) fn new_delivery(&self, goal: &str, delivery: &str) -> Result<bool, DbError> {
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO webhook_deliveries (goal, delivery, received_at)
+                 VALUES (?1, ?2, ?3)",
+                params![goal, delivery, stamp(Utc::now())],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(n == 1)
+    }
+
+    /// Forget a delivery whose run could not start, so that it may be delivered again.
+    pub(crate) fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery = ?2",
+                params![goal, delivery],
             )
             .map_err(|e| self.err(e))?;
         Ok(())

@@ -21,7 +21,7 @@ use crate::schedule::policy::{self, Decision};
 use crate::trace::{CheckReport, Status, StopReason};
 
 /// The schema this `sup` knows; a store with a higher version is refused.
-pub(crate) const SCHEMA_VERSION: i32 = 3;
+pub(crate) const SCHEMA_VERSION: i32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PgError {
@@ -311,6 +311,15 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN commit_sha TEXT;
     ALTER TABLE runs ADD COLUMN diff_stat TEXT;
     ALTER TABLE runs ADD COLUMN repo TEXT;",
+    // 4: webhook triggers: the delivery's body a trigger carries to its run, and the
+    // deliveries a goal took, so that one delivered again runs nothing.
+    "ALTER TABLE triggers ADD COLUMN payload TEXT;
+    CREATE TABLE webhook_deliveries (
+        goal TEXT NOT NULL,
+        delivery TEXT NOT NULL,
+        received_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (goal, delivery)
+    );",
 ];
 
 // The claim's statements (see `PgStore::claim`).
@@ -386,6 +395,17 @@ pub(crate) struct DaemonRow {
 pub(crate) struct Claimer {
     pub(crate) id: String,
     pub(crate) host: String,
+}
+
+/// A trigger a daemon took: `kind` is `manual`, `retry` or `webhook`; `payload` the
+/// webhook's body.
+#[derive(Clone, Debug)]
+pub(crate) struct Taken {
+    pub(crate) id: i64,
+    pub(crate) goal: String,
+    pub(crate) kind: String,
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) payload: Option<String>,
 }
 
 /// One occurrence to claim.
@@ -1034,14 +1054,21 @@ impl PgStore {
         Ok(Some((at, id)))
     }
 
-    /// Ask for a manual run of `goal`; a daemon that serves it picks it up.
-    pub(crate) async fn request_trigger(&self, goal: &str, by: &str) -> Result<i64, PgError> {
+    /// Ask for a run of `goal` (manual, or a webhook's with its body); a daemon that serves
+    /// it picks it up.
+    pub(crate) async fn request_trigger(
+        &self,
+        goal: &str,
+        by: &str,
+        kind: TriggerKind,
+        payload: Option<&str>,
+    ) -> Result<i64, PgError> {
         let c = self.client().await?;
         let row = c
             .query_one(
-                "INSERT INTO triggers (goal, kind, requested_at, requested_by, status)
-                 VALUES ($1, 'manual', clock_timestamp(), $2, 'pending') RETURNING id",
-                &[&goal, &by],
+                "INSERT INTO triggers (goal, kind, requested_at, requested_by, status, payload)
+                 VALUES ($1, $3, clock_timestamp(), $2, 'pending', $4) RETURNING id",
+                &[&goal, &by, &kind, &payload],
             )
             .await
             .map_err(|e| self.err(&e))?;
@@ -1057,20 +1084,53 @@ impl PgStore {
         me: &Claimer,
         goals: &[String],
         limit: i64,
-    ) -> Result<Vec<(i64, String, String, DateTime<Utc>)>, PgError> {
+    ) -> Result<Vec<Taken>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "UPDATE triggers SET status = 'claimed', claimed_by = $3 WHERE id IN
                  (SELECT id FROM triggers WHERE status = 'pending' AND goal = ANY($1)
                   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
-             RETURNING id, goal, kind, requested_at",
+             RETURNING id, goal, kind, requested_at, payload",
             &[&goals, &limit, &me.id],
         )
         .await
         .map_err(|e| self.err(&e))?
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .map(|r| Taken {
+            id: r.get(0),
+            goal: r.get(1),
+            kind: r.get(2),
+            at: r.get(3),
+            payload: r.get(4),
+        })
         .collect())
+    }
+
+    /// Record a webhook delivery of `goal`: whether it is new (one seen before, by any
+    /// console of the fleet, runs nothing).
+    pub(crate) async fn new_delivery(&self, goal: &str, delivery: &str) -> Result<bool, PgError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO webhook_deliveries (goal, delivery, received_at)
+                 VALUES ($1, $2, clock_timestamp()) ON CONFLICT DO NOTHING",
+                &[&goal, &delivery],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        Ok(n == 1)
+    }
+
+    /// Forget a delivery whose run could not start, so that it may be delivered again.
+    pub(crate) async fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), PgError> {
+        let c = self.client().await?;
+        c.execute(
+            "DELETE FROM webhook_deliveries WHERE goal = $1 AND delivery = $2",
+            &[&goal, &delivery],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
     }
 
     /// What became of a trigger: its occurrence's status and run.

@@ -133,6 +133,8 @@ vocabulary! {
         Manual = "manual",
         /// The daemon, after a change to a file the goal's `watch` globs match.
         Watch = "watch",
+        /// A signed `POST /hooks/GOAL` on the console.
+        Webhook = "webhook",
     }
 }
 
@@ -211,7 +213,7 @@ mod tests {
             "nope"
                 .parse::<TriggerKind>()
                 .unwrap_err()
-                .contains("cli, schedule, manual")
+                .contains("cli, schedule, manual, webhook")
         );
     }
 }

@@ -694,7 +694,7 @@ fn a_store_with_a_newer_schema_is_refused() {
     let mut f = Fleet::new();
     let (code, text) = f.out(0, &["runs"]);
     assert_eq!(code, 0, "{text}");
-    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "3");
+    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "4");
     f.pg.exec("UPDATE sup_schema SET version = 99");
     let (code, text) = f.out(0, &["runs"]);
     assert_eq!(code, 2, "{text}");

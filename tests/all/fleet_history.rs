@@ -382,11 +382,12 @@ fn a_store_of_schema_1_is_migrated_to_keep_cost_and_answer() {
          ALTER TABLE runs DROP COLUMN continued_from, DROP COLUMN parent,
              DROP COLUMN attempt, DROP COLUMN branch, DROP COLUMN base_commit,
              DROP COLUMN commit_sha, DROP COLUMN diff_stat, DROP COLUMN repo;
+         ALTER TABLE triggers DROP COLUMN payload; DROP TABLE webhook_deliveries;
          UPDATE sup_schema SET version = 1",
     );
     f.goal("once", None, 0, "");
     let (code, text) = f.out(0, &["trigger", "once", "--goals", "."]);
     assert_eq!(code, 0, "{text}");
-    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "3");
+    assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "4");
     assert_eq!(f.pg.one("SELECT answer FROM runs"), "done");
 }

@@ -31,6 +31,7 @@ mod unattended;
 mod verify_loop;
 mod watch;
 mod web;
+mod webhook;
 mod wire_replay;
 mod work_loop;
 mod worktree;
