@@ -294,7 +294,7 @@ fn in_a_fleet_one_delivery_gives_one_run() {
             console(cmd)
         })
         .collect();
-    crate::fleet::until("two daemons joined", 20, || {
+    crate::common::until("two daemons joined", 20, || {
         f.pg.one("SELECT count(*) FROM daemons WHERE state = 'alive'") == "2"
     });
     let body = r#"{"ref": "refs/heads/fleet"}"#;
@@ -309,7 +309,7 @@ fn in_a_fleet_one_delivery_gives_one_run() {
     let run_id = said["run_id"].as_str().expect("a run id").to_string();
     let again = post(&consoles[1].addr, "hook", &headers, body);
     assert_eq!(again.status, 200, "{}", again.body);
-    crate::fleet::until("the run ends", 30, || {
+    crate::common::until("the run ends", 30, || {
         f.pg.one(&format!("SELECT status FROM runs WHERE id = '{run_id}'")) == "achieved"
     });
     assert_eq!(
