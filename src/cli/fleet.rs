@@ -1,6 +1,7 @@
-//! The commands against a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`):
-//! the fleet daemon, `sup daemons`, and the history, trigger, pause and approval commands
-//! answered from the store, so they work from any machine.
+//! The commands against a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`)
+//! that have no local twin: the fleet daemon, `sup daemons`, and the history and trigger
+//! commands answered from the store, so they work from any machine (pause and the approval
+//! commands are `manage`'s, over `store::history`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,9 +16,8 @@ use super::run::invocation;
 use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::{Invocation, RunSpec, Trigger};
-use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::{fleet, overview};
-use crate::store::{self, ApprovalStatus, db::stamp, pg};
+use crate::store::{self, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
@@ -35,28 +35,6 @@ pub(crate) async fn open(url: &str) -> Result<pg::PgStore, Fail> {
 
 fn defaults() -> Result<Invocation, Fail> {
     invocation(Settings::default())
-}
-
-fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
-    let loaded = goals::load_dir(dir).map_err(|e| {
-        Fail::usage(anyhow!(
-            "cannot read the goals folder {}: {e}",
-            dir.display()
-        ))
-    })?;
-    for (path, g) in loaded {
-        match g {
-            Ok(g) if g.file.name == name => return Ok(g),
-            Err(e) if path.file_stem().is_some_and(|s| s == name) => {
-                return Err(Fail::usage(anyhow!(e)));
-            }
-            _ => {}
-        }
-    }
-    Err(Fail::usage(anyhow!(
-        "no goal `{name}` in {}; `sup goals --goals DIR` lists them",
-        dir.display()
-    )))
 }
 
 pub(crate) struct DaemonArgs {
@@ -177,7 +155,7 @@ pub(crate) async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
 pub(crate) async fn runs(
     url: &str,
     goal: Option<&str>,
-    status: Option<&str>,
+    status: Option<crate::store::RunStatus>,
     limit: u32,
     json_out: bool,
 ) -> Result<Ending, Fail> {
@@ -255,7 +233,6 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
         "\noutcome: {}{} · {} tries · {} steps · {}",
         run.status,
         run.stop_reason
-            .as_deref()
             .map(|s| format!(" ({s})"))
             .unwrap_or_default(),
         run.tries,
@@ -302,7 +279,7 @@ pub(crate) async fn trigger(
     name: &str,
     json_out: bool,
 ) -> Result<Ending, Fail> {
-    let goal = find_goal(dir, name)?;
+    let goal = super::manage::find_goal(dir, name)?;
     let store = open(url).await?;
     let user = crate::approval::answer::os_user();
     let by = format!("{user}@{} (sup trigger)", pg::this_host());
@@ -404,76 +381,6 @@ pub(crate) async fn trigger(
         println!("{answer}");
     }
     Ok(Ending::of(outcome.status))
-}
-
-pub(crate) async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
-    find_goal(dir, name)?;
-    open(url)
-        .await?
-        .set_paused(name, paused)
-        .await
-        .map_err(Fail::usage)?;
-    println!(
-        "{name}: {}",
-        if paused {
-            "paused for the whole fleet until `sup resume`"
-        } else {
-            "resumed"
-        }
-    );
-    Ok(Ending::Achieved)
-}
-
-pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let rows = store
-        .approvals(ApprovalStatus::Pending)
-        .await
-        .map_err(Fail::usage)?;
-    // Where each file call really leads, symlinks resolved in its run's workspace.
-    let mut targets = Vec::new();
-    for r in &rows {
-        let workspace = store.run(&r.run_id).await.ok().map(|f| f.run.workspace);
-        let input = serde_json::from_str(&r.input).unwrap_or_default();
-        targets.push(workspace.and_then(|w| {
-            crate::approval::answer::target(&r.tool, &input, std::path::Path::new(&w))
-        }));
-    }
-    super::manage::print_approvals(&rows, &targets, json_out)
-}
-
-pub(crate) async fn answer(
-    url: &str,
-    id: &str,
-    approve: bool,
-    always: bool,
-    reason: Option<String>,
-) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let user = crate::approval::answer::os_user();
-    let (status, verb) = if approve {
-        (ApprovalStatus::Approved, "sup approve")
-    } else {
-        (ApprovalStatus::Denied, "sup deny")
-    };
-    let by = format!("{user}@{} (via {verb})", pg::this_host());
-    if store
-        .decide_approval(id, status, always, reason.as_deref(), &by)
-        .await
-        .map_err(Fail::usage)?
-    {
-        println!("{id}: {status}");
-        return Ok(Ending::Achieved);
-    }
-    let why = match store.approval(id).await.map_err(Fail::usage)? {
-        Some(r) => format!(
-            "approval request {id} is no longer waiting: it was {} by {}",
-            r.status.as_str().replace('_', " "),
-            r.decided_by.unwrap_or_else(|| "someone".into())
-        ),
-        None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
-    };
-    Err(Fail::usage(anyhow!(why)))
 }
 
 /// `sup goals` with a store: the goal files with the fleet's figures (its run ids, its

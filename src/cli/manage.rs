@@ -18,6 +18,7 @@ use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
 use crate::store::db::RunRow;
+use crate::store::history::History;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind};
 use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
 
@@ -37,7 +38,7 @@ pub(super) fn goal_files(dir: &Path) -> Result<Vec<Loaded>, Fail> {
 }
 
 /// The goal named `name` in `dir`.
-fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
+pub(super) fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
     overview::find(dir, name).map_err(Fail::usage)
 }
 
@@ -276,7 +277,6 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
         "\noutcome: {}{} · {} {} · {} {} · {}{}",
         run.status,
         run.stop_reason
-            .as_deref()
             .map(|s| format!(" ({s})"))
             .unwrap_or_default(),
         run.tries,
@@ -372,32 +372,38 @@ pub(crate) async fn trigger(
     execute(spec, json_out, false, true, TriggerKind::Manual).await
 }
 
-pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
+pub(crate) async fn pause(
+    history: &History,
+    dir: &Path,
+    name: &str,
+    paused: bool,
+) -> Result<Ending, Fail> {
     find_goal(dir, name)?;
-    db()?.set_paused(name, paused)?;
-    println!(
-        "{name}: {}",
-        if paused {
-            "paused; a running daemon skips its occurrences until `sup resume`"
-        } else {
-            "resumed"
-        }
-    );
+    history.set_paused(name, paused).await?;
+    let said = match (paused, history.is_fleet()) {
+        (true, false) => "paused; a running daemon skips its occurrences until `sup resume`",
+        (true, true) => "paused for the whole fleet until `sup resume`",
+        (false, _) => "resumed",
+    };
+    println!("{name}: {said}");
     Ok(Ending::Achieved)
 }
 
-pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
-    let db = db()?;
-    let rows = db.pending_approvals()?;
+pub(crate) async fn approvals(history: &History, json_out: bool) -> Result<Ending, Fail> {
+    let rows = history.pending_approvals().await?;
     // Where each file call really leads (symlinks resolved in its run's workspace).
-    let targets: Vec<Option<String>> = rows
-        .iter()
-        .map(|r| {
-            let workspace = std::path::PathBuf::from(db.run(&r.run_id).ok()?.workspace);
-            let input = serde_json::from_str(&r.input).ok()?;
-            crate::approval::answer::target(&r.tool, &input, &workspace)
-        })
-        .collect();
+    let mut targets = Vec::new();
+    for r in &rows {
+        let workspace = history
+            .run(&r.run_id)
+            .await
+            .ok()
+            .map(|(run, _)| run.workspace);
+        let input = serde_json::from_str(&r.input).ok();
+        targets.push(workspace.zip(input).and_then(|(w, input)| {
+            crate::approval::answer::target(&r.tool, &input, Path::new(&w))
+        }));
+    }
     print_approvals(&rows, &targets, json_out)
 }
 
@@ -507,7 +513,7 @@ pub(crate) fn print_runs(out: &mut impl Write, rows: &[(&RunRow, Option<&str>)])
             r.goal,
             r.trigger,
             r.status,
-            r.stop_reason.as_deref().unwrap_or_default(),
+            r.stop_reason.map_or("", |s| s.as_str()),
             r.tries,
             r.steps,
             r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
@@ -528,17 +534,23 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
     }
 }
 
-pub(crate) fn answer(
+pub(crate) async fn answer(
+    history: &History,
     id: &str,
     approve: bool,
     always: bool,
     reason: Option<String>,
 ) -> Result<Ending, Fail> {
-    let db = db()?;
     let user = crate::approval::answer::os_user();
     let verb = if approve { "sup approve" } else { "sup deny" };
-    let by = format!("{user} (via {verb})");
-    let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)
+    let by = if history.is_fleet() {
+        format!("{user}@{} (via {verb})", crate::store::pg::this_host())
+    } else {
+        format!("{user} (via {verb})")
+    };
+    let status = history
+        .answer(id, approve, always, reason.as_deref(), &by)
+        .await
         .map_err(Fail::usage)?;
     println!("{id}: {status}");
     Ok(Ending::Achieved)

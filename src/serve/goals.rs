@@ -18,8 +18,8 @@ use serde_json::Value;
 use super::State;
 use super::auth::{CsrfForm, authorize};
 use super::layout::{
-    PageError, Viewer, db_error, error_page, fleet, layout, pg_error, short, status_badge,
-    urlencode, with_db,
+    PageError, Viewer, db_error, error_page, fleet, history_error, layout, pg_error, short,
+    status_badge, urlencode, with_db,
 };
 use super::render;
 use crate::schedule::overview;
@@ -353,45 +353,26 @@ pub(crate) async fn goal_action(
     let dir = state.cfg.goals_dir.clone();
     let goal = name.clone();
     let v = verb.clone();
-    if let Some(pg) = fleet(&state) {
-        let found = match overview::find(&dir, &goal) {
-            Err(e @ overview::OverviewError::NoGoal { .. }) => {
-                Err(PageError::new(StatusCode::NOT_FOUND, e.to_string()))
-            }
-            Err(e) => Err(PageError::new(StatusCode::CONFLICT, e.to_string())),
-            Ok(_) => match v.as_str() {
-                "pause" | "resume" => pg.set_paused(&goal, v == "pause").await.map_err(pg_error),
-                "trigger" => Ok(()),
-                _ => Err(PageError::new(
-                    StatusCode::NOT_FOUND,
-                    "Run now, pause or resume, nothing else.",
-                )),
-            },
-        };
-        if let Err(e) = found {
-            return e.into_response();
+    let found = match overview::find(&dir, &goal) {
+        Err(e @ overview::OverviewError::NoGoal { .. }) => {
+            Err(PageError::new(StatusCode::NOT_FOUND, e.to_string()))
         }
-    } else {
-        let found = with_db(&state, move |db| {
-            overview::find(&dir, &goal).map_err(|e| match e {
-                overview::OverviewError::NoGoal { .. } => {
-                    PageError::new(StatusCode::NOT_FOUND, e.to_string())
-                }
-                e => PageError::new(StatusCode::CONFLICT, e.to_string()),
-            })?;
-            match v.as_str() {
-                "pause" | "resume" => db.set_paused(&goal, v == "pause").map_err(db_error),
-                "trigger" => Ok(()),
-                _ => Err(PageError::new(
-                    StatusCode::NOT_FOUND,
-                    "Run now, pause or resume, nothing else.",
-                )),
-            }
-        })
-        .await;
-        if let Err(e) = found {
-            return e.into_response();
-        }
+        Err(e) => Err(PageError::new(StatusCode::CONFLICT, e.to_string())),
+        Ok(_) => match v.as_str() {
+            "pause" | "resume" => state
+                .history
+                .set_paused(&goal, v == "pause")
+                .await
+                .map_err(history_error),
+            "trigger" => Ok(()),
+            _ => Err(PageError::new(
+                StatusCode::NOT_FOUND,
+                "Run now, pause or resume, nothing else.",
+            )),
+        },
+    };
+    if let Err(e) = found {
+        return e.into_response();
     }
     if verb == "trigger" {
         // A run of its own process, as `sup trigger NAME` would start it: recorded as manual;

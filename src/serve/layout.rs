@@ -11,6 +11,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::State;
 use crate::store::db::{Db, DbError, parse_stamp};
+use crate::store::history::HistoryError;
 use crate::store::pg::{PgError, PgStore};
 
 /// Who is looking: a signed-in person, or nobody (loopback without a token).
@@ -93,6 +94,15 @@ pub(super) fn pg_error(e: PgError) -> PageError {
         PgError::NoRun(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
         e => PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+pub(super) fn history_error(e: HistoryError) -> PageError {
+    let status = if e.is_no_run() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    PageError::new(status, e.to_string())
 }
 
 /// The fleet's store, when the console serves one.

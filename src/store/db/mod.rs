@@ -71,7 +71,7 @@ pub struct RunRow {
     pub trigger: TriggerKind,
     pub scheduled_for: Option<String>,
     pub status: RunStatus,
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<StopReason>,
     pub tries: u32,
     pub steps: u32,
     pub usage: Usage,

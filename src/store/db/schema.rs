@@ -108,14 +108,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 5: runs tied together and what an isolated run left (`crate::store::lineage`): the run
     // a continued run goes on from, a parallel attempt's run and number, the worktree branch,
     // its base and commit, the diff's summary and the repository.
-    "ALTER TABLE runs ADD COLUMN continued_from TEXT;
-    ALTER TABLE runs ADD COLUMN parent TEXT;
-    ALTER TABLE runs ADD COLUMN attempt INTEGER;
-    ALTER TABLE runs ADD COLUMN branch TEXT;
-    ALTER TABLE runs ADD COLUMN base_commit TEXT;
-    ALTER TABLE runs ADD COLUMN commit_sha TEXT;
-    ALTER TABLE runs ADD COLUMN diff_stat TEXT;
-    ALTER TABLE runs ADD COLUMN repo TEXT;
+    concat!(
+        lineage_ddl!(),
+        "
     CREATE INDEX runs_parent ON runs (parent);
-    CREATE INDEX runs_continued ON runs (continued_from);",
+    CREATE INDEX runs_continued ON runs (continued_from);"
+    ),
 ];

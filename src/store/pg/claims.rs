@@ -275,7 +275,7 @@ impl PgStore {
             return Ok(None);
         };
         let at: DateTime<Utc> = row.get(0);
-        let kind: String = row.get(1);
+        let kind: TriggerKind = row.get(1);
         let id = crate::store::new_run_id();
         tx.execute(
             "INSERT INTO runs (id, goal, trigger, scheduled_for, status, started_at, daemon_id, host,
@@ -329,7 +329,7 @@ impl PgStore {
         me: &Claimer,
         goals: &[String],
         limit: i64,
-    ) -> Result<Vec<(i64, String, String, DateTime<Utc>)>, PgError> {
+    ) -> Result<Vec<(i64, String, TriggerKind, DateTime<Utc>)>, PgError> {
         let c = self.client().await?;
         Ok(c.query(
             "UPDATE triggers SET status = 'claimed', claimed_by = $3 WHERE id IN

@@ -1,8 +1,34 @@
 //! The fleet's runs: their start, transcript events and end, and the history's queries.
 
 use super::*;
+use crate::store::RunStatus;
+use crate::store::lineage::{self, Lineage};
 
 impl PgStore {
+    /// Record what `l` holds of run `id`'s lineage and worktree (a part that is `None` is left
+    /// as it was), as the local store has it.
+    pub(crate) async fn set_lineage(&self, id: &str, l: &Lineage) -> Result<(), PgError> {
+        let attempt = l.attempt.map(|a| a as i32);
+        let c = self.client().await?;
+        c.execute(
+            &lineage::update_sql('$'),
+            &[
+                &id,
+                &l.continued_from,
+                &l.parent,
+                &attempt,
+                &l.branch,
+                &l.base,
+                &l.commit,
+                &l.diff_stat,
+                &l.repo,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
     /// What the run's own process says once it started: its local id, model, folders.
     pub(crate) async fn run_started(
         &self,
@@ -123,16 +149,16 @@ impl PgStore {
     pub(crate) async fn runs(
         &self,
         goal: Option<&str>,
-        status: Option<&str>,
+        status: Option<RunStatus>,
         limit: u32,
     ) -> Result<Vec<FleetRun>, PgError> {
         let c = self.client().await?;
         let rows = c
             .query(
-                &format!(
-                    "SELECT {RUN_COLUMNS} FROM runs
+                &select_runs(
+                    "
                      WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
-                     ORDER BY started_at DESC, id DESC LIMIT $3"
+                     ORDER BY started_at DESC, id DESC LIMIT $3",
                 ),
                 &[&goal, &status, &i64::from(limit)],
             )
@@ -146,7 +172,7 @@ impl PgStore {
         let c = self.client().await?;
         let row = c
             .query_opt(
-                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 OR local_id = $1 LIMIT 1"),
+                &select_runs(" WHERE id = $1 OR local_id = $1 LIMIT 1"),
                 &[&id],
             )
             .await
@@ -209,10 +235,10 @@ impl PgStore {
     ) -> Result<Option<FleetRun>, PgError> {
         let c = self.client().await?;
         Ok(c.query_opt(
-            &format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE goal = $1 AND id <> $2
+            &select_runs(
+                " WHERE goal = $1 AND id <> $2
                      AND status <> 'running'
-                 ORDER BY started_at DESC, id DESC LIMIT 1"
+                 ORDER BY started_at DESC, id DESC LIMIT 1",
             ),
             &[&goal, &except],
         )
@@ -276,7 +302,7 @@ impl PgStore {
     pub(crate) async fn runs_page(
         &self,
         goal: Option<&str>,
-        status: Option<&str>,
+        status: Option<RunStatus>,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<FleetRun>, u64), PgError> {
@@ -292,10 +318,10 @@ impl PgStore {
             .get(0);
         let rows = c
             .query(
-                &format!(
-                    "SELECT {RUN_COLUMNS} FROM runs
+                &select_runs(
+                    "
                      WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
-                     ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4"
+                     ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4",
                 ),
                 &[&goal, &status, &i64::from(limit), &i64::from(offset)],
             )
@@ -379,9 +405,21 @@ pub(crate) struct Finish {
     pub(crate) answer: Option<String>,
 }
 
-const RUN_COLUMNS: &str = "id, goal, trigger, scheduled_for, status, stop_reason, tries, steps,
-    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, started_at, ended_at,
-    error, pid, model, workspace, dir, host, daemon_id, local_id, created_at, cost, answer";
+/// `SELECT` the columns `run_of` reads (the lineage's last, from 25 on) `FROM runs`, then
+/// `rest`.
+fn select_runs(rest: &str) -> String {
+    format!("SELECT {} FROM runs{rest}", *RUN_COLUMNS)
+}
+
+/// The columns `run_of` reads.
+static RUN_COLUMNS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "id, goal, trigger, scheduled_for, status, stop_reason, tries, steps, input_tokens,
+         output_tokens, cache_read_tokens, cache_write_tokens, started_at, ended_at, error, pid,
+         model, workspace, dir, host, daemon_id, local_id, created_at, cost, answer, {}",
+        lineage::COLUMNS
+    )
+});
 
 /// A run as the fleet keeps it: the SQLite row plus where it ran.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -391,6 +429,8 @@ pub(crate) struct FleetRun {
     pub(crate) host: String,
     pub(crate) daemon_id: Option<String>,
     pub(crate) local_id: Option<String>,
+    #[serde(flatten)]
+    pub(crate) lineage: Lineage,
 }
 
 fn run_of(r: &tokio_postgres::Row) -> FleetRun {
@@ -424,5 +464,15 @@ fn run_of(r: &tokio_postgres::Row) -> FleetRun {
         host: r.get(19),
         daemon_id: r.get(20),
         local_id: r.get(21),
+        lineage: Lineage {
+            continued_from: r.get(25),
+            parent: r.get(26),
+            attempt: r.get::<_, Option<i32>>(27).map(|a| a.max(0) as u32),
+            branch: r.get(28),
+            base: r.get(29),
+            commit: r.get(30),
+            diff_stat: r.get(31),
+            repo: r.get(32),
+        },
     }
 }

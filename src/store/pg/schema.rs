@@ -125,14 +125,7 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN cost DOUBLE PRECISION;
     ALTER TABLE runs ADD COLUMN answer TEXT;",
     // 3: runs tied together and what an isolated run left (as SQLite's migration 5).
-    "ALTER TABLE runs ADD COLUMN continued_from TEXT;
-    ALTER TABLE runs ADD COLUMN parent TEXT;
-    ALTER TABLE runs ADD COLUMN attempt INTEGER;
-    ALTER TABLE runs ADD COLUMN branch TEXT;
-    ALTER TABLE runs ADD COLUMN base_commit TEXT;
-    ALTER TABLE runs ADD COLUMN commit_sha TEXT;
-    ALTER TABLE runs ADD COLUMN diff_stat TEXT;
-    ALTER TABLE runs ADD COLUMN repo TEXT;",
+    lineage_ddl!(),
 ];
 
 /// A key for `pg_advisory_xact_lock` that serializes migrations.
