@@ -12,6 +12,7 @@ use anyhow::anyhow;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::manage::short;
 use super::run::invocation;
 use super::{Ending, Fail};
 use crate::config::Settings;
@@ -55,32 +56,8 @@ pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         )));
     }
     let store = open(url).await?;
-    use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
-    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(Fail::usage)?;
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = term.recv() => break,
-                _ = int.recv() => break,
-                _ = hup.recv() => {
-                    tracing::info!("SIGHUP: reloading goal files");
-                    let _ = reload_tx.send(());
-                }
-            }
-        }
-        stop.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        crate::tools::mcp::kill_all();
-        std::process::exit(i32::from(Ending::Interrupted.code()));
-    });
+    let reload_rx = super::manage::daemon_signals(&shutdown).map_err(Fail::usage)?;
     let console = match a.serve {
         Some(addr) => Some(
             super::serve::start(
@@ -111,12 +88,6 @@ pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         let _ = c.await;
     }
     Ok(Ending::Achieved)
-}
-
-fn short(t: &str) -> String {
-    crate::store::db::parse_stamp(t)
-        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-        .unwrap_or_else(|| t.to_string())
 }
 
 pub(crate) async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {

@@ -54,16 +54,42 @@ pub(crate) async fn daemon(
             goals.display()
         )));
     }
-    use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
-    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut term = signal(SignalKind::terminate()).map_err(Fail::store)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(Fail::store)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(Fail::store)?;
+    let reload_rx = daemon_signals(&shutdown).map_err(Fail::store)?;
     let console = match serve {
         Some(addr) => Some(super::serve::start(addr, goals.clone(), None, shutdown.clone()).await?),
         None => None,
     };
+    let cfg = daemon::Config {
+        goals_dir: goals,
+        home: store::home(),
+        max_concurrent,
+        grace,
+        clock: Arc::new(SystemClock),
+        defaults: invocation(Settings::default())?,
+    };
+    let ran = daemon::run(cfg, shutdown.clone(), reload_rx).await;
+    shutdown.cancel();
+    if let Some(console) = console {
+        let _ = console.await;
+    }
+    ran.map_err(|e| match e {
+        daemon::DaemonError::Goals { .. } => Fail::usage(e),
+        daemon::DaemonError::Db(_) => Fail::store(e),
+    })?;
+    Ok(Ending::Achieved)
+}
+
+/// Watch a daemon's signals: TERM or INT cancels `shutdown` (a second one leaves at once),
+/// HUP asks for the goal files to be read again.
+pub(super) fn daemon_signals(
+    shutdown: &CancellationToken,
+) -> std::io::Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let stop = shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -85,27 +111,10 @@ pub(crate) async fn daemon(
         crate::tools::mcp::kill_all();
         std::process::exit(i32::from(Ending::Interrupted.code()));
     });
-    let cfg = daemon::Config {
-        goals_dir: goals,
-        home: store::home(),
-        max_concurrent,
-        grace,
-        clock: Arc::new(SystemClock),
-        defaults: invocation(Settings::default())?,
-    };
-    let ran = daemon::run(cfg, shutdown.clone(), reload_rx).await;
-    shutdown.cancel();
-    if let Some(console) = console {
-        let _ = console.await;
-    }
-    ran.map_err(|e| match e {
-        daemon::DaemonError::Goals { .. } => Fail::usage(e),
-        daemon::DaemonError::Db(_) => Fail::store(e),
-    })?;
-    Ok(Ending::Achieved)
+    Ok(reload_rx)
 }
 
-fn short(t: &str) -> String {
+pub(super) fn short(t: &str) -> String {
     crate::store::db::parse_stamp(t)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| t.to_string())

@@ -181,6 +181,14 @@ pub(crate) async fn execute(
             checks: l.outcome.checks.clone(),
             cost: l.outcome.cost,
             answer: l.outcome.answer.clone(),
+            // What ties the run to others and what its worktree left, as its local record
+            // has them.
+            lineage: crate::store::db::Db::open(home)
+                .and_then(|db| db.lineage(&l.run_id))
+                .unwrap_or_else(|e| {
+                    tracing::warn!("run {run_id}: its lineage is not in the store: {e}");
+                    Default::default()
+                }),
         },
         Err(e) => Finish {
             status: crate::trace::Status::Error,
@@ -192,23 +200,9 @@ pub(crate) async fn execute(
             checks: Vec::new(),
             cost: None,
             answer: None,
+            lineage: Default::default(),
         },
     };
-    // What ties the run to others and what its worktree left, as its local record has them.
-    if let Ok(l) = &result {
-        let lineage = crate::store::db::Db::open(home).and_then(|db| db.lineage(&l.run_id));
-        let recorded = match lineage {
-            Ok(lineage) => pg::retry("recording a run's lineage", give_up(), || {
-                store.set_lineage(run_id, &lineage)
-            })
-            .await
-            .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = recorded {
-            tracing::warn!("run {run_id}: its lineage and worktree are not in the store: {e}");
-        }
-    }
     if let Err(e) = pg::retry("recording an outcome", give_up(), || {
         store.finish_run(run_id, &finish)
     })

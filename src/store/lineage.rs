@@ -9,7 +9,7 @@ use rusqlite::{OptionalExtension, params};
 use super::db::{Db, DbError, RunRow};
 
 /// The lineage and the worktree of one run; every part optional.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Lineage {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) continued_from: Option<String>,

@@ -5,30 +5,6 @@ use crate::store::RunStatus;
 use crate::store::lineage::{self, Lineage};
 
 impl PgStore {
-    /// Record what `l` holds of run `id`'s lineage and worktree (a part that is `None` is left
-    /// as it was), as the local store has it.
-    pub(crate) async fn set_lineage(&self, id: &str, l: &Lineage) -> Result<(), PgError> {
-        let attempt = l.attempt.map(|a| a as i32);
-        let c = self.client().await?;
-        c.execute(
-            &lineage::update_sql('$'),
-            &[
-                &id,
-                &l.continued_from,
-                &l.parent,
-                &attempt,
-                &l.branch,
-                &l.base,
-                &l.commit,
-                &l.diff_stat,
-                &l.repo,
-            ],
-        )
-        .await
-        .map_err(|e| self.err(&e))?;
-        Ok(())
-    }
-
     /// What the run's own process says once it started: its local id, model, folders.
     pub(crate) async fn run_started(
         &self,
@@ -108,6 +84,24 @@ impl PgStore {
                 &end.error,
                 &end.cost,
                 &end.answer,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
+        let l = &end.lineage;
+        let attempt = l.attempt.map(|a| a as i32);
+        tx.execute(
+            &lineage::update_sql('$'),
+            &[
+                &id,
+                &l.continued_from,
+                &l.parent,
+                &attempt,
+                &l.branch,
+                &l.base,
+                &l.commit,
+                &l.diff_stat,
+                &l.repo,
             ],
         )
         .await
@@ -403,6 +397,9 @@ pub(crate) struct Finish {
     pub(crate) cost: Option<f64>,
     #[serde(default)]
     pub(crate) answer: Option<String>,
+    /// What ties the run to others and what its worktree left.
+    #[serde(default)]
+    pub(crate) lineage: Lineage,
 }
 
 /// `SELECT` the columns `run_of` reads (the lineage's last, from 25 on) `FROM runs`, then
