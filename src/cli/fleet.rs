@@ -354,41 +354,10 @@ pub(crate) async fn trigger(
     Ok(Ending::of(outcome.status))
 }
 
-/// `sup goals` with a store: the goal files with the fleet's figures (its run ids, its
-/// counts), as the console shows them.
-pub(crate) async fn goals(url: &str, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let mut stats = std::collections::HashMap::new();
-    for (_, g) in overview::goal_files(dir).map_err(Fail::usage)? {
-        if let Ok(g) = g {
-            let s = store.goal_stats(&g.file.name).await.map_err(Fail::usage)?;
-            stats.insert(g.file.name, s);
-        }
-    }
-    let mut paused = std::collections::HashMap::new();
-    let mut rows = overview::overview_with(dir, chrono::Utc::now(), |name| {
-        let (s, p) = stats.remove(name).unwrap_or_default();
-        paused.insert(name.to_string(), p);
-        Ok(s)
-    })
-    .map_err(Fail::usage)?;
-    overview::with_paused_skips(&mut rows, |name| Ok(paused.get(name).copied().unwrap_or(0)))
-        .map_err(Fail::usage)?;
-    let code = super::manage::print_goals(dir, rows, json_out)?;
-    if !json_out {
-        goal_versions(url).await?;
-    }
-    Ok(code)
-}
-
 /// Where the fleet's daemons hold
 /// different versions of a goal.
-pub(crate) async fn goal_versions(url: &str) -> Result<Ending, Fail> {
-    let differ = open(url)
-        .await?
-        .goal_versions()
-        .await
-        .map_err(Fail::usage)?;
+pub(crate) async fn goal_versions(store: &pg::PgStore) -> Result<Ending, Fail> {
+    let differ = store.goal_versions().await.map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     for (goal, vs) in differ {
         let _ = writeln!(

@@ -120,11 +120,17 @@ pub(super) fn short(t: &str) -> String {
         .unwrap_or_else(|| t.to_string())
 }
 
-pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
-    let db = db()?;
-    let now = Utc::now();
-    let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
-    print_goals(dir, rows, json_out)
+/// `sup goals`: the goal files with the history's figures (in a fleet, its run ids and
+/// counts, and where its daemons hold different versions of a goal).
+pub(crate) async fn goals(history: &History, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+    let rows = overview::overview_in(history, dir, Utc::now())
+        .await
+        .map_err(Fail::usage)?;
+    let code = print_goals(dir, rows.into_iter().map(|(r, _)| r).collect(), json_out)?;
+    if let (History::Fleet(pg), false) = (history, json_out) {
+        super::fleet::goal_versions(pg).await?;
+    }
+    Ok(code)
 }
 
 /// `sup goals` as text or JSON, from the local store's rows or the fleet's.

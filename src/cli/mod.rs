@@ -487,7 +487,7 @@ pub fn main() -> ExitCode {
                 "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
             ))),
             Command::Serve { listen, goals } => serve::serve(listen, goals, None).await,
-            Command::Goals { goals, json } => manage::goals(&goals, json),
+            Command::Goals { goals, json } => manage::goals(&local(), &goals, json).await,
             Command::Runs {
                 goal,
                 status,
@@ -624,7 +624,7 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             }
             service::service_with(action, Some(url))
         }
-        Command::Goals { goals, json } => fleet::goals(url, &goals, json).await,
+        Command::Goals { goals, json } => manage::goals(&shared(url).await?, &goals, json).await,
         Command::Runs {
             goal,
             status,

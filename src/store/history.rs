@@ -5,10 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
-use super::db::{ApprovalRow, Db, DbError, RunRow};
+use chrono::{DateTime, Utc};
+
+use super::db::{ApprovalRow, Db, DbError, GoalStats, RunRow};
 use super::pg::{PgError, PgStore};
 use super::query::{self, RunFilter};
-use super::{ApprovalStatus, RunStatus};
+use super::{ApprovalStatus, OccurrenceStatus, RunStatus};
 use crate::trace::CheckReport;
 
 #[derive(Debug, thiserror::Error)]
@@ -241,6 +243,82 @@ impl History {
             },
             None => AnswerError::NoRequest(id.to_string()),
         })
+    }
+
+    /// Runs, newest first.
+    pub(crate) async fn runs(
+        &self,
+        goal: Option<&str>,
+        status: Option<RunStatus>,
+        limit: u32,
+    ) -> Result<Vec<RunRow>, HistoryError> {
+        match self {
+            History::Local(home) => {
+                let goal = goal.map(str::to_string);
+                Self::local(home, move |db| db.runs(goal.as_deref(), status, limit)).await
+            }
+            History::Fleet(pg) => Ok(pg
+                .runs(goal, status, limit)
+                .await?
+                .into_iter()
+                .map(|f| f.run)
+                .collect()),
+        }
+    }
+
+    /// A goal's figures (paused, skipped and missed occurrences, its last run) and how many
+    /// of its occurrences were skipped while it was paused.
+    pub(crate) async fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), HistoryError> {
+        match self {
+            History::Local(home) => {
+                let goal = goal.to_string();
+                Self::local(home, move |db| {
+                    let paused = OccurrenceStatus::Paused.as_str();
+                    Ok((
+                        db.goal_stats(&goal)?,
+                        query::occurrence_count(db, &goal, paused)?,
+                    ))
+                })
+                .await
+            }
+            History::Fleet(pg) => Ok(pg.goal_stats(goal).await?),
+        }
+    }
+
+    pub(crate) async fn paused(&self, goal: &str) -> Result<bool, HistoryError> {
+        match self {
+            History::Local(home) => {
+                let goal = goal.to_string();
+                Self::local(home, move |db| db.paused(&goal)).await
+            }
+            History::Fleet(pg) => Ok(pg.goal_state(goal).await?.0),
+        }
+    }
+
+    /// The status of the occurrence of `goal` at `at`, if one was recorded (a fleet also
+    /// records `interrupted`).
+    pub(crate) async fn occurrence_status(
+        &self,
+        goal: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<String>, HistoryError> {
+        match self {
+            History::Local(home) => {
+                let goal = goal.to_string();
+                let seen = Self::local(home, move |db| db.occurrence_status(&goal, at)).await?;
+                Ok(seen.map(|s| s.to_string()))
+            }
+            History::Fleet(pg) => Ok(pg.occurrence_status(goal, at).await?),
+        }
+    }
+
+    /// Whether a daemon with a live lease serves `goal`; `None` where the history cannot say
+    /// (the local one has no leases).
+    pub(crate) async fn live_daemon_for(&self, goal: &str) -> Result<Option<bool>, HistoryError> {
+        match self {
+            History::Local(_) => Ok(None),
+            History::Fleet(pg) => Ok(Some(pg.live_daemon_for(goal).await?)),
+        }
     }
 
     /// Pause or resume `goal` (for the whole fleet in a fleet).
