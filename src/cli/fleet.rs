@@ -17,7 +17,7 @@ use super::run::invocation;
 use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::{Invocation, RunSpec, Trigger};
-use crate::schedule::{fleet, overview};
+use crate::schedule::fleet;
 use crate::store::{self, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 

@@ -22,7 +22,7 @@ use super::layout::{
 };
 use super::render;
 use crate::schedule::overview;
-use crate::store::db::{GoalStats, RunRow, parse_stamp};
+use crate::store::db::{RunRow, parse_stamp};
 use crate::store::history::History;
 
 pub(crate) async fn goals(
@@ -37,7 +37,8 @@ pub(crate) async fn goals(
     let rows = match overview::overview_in(&state.history, &dir, Utc::now()).await {
         Ok(x) => x,
         Err(e) => {
-            return PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+            return PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                .into_response();
         }
     };
     let health = goal_health(&state.history, &dir).await;
