@@ -568,7 +568,7 @@ fn local() -> History {
 
 /// The fleet's history in the store at `url`.
 async fn shared(url: &str) -> Result<History, Fail> {
-    Ok(History::Fleet(fleet::open(url).await?))
+    Ok(History::Fleet(Box::new(fleet::open(url).await?)))
 }
 
 /// A command against a PostgreSQL store (`--store`, `SUP_STORE`).

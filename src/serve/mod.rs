@@ -108,7 +108,7 @@ pub(crate) async fn bind(cfg: Config, shutdown: CancellationToken) -> Result<Ser
         source,
     })?;
     let history = match &cfg.fleet {
-        Some((pg, _)) => crate::store::history::History::Fleet(pg.clone()),
+        Some((pg, _)) => crate::store::history::History::Fleet(Box::new(pg.clone())),
         None => crate::store::history::History::Local(cfg.home.clone()),
     };
     let state = Arc::new(State {

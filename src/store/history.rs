@@ -57,7 +57,7 @@ pub(crate) enum History {
     /// The SQLite store of this `SUP_HOME`, opened for each operation (off the async threads,
     /// its runs whose processes are gone marked first).
     Local(PathBuf),
-    Fleet(PgStore),
+    Fleet(Box<PgStore>),
 }
 
 impl History {
