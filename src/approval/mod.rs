@@ -135,28 +135,7 @@ pub enum Judgement {
     Rejected(String),
 }
 
-/// How a decision about a call is reported in events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decided {
-    /// By a rule or the mode.
-    Allowed,
-    /// By a person.
-    Approved,
-    Denied,
-    /// Nobody answered in time.
-    TimedOut,
-}
-
-impl Decided {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Decided::Allowed => "allowed",
-            Decided::Approved => "approved",
-            Decided::Denied => "denied",
-            Decided::TimedOut => "timed_out",
-        }
-    }
-}
+pub use crate::trace::Decided;
 
 /// A call put to a person.
 pub struct Request<'a> {
@@ -349,7 +328,7 @@ impl Gate {
         events.emit(Event::Approval {
             id: id.to_string(),
             tool: tool.to_string(),
-            decision: decided.as_str().to_string(),
+            decision: decided,
             by,
             reason,
         });

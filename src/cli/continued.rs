@@ -82,10 +82,7 @@ pub(crate) fn show_thread(db: &crate::store::db::Db, id: &str, out: &mut impl Wr
                 "  attempt {n} · {} · {}{}{}",
                 r.id,
                 r.status,
-                r.stop_reason
-                    .as_deref()
-                    .map(|s| format!(" ({s})"))
-                    .unwrap_or_default(),
+                r.stop_reason.map(|s| format!(" ({s})")).unwrap_or_default(),
                 if wins {
                     " · wins"
                 } else if cancelled {

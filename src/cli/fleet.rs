@@ -1,6 +1,7 @@
-//! The commands against a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`):
-//! the fleet daemon, `sup daemons`, and the history, trigger, pause and approval commands
-//! answered from the store, so they work from any machine.
+//! The commands against a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`)
+//! that have no local twin: the fleet daemon, `sup daemons`, and the history and trigger
+//! commands answered from the store, so they work from any machine (pause and the approval
+//! commands are `manage`'s, over `store::history`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,13 +12,13 @@ use anyhow::anyhow;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::manage::short;
 use super::run::invocation;
 use super::{Ending, Fail};
 use crate::config::Settings;
 use crate::run::{Invocation, RunSpec, Trigger};
-use crate::schedule::goals::{self, ScheduledGoal};
-use crate::schedule::{fleet, overview};
-use crate::store::{self, ApprovalStatus, db::stamp, pg};
+use crate::schedule::fleet;
+use crate::store::{self, db::stamp, pg};
 use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
@@ -35,28 +36,6 @@ pub(crate) async fn open(url: &str) -> Result<pg::PgStore, Fail> {
 
 fn defaults() -> Result<Invocation, Fail> {
     invocation(Settings::default())
-}
-
-fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
-    let loaded = goals::load_dir(dir).map_err(|e| {
-        Fail::usage(anyhow!(
-            "cannot read the goals folder {}: {e}",
-            dir.display()
-        ))
-    })?;
-    for (path, g) in loaded {
-        match g {
-            Ok(g) if g.file.name == name => return Ok(g),
-            Err(e) if path.file_stem().is_some_and(|s| s == name) => {
-                return Err(Fail::usage(anyhow!(e)));
-            }
-            _ => {}
-        }
-    }
-    Err(Fail::usage(anyhow!(
-        "no goal `{name}` in {}; `sup goals --goals DIR` lists them",
-        dir.display()
-    )))
 }
 
 pub(crate) struct DaemonArgs {
@@ -77,32 +56,8 @@ pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         )));
     }
     let store = open(url).await?;
-    use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
-    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut term = signal(SignalKind::terminate()).map_err(Fail::usage)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(Fail::usage)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(Fail::usage)?;
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = term.recv() => break,
-                _ = int.recv() => break,
-                _ = hup.recv() => {
-                    tracing::info!("SIGHUP: reloading goal files");
-                    let _ = reload_tx.send(());
-                }
-            }
-        }
-        stop.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        crate::tools::mcp::kill_all();
-        std::process::exit(i32::from(Ending::Interrupted.code()));
-    });
+    let reload_rx = super::manage::daemon_signals(&shutdown).map_err(Fail::usage)?;
     let console = match a.serve {
         Some(addr) => Some(
             super::serve::start(
@@ -133,12 +88,6 @@ pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {
         let _ = c.await;
     }
     Ok(Ending::Achieved)
-}
-
-fn short(t: &str) -> String {
-    crate::store::db::parse_stamp(t)
-        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-        .unwrap_or_else(|| t.to_string())
 }
 
 pub(crate) async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
@@ -177,7 +126,7 @@ pub(crate) async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
 pub(crate) async fn runs(
     url: &str,
     goal: Option<&str>,
-    status: Option<&str>,
+    status: Option<crate::store::RunStatus>,
     limit: u32,
     json_out: bool,
 ) -> Result<Ending, Fail> {
@@ -255,7 +204,6 @@ pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
         "\noutcome: {}{} · {} tries · {} steps · {}",
         run.status,
         run.stop_reason
-            .as_deref()
             .map(|s| format!(" ({s})"))
             .unwrap_or_default(),
         run.tries,
@@ -303,7 +251,7 @@ pub(crate) async fn trigger(
     json_out: bool,
     payload: Option<serde_json::Value>,
 ) -> Result<Ending, Fail> {
-    let goal = find_goal(dir, name)?;
+    let goal = super::manage::find_goal(dir, name)?;
     let store = open(url).await?;
     let user = crate::approval::answer::os_user();
     let (kind, by) = match payload {
@@ -421,111 +369,10 @@ pub(crate) async fn trigger(
     Ok(Ending::of(outcome.status))
 }
 
-pub(crate) async fn pause(url: &str, dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
-    find_goal(dir, name)?;
-    open(url)
-        .await?
-        .set_paused(name, paused)
-        .await
-        .map_err(Fail::usage)?;
-    println!(
-        "{name}: {}",
-        if paused {
-            "paused for the whole fleet until `sup resume`"
-        } else {
-            "resumed"
-        }
-    );
-    Ok(Ending::Achieved)
-}
-
-pub(crate) async fn approvals(url: &str, json_out: bool) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let rows = store
-        .approvals(ApprovalStatus::Pending)
-        .await
-        .map_err(Fail::usage)?;
-    // Where each file call really leads, symlinks resolved in its run's workspace.
-    let mut targets = Vec::new();
-    for r in &rows {
-        let workspace = store.run(&r.run_id).await.ok().map(|f| f.run.workspace);
-        let input = serde_json::from_str(&r.input).unwrap_or_default();
-        targets.push(workspace.and_then(|w| {
-            crate::approval::answer::target(&r.tool, &input, std::path::Path::new(&w))
-        }));
-    }
-    super::manage::print_approvals(&rows, &targets, json_out)
-}
-
-pub(crate) async fn answer(
-    url: &str,
-    id: &str,
-    approve: bool,
-    always: bool,
-    reason: Option<String>,
-) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let user = crate::approval::answer::os_user();
-    let (status, verb) = if approve {
-        (ApprovalStatus::Approved, "sup approve")
-    } else {
-        (ApprovalStatus::Denied, "sup deny")
-    };
-    let by = format!("{user}@{} (via {verb})", pg::this_host());
-    if store
-        .decide_approval(id, status, always, reason.as_deref(), &by)
-        .await
-        .map_err(Fail::usage)?
-    {
-        println!("{id}: {status}");
-        return Ok(Ending::Achieved);
-    }
-    let why = match store.approval(id).await.map_err(Fail::usage)? {
-        Some(r) => format!(
-            "approval request {id} is no longer waiting: it was {} by {}",
-            r.status.as_str().replace('_', " "),
-            r.decided_by.unwrap_or_else(|| "someone".into())
-        ),
-        None => format!("no approval request `{id}`; `sup approvals` lists the waiting ones"),
-    };
-    Err(Fail::usage(anyhow!(why)))
-}
-
-/// `sup goals` with a store: the goal files with the fleet's figures (its run ids, its
-/// counts), as the console shows them.
-pub(crate) async fn goals(url: &str, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let mut stats = std::collections::HashMap::new();
-    for (_, g) in overview::goal_files(dir).map_err(Fail::usage)? {
-        if let Ok(g) = g {
-            let s = store.goal_stats(&g.file.name).await.map_err(Fail::usage)?;
-            stats.insert(g.file.name, s);
-        }
-    }
-    let mut paused = std::collections::HashMap::new();
-    let mut rows = overview::overview_with(dir, chrono::Utc::now(), |name| {
-        let (s, p) = stats.remove(name).unwrap_or_default();
-        paused.insert(name.to_string(), p);
-        Ok(s)
-    })
-    .map_err(Fail::usage)?;
-    overview::with_paused_skips(&mut rows, |name| Ok(paused.get(name).copied().unwrap_or(0)))
-        .map_err(Fail::usage)?;
-    let code = super::manage::print_goals(dir, rows, json_out)?;
-    if !json_out {
-        goal_versions(url).await?;
-    }
-    Ok(code)
-}
-
 /// Where the fleet's daemons hold
 /// different versions of a goal.
-pub(crate) async fn goal_versions(url: &str) -> Result<Ending, Fail> {
-    let differ = open(url)
-        .await?
-        .goal_versions()
-        .await
-        .map_err(Fail::usage)?;
+pub(crate) async fn goal_versions(store: &pg::PgStore) -> Result<Ending, Fail> {
+    let differ = store.goal_versions().await.map_err(Fail::usage)?;
     let mut out = std::io::stdout().lock();
     for (goal, vs) in differ {
         let _ = writeln!(

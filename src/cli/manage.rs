@@ -18,6 +18,7 @@ use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
 use crate::store::db::RunRow;
+use crate::store::history::History;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind};
 use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
 
@@ -37,7 +38,7 @@ pub(super) fn goal_files(dir: &Path) -> Result<Vec<Loaded>, Fail> {
 }
 
 /// The goal named `name` in `dir`.
-fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
+pub(super) fn find_goal(dir: &Path, name: &str) -> Result<ScheduledGoal, Fail> {
     overview::find(dir, name).map_err(Fail::usage)
 }
 
@@ -53,16 +54,42 @@ pub(crate) async fn daemon(
             goals.display()
         )));
     }
-    use tokio::signal::unix::{SignalKind, signal};
     let shutdown = CancellationToken::new();
-    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut term = signal(SignalKind::terminate()).map_err(Fail::store)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(Fail::store)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(Fail::store)?;
+    let reload_rx = daemon_signals(&shutdown).map_err(Fail::store)?;
     let console = match serve {
         Some(addr) => Some(super::serve::start(addr, goals.clone(), None, shutdown.clone()).await?),
         None => None,
     };
+    let cfg = daemon::Config {
+        goals_dir: goals,
+        home: store::home(),
+        max_concurrent,
+        grace,
+        clock: Arc::new(SystemClock),
+        defaults: invocation(Settings::default())?,
+    };
+    let ran = daemon::run(cfg, shutdown.clone(), reload_rx).await;
+    shutdown.cancel();
+    if let Some(console) = console {
+        let _ = console.await;
+    }
+    ran.map_err(|e| match e {
+        daemon::DaemonError::Goals { .. } => Fail::usage(e),
+        daemon::DaemonError::Db(_) => Fail::store(e),
+    })?;
+    Ok(Ending::Achieved)
+}
+
+/// Watch a daemon's signals: TERM or INT cancels `shutdown` (a second one leaves at once),
+/// HUP asks for the goal files to be read again.
+pub(super) fn daemon_signals(
+    shutdown: &CancellationToken,
+) -> std::io::Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let stop = shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -84,37 +111,26 @@ pub(crate) async fn daemon(
         crate::tools::mcp::kill_all();
         std::process::exit(i32::from(Ending::Interrupted.code()));
     });
-    let cfg = daemon::Config {
-        goals_dir: goals,
-        home: store::home(),
-        max_concurrent,
-        grace,
-        clock: Arc::new(SystemClock),
-        defaults: invocation(Settings::default())?,
-    };
-    let ran = daemon::run(cfg, shutdown.clone(), reload_rx).await;
-    shutdown.cancel();
-    if let Some(console) = console {
-        let _ = console.await;
-    }
-    ran.map_err(|e| match e {
-        daemon::DaemonError::Goals { .. } => Fail::usage(e),
-        daemon::DaemonError::Db(_) => Fail::store(e),
-    })?;
-    Ok(Ending::Achieved)
+    Ok(reload_rx)
 }
 
-fn short(t: &str) -> String {
+pub(super) fn short(t: &str) -> String {
     crate::store::db::parse_stamp(t)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| t.to_string())
 }
 
-pub(crate) fn goals(dir: &Path, json_out: bool) -> Result<Ending, Fail> {
-    let db = db()?;
-    let now = Utc::now();
-    let rows = overview::overview(dir, &db, now).map_err(Fail::usage)?;
-    print_goals(dir, rows, json_out)
+/// `sup goals`: the goal files with the history's figures (in a fleet, its run ids and
+/// counts, and where its daemons hold different versions of a goal).
+pub(crate) async fn goals(history: &History, dir: &Path, json_out: bool) -> Result<Ending, Fail> {
+    let rows = overview::overview_in(history, dir, Utc::now())
+        .await
+        .map_err(Fail::usage)?;
+    let code = print_goals(dir, rows.into_iter().map(|(r, _)| r).collect(), json_out)?;
+    if let (History::Fleet(pg), false) = (history, json_out) {
+        super::fleet::goal_versions(pg).await?;
+    }
+    Ok(code)
 }
 
 /// `sup goals` as text or JSON, from the local store's rows or the fleet's.
@@ -291,7 +307,6 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
         "\noutcome: {}{} · {} {} · {} {} · {}{}",
         run.status,
         run.stop_reason
-            .as_deref()
             .map(|s| format!(" ({s})"))
             .unwrap_or_default(),
         run.tries,
@@ -393,32 +408,38 @@ pub(crate) async fn trigger(
     execute(spec, json_out, false, true, kind).await
 }
 
-pub(crate) fn pause(dir: &Path, name: &str, paused: bool) -> Result<Ending, Fail> {
+pub(crate) async fn pause(
+    history: &History,
+    dir: &Path,
+    name: &str,
+    paused: bool,
+) -> Result<Ending, Fail> {
     find_goal(dir, name)?;
-    db()?.set_paused(name, paused)?;
-    println!(
-        "{name}: {}",
-        if paused {
-            "paused; a running daemon skips its occurrences until `sup resume`"
-        } else {
-            "resumed"
-        }
-    );
+    history.set_paused(name, paused).await?;
+    let said = match (paused, history.is_fleet()) {
+        (true, false) => "paused; a running daemon skips its occurrences until `sup resume`",
+        (true, true) => "paused for the whole fleet until `sup resume`",
+        (false, _) => "resumed",
+    };
+    println!("{name}: {said}");
     Ok(Ending::Achieved)
 }
 
-pub(crate) fn approvals(json_out: bool) -> Result<Ending, Fail> {
-    let db = db()?;
-    let rows = db.pending_approvals()?;
+pub(crate) async fn approvals(history: &History, json_out: bool) -> Result<Ending, Fail> {
+    let rows = history.pending_approvals().await?;
     // Where each file call really leads (symlinks resolved in its run's workspace).
-    let targets: Vec<Option<String>> = rows
-        .iter()
-        .map(|r| {
-            let workspace = std::path::PathBuf::from(db.run(&r.run_id).ok()?.workspace);
-            let input = serde_json::from_str(&r.input).ok()?;
-            crate::approval::answer::target(&r.tool, &input, &workspace)
-        })
-        .collect();
+    let mut targets = Vec::new();
+    for r in &rows {
+        let workspace = history
+            .run(&r.run_id)
+            .await
+            .ok()
+            .map(|(run, _)| run.workspace);
+        let input = serde_json::from_str(&r.input).ok();
+        targets.push(workspace.zip(input).and_then(|(w, input)| {
+            crate::approval::answer::target(&r.tool, &input, Path::new(&w))
+        }));
+    }
     print_approvals(&rows, &targets, json_out)
 }
 
@@ -528,7 +549,7 @@ pub(crate) fn print_runs(out: &mut impl Write, rows: &[(&RunRow, Option<&str>)])
             r.goal,
             r.trigger,
             r.status,
-            r.stop_reason.as_deref().unwrap_or_default(),
+            r.stop_reason.map_or("", |s| s.as_str()),
             r.tries,
             r.steps,
             r.cost.map(crate::trace::usd).unwrap_or_else(|| "—".into()),
@@ -549,17 +570,23 @@ fn holds_hidden(v: &serde_json::Value) -> bool {
     }
 }
 
-pub(crate) fn answer(
+pub(crate) async fn answer(
+    history: &History,
     id: &str,
     approve: bool,
     always: bool,
     reason: Option<String>,
 ) -> Result<Ending, Fail> {
-    let db = db()?;
     let user = crate::approval::answer::os_user();
     let verb = if approve { "sup approve" } else { "sup deny" };
-    let by = format!("{user} (via {verb})");
-    let status = crate::approval::answer::answer(&db, id, approve, always, reason.as_deref(), &by)
+    let by = if history.is_fleet() {
+        format!("{user}@{} (via {verb})", crate::store::pg::this_host())
+    } else {
+        format!("{user} (via {verb})")
+    };
+    let status = history
+        .answer(id, approve, always, reason.as_deref(), &by)
+        .await
         .map_err(Fail::usage)?;
     println!("{id}: {status}");
     Ok(Ending::Achieved)

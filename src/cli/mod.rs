@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::store::history::{History, HistoryError};
+
 /// How a command ended, one kind per class of outcome or failure. `code` is the one place
 /// that maps them to exit statuses (DESIGN: "Exit status").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +90,16 @@ impl From<crate::store::db::DbError> for Fail {
         match e {
             crate::store::db::DbError::NoRun(_) => Fail::usage(e),
             _ => Fail::store(e),
+        }
+    }
+}
+
+impl From<HistoryError> for Fail {
+    fn from(e: HistoryError) -> Self {
+        match e {
+            HistoryError::Db(e) => Fail::from(e),
+            HistoryError::Pg(e) => Fail::usage(e),
+            e @ HistoryError::Task(_) => Fail::store(e),
         }
     }
 }
@@ -501,7 +513,7 @@ pub fn main() -> ExitCode {
                 "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
             ))),
             Command::Serve { listen, goals } => serve::serve(listen, goals, None).await,
-            Command::Goals { goals, json } => manage::goals(&goals, json),
+            Command::Goals { goals, json } => manage::goals(&local(), &goals, json).await,
             Command::Runs {
                 goal,
                 status,
@@ -533,11 +545,15 @@ pub fn main() -> ExitCode {
                 approval,
                 webhook,
             } => manage::trigger(&goals, &name, json, approval, payload(webhook)?).await,
-            Command::Pause { name, goals } => manage::pause(&goals, &name, true),
-            Command::Resume { name, goals } => manage::pause(&goals, &name, false),
-            Command::Approvals { json } => manage::approvals(json),
-            Command::Approve { id, always } => manage::answer(&id, true, always, None),
-            Command::Deny { id, reason } => manage::answer(&id, false, false, reason),
+            Command::Pause { name, goals } => manage::pause(&local(), &goals, &name, true).await,
+            Command::Resume { name, goals } => manage::pause(&local(), &goals, &name, false).await,
+            Command::Approvals { json } => manage::approvals(&local(), json).await,
+            Command::Approve { id, always } => {
+                manage::answer(&local(), &id, true, always, None).await
+            }
+            Command::Deny { id, reason } => {
+                manage::answer(&local(), &id, false, false, reason).await
+            }
             Command::Status { goals, json } => status::status(&goals, json).await,
             Command::Service { action } => service::service(action),
         }
@@ -570,6 +586,16 @@ fn message(error: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+/// This machine's history (`SUP_HOME`).
+fn local() -> History {
+    History::Local(crate::store::home())
+}
+
+/// The fleet's history in the store at `url`.
+async fn shared(url: &str) -> Result<History, Fail> {
+    Ok(History::Fleet(Box::new(fleet::open(url).await?)))
 }
 
 /// A command against a PostgreSQL store (`--store`, `SUP_STORE`).
@@ -625,22 +651,13 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             }
             service::service_with(action, Some(url))
         }
-        Command::Goals { goals, json } => fleet::goals(url, &goals, json).await,
+        Command::Goals { goals, json } => manage::goals(&shared(url).await?, &goals, json).await,
         Command::Runs {
             goal,
             status,
             limit,
             json,
-        } => {
-            fleet::runs(
-                url,
-                goal.as_deref(),
-                status.map(|s| s.as_str()),
-                limit,
-                json,
-            )
-            .await
-        }
+        } => fleet::runs(url, goal.as_deref(), status, limit, json).await,
         Command::Show { run_id, .. } => fleet::show(url, &run_id).await,
         Command::Continue { .. } => Err(Fail::usage(anyhow::anyhow!(
             "`sup continue` continues a run of this machine's store; run it without --store"
@@ -652,10 +669,18 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             webhook,
             ..
         } => fleet::trigger(url, &goals, &name, json, payload(webhook)?).await,
-        Command::Pause { name, goals } => fleet::pause(url, &goals, &name, true).await,
-        Command::Resume { name, goals } => fleet::pause(url, &goals, &name, false).await,
-        Command::Approvals { json } => fleet::approvals(url, json).await,
-        Command::Approve { id, always } => fleet::answer(url, &id, true, always, None).await,
-        Command::Deny { id, reason } => fleet::answer(url, &id, false, false, reason).await,
+        Command::Pause { name, goals } => {
+            manage::pause(&shared(url).await?, &goals, &name, true).await
+        }
+        Command::Resume { name, goals } => {
+            manage::pause(&shared(url).await?, &goals, &name, false).await
+        }
+        Command::Approvals { json } => manage::approvals(&shared(url).await?, json).await,
+        Command::Approve { id, always } => {
+            manage::answer(&shared(url).await?, &id, true, always, None).await
+        }
+        Command::Deny { id, reason } => {
+            manage::answer(&shared(url).await?, &id, false, false, reason).await
+        }
     }
 }

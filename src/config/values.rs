@@ -215,6 +215,7 @@ pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(
 /// `watch = [...]`: each a gitignore-style glob that parses and watches something.
 pub(super) fn watch_globs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     let globs = Vec::<String>::deserialize(d)?;
-    crate::globs::Globs::new(std::path::Path::new("/"), &globs).map_err(serde::de::Error::custom)?;
+    crate::globs::Globs::new(std::path::Path::new("/"), &globs)
+        .map_err(serde::de::Error::custom)?;
     Ok(globs)
 }

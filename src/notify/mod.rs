@@ -340,7 +340,7 @@ impl Notice {
         n.trigger = Some(run.trigger.to_string());
         n.scheduled_for = run.scheduled_for.clone();
         n.status = Some(run.status.to_string());
-        n.stop_reason = run.stop_reason.clone();
+        n.stop_reason = run.stop_reason.map(|s| s.as_str().to_string());
         n.tries = Some(run.tries);
         n.steps = Some(run.steps);
         n.tokens = Some(run.usage);

@@ -573,8 +573,8 @@ impl Daemon {
                 retry_interrupted: g.retry,
             }];
             tracing::info!("goal {goal}: {kind} trigger {id} taken");
-            let (kind, payload) = match TriggerKind::parse(&kind) {
-                Some(TriggerKind::Webhook) => (
+            let (kind, payload) = match kind {
+                TriggerKind::Webhook => (
                     TriggerKind::Webhook,
                     t.payload
                         .and_then(|p| serde_json::from_str(&p).ok())

@@ -181,6 +181,14 @@ pub(crate) async fn execute(
             checks: l.outcome.checks.clone(),
             cost: l.outcome.cost,
             answer: l.outcome.answer.clone(),
+            // What ties the run to others and what its worktree left, as its local record
+            // has them.
+            lineage: crate::store::db::Db::open(home)
+                .and_then(|db| db.lineage(&l.run_id))
+                .unwrap_or_else(|e| {
+                    tracing::warn!("run {run_id}: its lineage is not in the store: {e}");
+                    Default::default()
+                }),
         },
         Err(e) => Finish {
             status: crate::trace::Status::Error,
@@ -192,6 +200,7 @@ pub(crate) async fn execute(
             checks: Vec::new(),
             cost: None,
             answer: None,
+            lineage: Default::default(),
         },
     };
     if let Err(e) = pg::retry("recording an outcome", give_up(), || {

@@ -10,7 +10,8 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::goals::{self, ScheduledGoal};
-use crate::store::db::{Db, DbError, GoalStats};
+use crate::store::db::{DbError, GoalStats};
+use crate::store::history::{History, HistoryError};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OverviewError {
@@ -26,6 +27,8 @@ pub(crate) enum OverviewError {
     Broken(String),
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error(transparent)]
+    History(#[from] HistoryError),
 }
 
 /// How late an occurrence may still be starting before it counts as overdue.
@@ -125,25 +128,6 @@ pub(crate) fn watch_label(globs: &Value) -> Option<String> {
     (!globs.is_empty()).then(|| format!("watch {}", globs.join(", ")))
 }
 
-/// One JSON object per goal file (the `sup goals --json` shape): `{file, error}` for a broken
-/// file, else name, file, schedule, timezone, next (3), paused, skipped, missed,
-/// skipped_while_paused, last.
-pub(crate) fn overview(
-    dir: &Path,
-    db: &Db,
-    now: DateTime<Utc>,
-) -> Result<Vec<Value>, OverviewError> {
-    let mut rows = overview_with(dir, now, |name| Ok(db.goal_stats(name)?))?;
-    with_paused_skips(&mut rows, |name| {
-        Ok(crate::store::query::occurrence_count(
-            db,
-            name,
-            crate::store::OccurrenceStatus::Paused.as_str(),
-        )?)
-    })?;
-    Ok(rows)
-}
-
 /// Adds to each goal's row its occurrences skipped while it was paused, as `paused` counts
 /// them (the console shows the same figure).
 pub(crate) fn with_paused_skips(
@@ -157,6 +141,37 @@ pub(crate) fn with_paused_skips(
         r["skipped_while_paused"] = json!(count(&name)?);
     }
     Ok(())
+}
+
+/// One JSON object per goal file (the `sup goals --json` shape), from either history:
+/// `{file, error}` for a broken file, else name, file, schedule, timezone, next (3), paused,
+/// skipped, missed, skipped_while_paused (also beside the row), last.
+pub(crate) async fn overview_in(
+    h: &History,
+    dir: &Path,
+    now: DateTime<Utc>,
+) -> Result<Vec<(Value, u64)>, OverviewError> {
+    let mut stats = std::collections::HashMap::new();
+    for (_, g) in goal_files(dir)? {
+        if let Ok(g) = g {
+            let s = h.goal_stats(&g.file.name).await?;
+            stats.insert(g.file.name, s);
+        }
+    }
+    let mut paused = std::collections::HashMap::new();
+    let mut rows = overview_with(dir, now, |name| {
+        let (s, p) = stats.remove(name).unwrap_or_default();
+        paused.insert(name.to_string(), p);
+        Ok(s)
+    })?;
+    with_paused_skips(&mut rows, |name| Ok(paused.get(name).copied().unwrap_or(0)))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let p = r["skipped_while_paused"].as_u64().unwrap_or(0);
+            (r, p)
+        })
+        .collect())
 }
 
 /// `overview` with each goal's figures from `stats` (the fleet's store, for one).

@@ -15,22 +15,16 @@ use serde_json::Value;
 
 use super::State;
 use super::auth::authorize;
-use super::layout::{
-    PageError, Viewer, db_error, error_page, fleet, layout, pg_error, short, status_badge, with_db,
-};
+use super::layout::{PageError, Viewer, error_page, history_error, layout, short, status_badge};
 use super::render;
-use crate::approval::answer::{AnswerError, answer as record_answer, describe};
-use crate::store::pg::PgStore;
-use crate::store::query;
+use crate::approval::answer::describe;
+use crate::store::history::{AnswerError, History, HistoryError};
 
 pub(crate) async fn approvals(
     Ext(state): Ext<Arc<State>>,
     Extension(viewer): Extension<Viewer>,
 ) -> Response {
-    let loaded = match fleet(&state) {
-        Some(pg) => fleet_approvals(pg).await,
-        None => local_approvals(&state).await,
-    };
+    let loaded = load_approvals(&state.history).await.map_err(history_error);
     let (waiting, answered) = match loaded {
         Ok(x) => x,
         Err(e) => return e.into_response(),
@@ -56,33 +50,15 @@ fn what(p: &crate::store::db::ApprovalRow, workspace: Option<String>) -> String 
         .to_string()
 }
 
-async fn fleet_approvals(pg: &PgStore) -> Result<Approvals, PageError> {
+async fn load_approvals(h: &History) -> Result<Approvals, HistoryError> {
     let mut waiting = Vec::new();
-    for p in pg
-        .approvals(crate::store::ApprovalStatus::Pending)
-        .await
-        .map_err(pg_error)?
-    {
-        let workspace = pg.run(&p.run_id).await.ok().map(|f| f.run.workspace);
+    for p in h.pending_approvals().await? {
+        let workspace = h.run(&p.run_id).await.ok().map(|(r, _)| r.workspace);
         let w = what(&p, workspace);
         waiting.push((p, w));
     }
-    let answered = pg.answered_approvals(50).await.map_err(pg_error)?;
+    let answered = h.answered_approvals(50).await?;
     Ok((waiting, answered))
-}
-
-async fn local_approvals(state: &Arc<State>) -> Result<Approvals, PageError> {
-    with_db(state, |db| {
-        let pending = db.pending_approvals().map_err(db_error)?;
-        let mut waiting = Vec::new();
-        for p in pending {
-            let w = what(&p, db.run(&p.run_id).ok().map(|r| r.workspace));
-            waiting.push((p, w));
-        }
-        let answered = query::answered_approvals(db, 50).map_err(db_error)?;
-        Ok((waiting, answered))
-    })
-    .await
 }
 
 fn approvals_page(
@@ -184,48 +160,15 @@ pub(crate) async fn answer(
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty() && !approve);
     let by = format!("web:{}", session.name);
-    if let Some(pg) = fleet(&state) {
-        let status = if approve {
-            crate::store::ApprovalStatus::Approved
-        } else {
-            crate::store::ApprovalStatus::Denied
-        };
-        let done = match pg
-            .decide_approval(&id, status, always, reason.as_deref(), &by)
-            .await
-        {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(match pg.approval(&id).await {
-                Ok(Some(r)) => PageError::new(
-                    StatusCode::CONFLICT,
-                    AnswerError::NotWaiting {
-                        id: id.clone(),
-                        status: r.status.as_str().replace('_', " "),
-                        by: r.decided_by.unwrap_or_else(|| "someone".into()),
-                    }
-                    .to_string(),
-                ),
-                Ok(None) => PageError::new(
-                    StatusCode::NOT_FOUND,
-                    AnswerError::NoRequest(id.clone()).to_string(),
-                ),
-                Err(e) => pg_error(e),
-            }),
-            Err(e) => Err(pg_error(e)),
-        };
-        return match done {
-            Ok(()) => Redirect::to("/approvals").into_response(),
-            Err(e) => e.into_response(),
-        };
-    }
-    let done = with_db(&state, move |db| {
-        record_answer(db, &id, approve, always, reason.as_deref(), &by).map_err(|e| match e {
-            AnswerError::Db(e) => db_error(e),
+    let done = state
+        .history
+        .answer(&id, approve, always, reason.as_deref(), &by)
+        .await
+        .map_err(|e| match e {
+            AnswerError::Store(e) => history_error(e),
             AnswerError::NoRequest(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
             AnswerError::NotWaiting { .. } => PageError::new(StatusCode::CONFLICT, e.to_string()),
-        })
-    })
-    .await;
+        });
     match done {
         Ok(_) => Redirect::to("/approvals").into_response(),
         Err(e) => e.into_response(),

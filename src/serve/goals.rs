@@ -4,7 +4,7 @@
 //! resume).
 
 use std::collections::HashMap;
-use std::path::{Path as FsPath, PathBuf};
+use std::path::Path as FsPath;
 use std::sync::Arc;
 
 use axum::Extension;
@@ -18,14 +18,12 @@ use serde_json::Value;
 use super::State;
 use super::auth::{CsrfForm, authorize};
 use super::layout::{
-    PageError, Viewer, db_error, error_page, fleet, layout, pg_error, short, status_badge,
-    urlencode, with_db,
+    PageError, Viewer, error_page, history_error, layout, short, status_badge, urlencode,
 };
 use super::render;
 use crate::schedule::overview;
-use crate::store::db::{GoalStats, RunRow, parse_stamp};
-use crate::store::pg::PgStore;
-use crate::store::query;
+use crate::store::db::{RunRow, parse_stamp};
+use crate::store::history::History;
 
 pub(crate) async fn goals(
     Ext(state): Ext<Arc<State>>,
@@ -36,18 +34,14 @@ pub(crate) async fn goals(
         // Nothing to list (a console started where there is no goals folder): say so.
         return goals_page(&state, &viewer, &[], &HashMap::new());
     }
-    let loaded = match fleet(&state) {
-        Some(pg) => fleet_goals(pg, &dir).await,
-        None => local_goals(&state, dir).await,
-    };
-    let rows = match loaded {
+    let rows = match overview::overview_in(&state.history, &dir, Utc::now()).await {
         Ok(x) => x,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            return PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                .into_response();
+        }
     };
-    let health = match fleet(&state) {
-        Some(pg) => fleet_health(pg, &state.cfg.goals_dir).await,
-        None => local_health(&state, state.cfg.goals_dir.clone()).await,
-    };
+    let health = goal_health(&state.history, &dir).await;
     match health {
         Ok(h) => goals_page(&state, &viewer, &rows, &h),
         Err(e) => e.into_response(),
@@ -68,46 +62,9 @@ struct Health {
     history: Vec<RunRow>,
 }
 
-async fn local_health(
-    state: &Arc<State>,
-    dir: PathBuf,
-) -> Result<HashMap<String, Health>, PageError> {
+async fn goal_health(h: &History, dir: &FsPath) -> Result<HashMap<String, Health>, PageError> {
     // The console of `sup daemon --serve` is the daemon's own: alive while it answers.
-    let daemon = (!super::STANDALONE.load(std::sync::atomic::Ordering::Relaxed)).then_some(true);
-    with_db(state, move |db| {
-        let now = Utc::now();
-        let mut out = HashMap::new();
-        let files = overview::goal_files(&dir)
-            .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        for (path, g) in files {
-            let Ok(g) = g else { continue };
-            let name = g.file.name.clone();
-            let paused = db.paused(&name).map_err(db_error)?;
-            let due = overview::due_occurrence(&g, overview::written_at(&path, now), now, paused);
-            let overdue = match due {
-                Some(at) => {
-                    let seen = db.occurrence_status(&name, at).map_err(db_error)?;
-                    let seen = seen.map(|st| st.to_string());
-                    (!overview::accounted(seen.as_deref())).then(|| at.to_rfc3339())
-                }
-                None => None,
-            };
-            let history = db.runs(Some(&name), None, HISTORY).map_err(db_error)?;
-            out.insert(
-                name,
-                Health {
-                    overdue,
-                    daemon,
-                    history,
-                },
-            );
-        }
-        Ok(out)
-    })
-    .await
-}
-
-async fn fleet_health(pg: &PgStore, dir: &FsPath) -> Result<HashMap<String, Health>, PageError> {
+    let own = (!super::STANDALONE.load(std::sync::atomic::Ordering::Relaxed)).then_some(true);
     let now = Utc::now();
     let mut out = HashMap::new();
     let files = overview::goal_files(dir)
@@ -115,23 +72,27 @@ async fn fleet_health(pg: &PgStore, dir: &FsPath) -> Result<HashMap<String, Heal
     for (path, g) in files {
         let Ok(g) = g else { continue };
         let name = g.file.name.clone();
-        let (paused, _) = pg.goal_state(&name).await.map_err(pg_error)?;
+        let paused = h.paused(&name).await.map_err(history_error)?;
         let due = overview::due_occurrence(&g, overview::written_at(&path, now), now, paused);
         let overdue = match due {
             Some(at) => {
-                let seen = pg.occurrence_status(&name, at).await.map_err(pg_error)?;
+                let seen = h
+                    .occurrence_status(&name, at)
+                    .await
+                    .map_err(history_error)?;
                 (!overview::accounted(seen.as_deref())).then(|| at.to_rfc3339())
             }
             None => None,
         };
-        let daemon = Some(pg.live_daemon_for(&name).await.map_err(pg_error)?);
-        let history = pg
+        let daemon = h
+            .live_daemon_for(&name)
+            .await
+            .map_err(history_error)?
+            .or(own);
+        let history = h
             .runs(Some(&name), None, HISTORY)
             .await
-            .map_err(pg_error)?
-            .into_iter()
-            .map(|f| f.run)
-            .collect();
+            .map_err(history_error)?;
         out.insert(
             name,
             Health {
@@ -191,62 +152,6 @@ fn history_chart(runs: &[RunRow]) -> maud::Markup {
             @if cost > 0.0 { " · " (crate::trace::usd(cost)) " in all" }
         }
     }
-}
-
-/// Each goal of the folder as `overview` shows it, with its occurrences skipped while
-/// paused, from the fleet's store.
-async fn fleet_goals(pg: &PgStore, dir: &FsPath) -> Result<Vec<(Value, u64)>, PageError> {
-    let files = overview::goal_files(dir)
-        .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    let mut stats = std::collections::HashMap::new();
-    for (_, g) in files {
-        if let Ok(g) = g {
-            let name = g.file.name.clone();
-            stats.insert(name, pg.goal_stats(&g.file.name).await.map_err(pg_error)?);
-        }
-    }
-    let mut paused = std::collections::HashMap::new();
-    let rows = overview::overview_with(dir, Utc::now(), |name| {
-        let (s, p) = stats.remove(name).unwrap_or((
-            GoalStats {
-                paused: false,
-                skipped: 0,
-                missed: 0,
-                last: None,
-            },
-            0,
-        ));
-        paused.insert(name.to_string(), p);
-        Ok(s)
-    })
-    .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let p = r["name"]
-                .as_str()
-                .and_then(|n| paused.get(n).copied())
-                .unwrap_or(0);
-            (r, p)
-        })
-        .collect())
-}
-
-async fn local_goals(state: &Arc<State>, dir: PathBuf) -> Result<Vec<(Value, u64)>, PageError> {
-    with_db(state, move |db| {
-        let rows = overview::overview(&dir, db, Utc::now())
-            .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        let mut out = Vec::new();
-        for r in rows {
-            let paused_skips = match r["name"].as_str() {
-                Some(n) => query::occurrence_count(db, n, "paused").map_err(db_error)?,
-                None => 0,
-            };
-            out.push((r, paused_skips));
-        }
-        Ok(out)
-    })
-    .await
 }
 
 fn goals_page(
@@ -356,45 +261,26 @@ pub(crate) async fn goal_action(
     let dir = state.cfg.goals_dir.clone();
     let goal = name.clone();
     let v = verb.clone();
-    if let Some(pg) = fleet(&state) {
-        let found = match overview::find(&dir, &goal) {
-            Err(e @ overview::OverviewError::NoGoal { .. }) => {
-                Err(PageError::new(StatusCode::NOT_FOUND, e.to_string()))
-            }
-            Err(e) => Err(PageError::new(StatusCode::CONFLICT, e.to_string())),
-            Ok(_) => match v.as_str() {
-                "pause" | "resume" => pg.set_paused(&goal, v == "pause").await.map_err(pg_error),
-                "trigger" => Ok(()),
-                _ => Err(PageError::new(
-                    StatusCode::NOT_FOUND,
-                    "Run now, pause or resume, nothing else.",
-                )),
-            },
-        };
-        if let Err(e) = found {
-            return e.into_response();
+    let found = match overview::find(&dir, &goal) {
+        Err(e @ overview::OverviewError::NoGoal { .. }) => {
+            Err(PageError::new(StatusCode::NOT_FOUND, e.to_string()))
         }
-    } else {
-        let found = with_db(&state, move |db| {
-            overview::find(&dir, &goal).map_err(|e| match e {
-                overview::OverviewError::NoGoal { .. } => {
-                    PageError::new(StatusCode::NOT_FOUND, e.to_string())
-                }
-                e => PageError::new(StatusCode::CONFLICT, e.to_string()),
-            })?;
-            match v.as_str() {
-                "pause" | "resume" => db.set_paused(&goal, v == "pause").map_err(db_error),
-                "trigger" => Ok(()),
-                _ => Err(PageError::new(
-                    StatusCode::NOT_FOUND,
-                    "Run now, pause or resume, nothing else.",
-                )),
-            }
-        })
-        .await;
-        if let Err(e) = found {
-            return e.into_response();
-        }
+        Err(e) => Err(PageError::new(StatusCode::CONFLICT, e.to_string())),
+        Ok(_) => match v.as_str() {
+            "pause" | "resume" => state
+                .history
+                .set_paused(&goal, v == "pause")
+                .await
+                .map_err(history_error),
+            "trigger" => Ok(()),
+            _ => Err(PageError::new(
+                StatusCode::NOT_FOUND,
+                "Run now, pause or resume, nothing else.",
+            )),
+        },
+    };
+    if let Err(e) = found {
+        return e.into_response();
     }
     if verb == "trigger" {
         // A run of its own process, as `sup trigger NAME` would start it: recorded as manual;

@@ -20,7 +20,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::State;
-use super::layout::{db_error, fleet, pg_error, with_db};
+use super::layout::{db_error, history_error, with_db};
 use crate::config::Overlap;
 use crate::schedule::overview;
 use crate::store::RunStatus;
@@ -145,16 +145,11 @@ pub(crate) async fn hook(
     }
     let delivered = delivery(&headers);
     if let Some(id) = &delivered {
-        let new = match fleet(&state) {
-            Some(pg) => pg.new_delivery(&name, id).await.map_err(pg_error),
-            None => {
-                let (goal, id) = (name.clone(), id.clone());
-                with_db(&state, move |db| {
-                    db.new_delivery(&goal, &id).map_err(db_error)
-                })
-                .await
-            }
-        };
+        let new = state
+            .history
+            .new_delivery(&name, id)
+            .await
+            .map_err(history_error);
         match new {
             Ok(true) => {}
             Ok(false) => {
@@ -168,7 +163,7 @@ pub(crate) async fn hook(
         }
     }
     // A fleet's claim decides pause and overlap; on one machine they are decided here.
-    if fleet(&state).is_none() {
+    if !state.history.is_fleet() {
         let goal = name.clone();
         let state_of = with_db(&state, move |db| {
             let paused = db.paused(&goal).map_err(db_error)?;
@@ -195,16 +190,11 @@ pub(crate) async fn hook(
     let started = start(&state, &name, body.to_vec()).await;
     // A delivery whose run could not start may be delivered again.
     if let Some(id) = delivered.filter(|_| started.status().is_server_error()) {
-        let forgot = match fleet(&state) {
-            Some(pg) => pg.forget_delivery(&name, &id).await.map_err(pg_error),
-            None => {
-                let goal = name.clone();
-                with_db(&state, move |db| {
-                    db.forget_delivery(&goal, &id).map_err(db_error)
-                })
-                .await
-            }
-        };
+        let forgot = state
+            .history
+            .forget_delivery(&name, &id)
+            .await
+            .map_err(history_error);
         if let Err(e) = forgot {
             tracing::warn!("webhook of {name}: {}", e.1);
         }

@@ -11,7 +11,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::State;
 use crate::store::db::{Db, DbError, parse_stamp};
-use crate::store::pg::{PgError, PgStore};
+use crate::store::history::HistoryError;
 
 /// Who is looking: a signed-in person, or nobody (loopback without a token).
 #[derive(Clone, Debug)]
@@ -88,16 +88,13 @@ pub(super) fn db_error(e: DbError) -> PageError {
     }
 }
 
-pub(super) fn pg_error(e: PgError) -> PageError {
-    match e {
-        PgError::NoRun(_) => PageError::new(StatusCode::NOT_FOUND, e.to_string()),
-        e => PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
-}
-
-/// The fleet's store, when the console serves one.
-pub(super) fn fleet(state: &State) -> Option<&PgStore> {
-    state.cfg.fleet.as_ref().map(|(s, _)| s)
+pub(super) fn history_error(e: HistoryError) -> PageError {
+    let status = if e.is_no_run() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    PageError::new(status, e.to_string())
 }
 
 /// Run `f` on the store, off the async threads.

@@ -79,6 +79,8 @@ pub(crate) struct State {
     pub(crate) loopback: bool,
     pub(crate) shutdown: CancellationToken,
     pub(crate) sessions: Mutex<HashMap<String, Session>>,
+    /// The history the console shows: the fleet's when it serves one, else this SUP_HOME's.
+    pub(crate) history: crate::store::history::History,
 }
 
 /// A bound console, ready to run.
@@ -108,7 +110,12 @@ pub(crate) async fn bind(cfg: Config, shutdown: CancellationToken) -> Result<Ser
         addr: cfg.listen,
         source,
     })?;
+    let history = match &cfg.fleet {
+        Some((pg, _)) => crate::store::history::History::Fleet(Box::new(pg.clone())),
+        None => crate::store::history::History::Local(cfg.home.clone()),
+    };
     let state = Arc::new(State {
+        history,
         cfg,
         loopback,
         shutdown,
@@ -197,6 +204,7 @@ pub fn app(
     conn: Option<(SocketAddr, SocketAddr)>,
 ) -> Router {
     let state = Arc::new(State {
+        history: crate::store::history::History::Local(home.clone()),
         cfg: Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             goals_dir,

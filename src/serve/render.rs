@@ -60,7 +60,7 @@ fn parts(event: &Event) -> (&'static str, Option<(&'static str, String)>) {
         Event::Partial { text, .. } => ("model", Some(("partial answer", text.clone()))),
         Event::ApprovalRequested { input, .. } => ("wait", Some(("request", input.clone()))),
         Event::Approval { decision, .. } => {
-            if decision == "allowed" || decision == "approved" {
+            if decision.granted() {
                 ("approval ok", None)
             } else {
                 ("approval err", None)

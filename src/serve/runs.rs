@@ -20,13 +20,11 @@ use serde_json::Value;
 
 use super::State;
 use super::layout::{
-    PageError, Viewer, db_error, error_page, fleet, layout, pg_error, short, status_badge,
-    urlencode, with_db,
+    PageError, Viewer, error_page, history_error, layout, short, status_badge, urlencode, with_db,
 };
 use super::render;
+use crate::store::RunStatus;
 use crate::store::db::{RunRow, parse_stamp};
-use crate::store::pg::PgStore;
-use crate::store::query::{self, RunFilter};
 use crate::trace::{CheckReport, Event, HumanTrace};
 
 const STATUSES: &[&str] = &[
@@ -42,15 +40,6 @@ const PER_PAGE: u32 = 50;
 const TAIL_POLL: Duration = Duration::from_millis(50);
 /// …and in the fleet's store.
 const FLEET_TAIL_POLL: Duration = Duration::from_millis(250);
-
-/// Transcript events from the fleet's store as JSON lines, each with the sequence number
-/// after it.
-fn event_lines(events: &[(i64, Value)]) -> Vec<(String, u64)> {
-    events
-        .iter()
-        .map(|(seq, v)| (format!("{v}\n"), (*seq + 1).max(0) as u64))
-        .collect()
-}
 
 fn duration(run: &RunRow) -> String {
     let (Some(start), end) = (
@@ -99,33 +88,21 @@ pub(crate) async fn runs(
     let status = q.status.filter(|s| !s.is_empty());
     let per = q.per.unwrap_or(PER_PAGE).clamp(1, 500);
     let page = q.page.unwrap_or(1).max(1);
-    let (g, s) = (goal.clone(), status.clone());
     let offset = (page - 1).saturating_mul(per);
-    let loaded = match fleet(&state) {
-        Some(pg) => {
-            async {
-                let (rows, total) = pg
-                    .runs_page(g.as_deref(), s.as_deref(), offset, per)
-                    .await
-                    .map_err(pg_error)?;
-                let goals = pg.goal_names().await.map_err(pg_error)?;
-                Ok((rows.into_iter().map(|f| f.run).collect(), total, goals))
+    let h = &state.history;
+    let loaded = async {
+        // A status the store does not know matches no run.
+        let (rows, total) = match status.as_deref().map(RunStatus::parse) {
+            Some(None) => (Vec::new(), 0),
+            typed => {
+                h.runs_page(goal.clone(), typed.flatten(), offset, per)
+                    .await?
             }
-            .await
-        }
-        None => {
-            with_db(&state, move |db| {
-                let filter = RunFilter {
-                    goal: g.as_deref(),
-                    status: s.as_deref(),
-                };
-                let (rows, total) = query::runs_page(db, &filter, offset, per).map_err(db_error)?;
-                let goals = query::goal_names(db).map_err(db_error)?;
-                Ok((rows, total, goals))
-            })
-            .await
-        }
-    };
+        };
+        Ok((rows, total, h.goal_names().await?))
+    }
+    .await
+    .map_err(history_error);
     let (rows, total, goals) = match loaded {
         Ok(x) => x,
         Err(e) => return e.into_response(),
@@ -167,7 +144,7 @@ pub(crate) async fn runs(
                             td { a href={ "/runs/" (r.id) } { (r.id) } }
                             td { (r.goal) }
                             td { (status_badge(r.status.as_str())) }
-                            td { (r.stop_reason.as_deref().unwrap_or("")) }
+                            td { (r.stop_reason.map_or("", |s| s.as_str())) }
                             td.num { (r.tries) }
                             td.num { (r.steps) }
                             td.num { (r.usage.input_tokens) " / " (r.usage.output_tokens) }
@@ -191,24 +168,6 @@ pub(crate) async fn runs(
         }
     };
     layout("Runs", &viewer, body).into_response()
-}
-
-/// The complete lines of a transcript from `from`, and the offset after them.
-fn read_lines(path: &FsPath, from: u64) -> (String, u64) {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return (String::new(), from);
-    };
-    let mut buf = Vec::new();
-    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut buf).is_err() {
-        return (String::new(), from);
-    }
-    let end = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-    buf.truncate(end);
-    (
-        String::from_utf8_lossy(&buf).into_owned(),
-        from + end as u64,
-    )
 }
 
 /// Files kept for a run, relative to its folder: cut tool outputs and check outputs.
@@ -247,42 +206,23 @@ pub(crate) async fn run(
     Extension(viewer): Extension<Viewer>,
     Path(id): Path<String>,
 ) -> Response {
-    let loaded = match fleet(&state) {
-        Some(pg) => {
-            async {
-                let f = pg.run(&id).await.map_err(pg_error)?;
-                let checks = pg.checks(&f.run.id).await.map_err(pg_error)?;
-                let events = pg.events_from(&f.run.id, 0).await.map_err(pg_error)?;
-                let lines = event_lines(&events);
-                let offset = lines.last().map_or(0, |(_, at)| *at);
-                let text: String = lines.into_iter().map(|(l, _)| l).collect();
-                Ok((f.run, checks, text, offset, Some(f.host)))
-            }
-            .await
-        }
-        None => {
-            with_db(&state, move |db| {
-                let run = db.run(&id).map_err(db_error)?;
-                let checks = db.checks(&id).map_err(db_error)?;
-                let transcript = FsPath::new(&run.dir).join("transcript.jsonl");
-                let (text, offset) = read_lines(&transcript, 0);
-                Ok((run, checks, text, offset, None))
-            })
-            .await
-        }
-    };
+    let h = &state.history;
+    let loaded = async {
+        let (run, host) = h.run(&id).await?;
+        let checks = h.checks(&run.id).await?;
+        let lines = h.lines(&run, 0).await?;
+        let offset = lines.last().map_or(0, |(_, at)| *at);
+        let text: String = lines.into_iter().map(|(l, _)| l).collect();
+        Ok((run, checks, text, offset, host))
+    }
+    .await
+    .map_err(history_error);
     let (run, checks, text, offset, host) = match loaded {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
     let run_id = run.id.clone();
-    let waiting = match fleet(&state) {
-        Some(pg) => pg
-            .approvals(crate::store::ApprovalStatus::Pending)
-            .await
-            .map_err(pg_error),
-        None => with_db(&state, |db| db.pending_approvals().map_err(db_error)).await,
-    };
+    let waiting = h.pending_approvals().await.map_err(history_error);
     let waiting: Vec<_> = match waiting {
         Ok(w) => w.into_iter().filter(|a| a.run_id == run_id).collect(),
         Err(e) => return e.into_response(),
@@ -292,14 +232,13 @@ pub(crate) async fn run(
     let trace = trace_for(&run);
     let live = run.status == crate::store::RunStatus::Running;
     let files = kept_files(&run, &checks);
-    let thread = match fleet(&state) {
-        Some(_) => Default::default(),
-        None => {
-            let id = run.id.clone();
-            with_db(&state, move |db| Ok(super::thread::load(db, &id)))
-                .await
-                .unwrap_or_default()
-        }
+    let thread = if h.is_fleet() {
+        Default::default()
+    } else {
+        let id = run.id.clone();
+        with_db(&state, move |db| Ok(super::thread::load(db, &id)))
+            .await
+            .unwrap_or_default()
     };
     let body = html! {
         (super::thread::section(&thread))
@@ -452,15 +391,13 @@ pub(crate) async fn run_events(
         .or(q.from)
         .unwrap_or(0);
     let tail = Tail {
-        path: FsPath::new(&run.dir).join("transcript.jsonl"),
         offset: from,
         queued: VecDeque::new(),
         done: false,
         polls: 0,
         trace: trace_for(&run),
-        fleet: fleet(&state).cloned(),
         state,
-        id: run.id,
+        run,
     };
     let stream = futures::stream::unfold(tail, Tail::next);
     axum::response::sse::Sse::new(stream)
@@ -469,24 +406,23 @@ pub(crate) async fn run_events(
 }
 
 struct Tail {
-    path: PathBuf,
     offset: u64,
     queued: VecDeque<Sse>,
     done: bool,
     polls: u32,
     trace: HumanTrace,
-    /// The fleet's store, where the events are when there is one.
-    fleet: Option<PgStore>,
     state: Arc<State>,
-    id: String,
+    run: RunRow,
 }
 
 /// A run by its id, from the store the console serves.
 async fn load_run(state: &Arc<State>, id: String) -> Result<RunRow, PageError> {
-    match fleet(state) {
-        Some(pg) => pg.run(&id).await.map(|f| f.run).map_err(pg_error),
-        None => with_db(state, move |db| db.run(&id).map_err(db_error)).await,
-    }
+    state
+        .history
+        .run(&id)
+        .await
+        .map(|(run, _)| run)
+        .map_err(history_error)
 }
 
 impl Tail {
@@ -498,23 +434,12 @@ impl Tail {
             if self.done || self.state.shutdown.is_cancelled() {
                 return None;
             }
-            let lines = match &self.fleet {
-                Some(pg) => pg
-                    .events_from(&self.id, self.offset as i64)
-                    .await
-                    .map(|e| event_lines(&e))
-                    .unwrap_or_default(),
-                None => {
-                    let (text, _) = read_lines(&self.path, self.offset);
-                    let mut at = self.offset;
-                    text.split_inclusive('\n')
-                        .map(|l| {
-                            at += l.len() as u64;
-                            (l.to_string(), at)
-                        })
-                        .collect()
-                }
-            };
+            let lines = self
+                .state
+                .history
+                .lines(&self.run, self.offset)
+                .await
+                .unwrap_or_default();
             for (line, at) in lines {
                 self.offset = at;
                 let Ok(event) = serde_json::from_str::<Event>(&line) else {
@@ -541,7 +466,7 @@ impl Tail {
             // Every second without news: has the run ended without a result (killed)?
             self.polls += 1;
             if self.polls.is_multiple_of(20) {
-                let running = load_run(&self.state, self.id.clone())
+                let running = load_run(&self.state, self.run.id.clone())
                     .await
                     .is_ok_and(|r| r.status == crate::store::RunStatus::Running);
                 if !running {
@@ -549,7 +474,7 @@ impl Tail {
                     continue;
                 }
             }
-            let poll = if self.fleet.is_some() {
+            let poll = if self.state.history.is_fleet() {
                 FLEET_TAIL_POLL
             } else {
                 TAIL_POLL

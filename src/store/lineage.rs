@@ -9,7 +9,7 @@ use rusqlite::{OptionalExtension, params};
 use super::db::{Db, DbError, RunRow};
 
 /// The lineage and the worktree of one run; every part optional.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Lineage {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) continued_from: Option<String>,
@@ -29,6 +29,22 @@ pub(crate) struct Lineage {
     pub(crate) repo: Option<String>,
 }
 
+/// The lineage's columns in both stores, in the order of `Lineage`'s fields.
+pub(crate) const COLUMNS: &str =
+    "continued_from, parent, attempt, branch, base_commit, commit_sha, diff_stat, repo";
+
+/// The statement that sets each lineage column given (a `NULL` leaves it as it was) of the
+/// run whose id is parameter 1; `mark` writes a parameter (`?` for SQLite, `$` for
+/// PostgreSQL), the columns being parameters 2 to 9.
+pub(crate) fn update_sql(mark: char) -> String {
+    let sets: Vec<String> = COLUMNS
+        .split(", ")
+        .enumerate()
+        .map(|(i, c)| format!("{c} = coalesce({mark}{}, {c})", i + 2))
+        .collect();
+    format!("UPDATE runs SET {} WHERE id = {mark}1", sets.join(", "))
+}
+
 impl Db {
     fn lineage_err(&self, source: rusqlite::Error) -> DbError {
         DbError::Sqlite {
@@ -41,12 +57,7 @@ impl Db {
     pub(crate) fn set_lineage(&self, id: &str, l: &Lineage) -> Result<(), DbError> {
         self.conn()
             .execute(
-                "UPDATE runs SET continued_from = coalesce(?2, continued_from),
-                     parent = coalesce(?3, parent), attempt = coalesce(?4, attempt),
-                     branch = coalesce(?5, branch), base_commit = coalesce(?6, base_commit),
-                     commit_sha = coalesce(?7, commit_sha), diff_stat = coalesce(?8, diff_stat),
-                     repo = coalesce(?9, repo)
-                 WHERE id = ?1",
+                &update_sql('?'),
                 params![
                     id,
                     l.continued_from,
@@ -67,8 +78,7 @@ impl Db {
     pub(crate) fn lineage(&self, id: &str) -> Result<Lineage, DbError> {
         self.conn()
             .query_row(
-                "SELECT continued_from, parent, attempt, branch, base_commit, commit_sha,
-                     diff_stat, repo FROM runs WHERE id = ?1",
+                &format!("SELECT {COLUMNS} FROM runs WHERE id = ?1"),
                 [id],
                 |r| {
                     Ok(Lineage {

@@ -3,7 +3,23 @@
 //! happens, so even a killed run leaves what it did), tool outputs that were cut, and check
 //! outputs. The states it stores are the enums of `vocab`.
 
+/// The lineage columns' DDL (`lineage`), the same in SQLite and PostgreSQL: a migration of
+/// each store.
+macro_rules! lineage_ddl {
+    () => {
+        "ALTER TABLE runs ADD COLUMN continued_from TEXT;
+    ALTER TABLE runs ADD COLUMN parent TEXT;
+    ALTER TABLE runs ADD COLUMN attempt INTEGER;
+    ALTER TABLE runs ADD COLUMN branch TEXT;
+    ALTER TABLE runs ADD COLUMN base_commit TEXT;
+    ALTER TABLE runs ADD COLUMN commit_sha TEXT;
+    ALTER TABLE runs ADD COLUMN diff_stat TEXT;
+    ALTER TABLE runs ADD COLUMN repo TEXT;"
+    };
+}
+
 pub mod db;
+pub(crate) mod history;
 pub(crate) mod lineage;
 pub mod pg;
 pub mod query;

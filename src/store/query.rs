@@ -4,13 +4,14 @@
 
 use rusqlite::params;
 
+use super::RunStatus;
 use super::db::{ApprovalRow, Db, DbError, RunRow};
 
 /// Which runs, newest first.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RunFilter<'a> {
     pub(crate) goal: Option<&'a str>,
-    pub(crate) status: Option<&'a str>,
+    pub(crate) status: Option<RunStatus>,
 }
 
 fn sqlite(_db: &Db, source: rusqlite::Error) -> DbError {
@@ -36,7 +37,7 @@ pub(crate) fn runs_page(
         conds.push(format!("goal = ?{}", args.len()));
     }
     if let Some(s) = filter.status {
-        args.push(s);
+        args.push(s.as_str());
         conds.push(format!("status = ?{}", args.len()));
     }
     let filter_sql = if conds.is_empty() {

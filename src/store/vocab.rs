@@ -1,10 +1,71 @@
-//! The stored vocabulary: every state the store keeps as text (run status, trigger kind,
-//! occurrence status, approval kind and status) as an enum, with its text, its JSON and its
+//! The stored vocabulary: every state the store keeps as text (run status, stop reason,
+//! trigger kind, occurrence status, approval kind and status) as an enum, with its text, its JSON and its
 //! SQL conversion written once, here.
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 
-use crate::trace::Status;
+use crate::trace::{Status, StopReason};
+
+/// The SQL conversions of a stored word (a type with `as_str` and `parse`), for SQLite and
+/// PostgreSQL: written as its text, read back checked.
+macro_rules! sql_text {
+    ($name:ident) => {
+        impl ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+                Ok(ToSqlOutput::from(self.as_str()))
+            }
+        }
+
+        impl tokio_postgres::types::ToSql for $name {
+            fn to_sql(
+                &self,
+                ty: &tokio_postgres::types::Type,
+                out: &mut bytes::BytesMut,
+            ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
+            {
+                <&str as tokio_postgres::types::ToSql>::to_sql(&self.as_str(), ty, out)
+            }
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::ToSql>::accepts(ty)
+            }
+            tokio_postgres::types::to_sql_checked!();
+        }
+
+        impl<'a> tokio_postgres::types::FromSql<'a> for $name {
+            fn from_sql(
+                ty: &tokio_postgres::types::Type,
+                raw: &'a [u8],
+            ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                let s = <&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?;
+                $name::parse(s).ok_or_else(|| {
+                    format!(
+                        "`{s}` is not a {} this version of sup knows",
+                        stringify!($name)
+                    )
+                    .into()
+                })
+            }
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::FromSql>::accepts(ty)
+            }
+        }
+
+        impl FromSql for $name {
+            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+                let s = value.as_str()?;
+                $name::parse(s).ok_or_else(|| {
+                    FromSqlError::Other(
+                        format!(
+                            "`{s}` is not a {} this version of sup knows",
+                            stringify!($name)
+                        )
+                        .into(),
+                    )
+                })
+            }
+        }
+    };
+}
 
 /// Declares an enum of stored words: `as_str`, `parse`, `Display`, serde and SQL. There is no
 /// equality with a `&str`: a comparison names a variant, so a misspelt word does not compile.
@@ -49,52 +110,7 @@ macro_rules! vocabulary {
             }
         }
 
-        impl ToSql for $name {
-            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-                Ok(ToSqlOutput::from(self.as_str()))
-            }
-        }
-
-        impl tokio_postgres::types::ToSql for $name {
-            fn to_sql(
-                &self,
-                ty: &tokio_postgres::types::Type,
-                out: &mut bytes::BytesMut,
-            ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-                <&str as tokio_postgres::types::ToSql>::to_sql(&self.as_str(), ty, out)
-            }
-            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-                <&str as tokio_postgres::types::ToSql>::accepts(ty)
-            }
-            tokio_postgres::types::to_sql_checked!();
-        }
-
-        impl<'a> tokio_postgres::types::FromSql<'a> for $name {
-            fn from_sql(
-                ty: &tokio_postgres::types::Type,
-                raw: &'a [u8],
-            ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-                let s = <&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?;
-                $name::parse(s).ok_or_else(|| {
-                    format!("`{s}` is not a {} this version of sup knows", stringify!($name)).into()
-                })
-            }
-            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-                <&str as tokio_postgres::types::FromSql>::accepts(ty)
-            }
-        }
-
-        impl FromSql for $name {
-            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
-                let s = value.as_str()?;
-                $name::parse(s).ok_or_else(|| {
-                    FromSqlError::Other(format!(
-                        "`{s}` is not a {} this version of sup knows",
-                        stringify!($name)
-                    ).into())
-                })
-            }
-        }
+        sql_text!($name);
     };
 }
 
@@ -122,6 +138,8 @@ impl From<Status> for RunStatus {
     }
 }
 
+sql_text!(StopReason);
+
 vocabulary! {
     /// What started a run.
     pub enum TriggerKind {
@@ -131,10 +149,12 @@ vocabulary! {
         Schedule = "schedule",
         /// `sup trigger`.
         Manual = "manual",
-        /// The daemon, after a change to a file the goal's `watch` globs match.
-        Watch = "watch",
+        /// A fleet's retry of a run its dead daemon left (a trigger's kind; it runs as `manual`).
+        Retry = "retry",
         /// A signed `POST /hooks/GOAL` on the console.
         Webhook = "webhook",
+        /// The daemon, after a change to a file the goal's `watch` globs match.
+        Watch = "watch",
     }
 }
 
@@ -204,6 +224,12 @@ mod tests {
         round(OccurrenceStatus::ALL);
         round(ApprovalKind::ALL);
         round(ApprovalStatus::ALL);
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        for r in StopReason::ALL {
+            let back: StopReason = conn.query_row("SELECT ?1", [r], |row| row.get(0)).unwrap();
+            assert_eq!(back, *r);
+            assert_eq!(serde_json::to_string(r).unwrap(), format!("\"{r}\""));
+        }
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         let e = conn
             .query_row("SELECT 'sleeping'", [], |r| r.get::<_, RunStatus>(0))

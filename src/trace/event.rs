@@ -57,6 +57,67 @@ impl StopReason {
             StopReason::Context => "context",
         }
     }
+
+    pub(crate) const ALL: &'static [StopReason] = &[
+        StopReason::Final,
+        StopReason::MaxSteps,
+        StopReason::Budget,
+        StopReason::Cost,
+        StopReason::RepeatedCalls,
+        StopReason::Length,
+        StopReason::Cancelled,
+        StopReason::Error,
+        StopReason::NoProgress,
+        StopReason::ChecksFailed,
+        StopReason::CheckChanged,
+        StopReason::Impossible,
+        StopReason::Context,
+    ];
+
+    pub(crate) fn parse(s: &str) -> Option<StopReason> {
+        Self::ALL.iter().copied().find(|r| r.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// How a decision about a call is reported in events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decided {
+    /// By a rule or the mode.
+    Allowed,
+    /// By a person.
+    Approved,
+    Denied,
+    /// Nobody answered in time.
+    TimedOut,
+}
+
+impl Decided {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Decided::Allowed => "allowed",
+            Decided::Approved => "approved",
+            Decided::Denied => "denied",
+            Decided::TimedOut => "timed_out",
+        }
+    }
+
+    /// Whether the call may run.
+    pub(crate) fn granted(self) -> bool {
+        matches!(self, Decided::Allowed | Decided::Approved)
+    }
+}
+
+impl std::fmt::Display for Decided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How a whole run ended, as reported upward and in the `result` event.
@@ -242,7 +303,7 @@ pub enum Event {
     Approval {
         id: String,
         tool: String,
-        decision: String,
+        decision: Decided,
         by: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
@@ -490,7 +551,7 @@ mod tests {
             Event::Approval {
                 id: "c1".into(),
                 tool: "run_command".into(),
-                decision: "denied".into(),
+                decision: Decided::Denied,
                 by: "rule deny `x`".into(),
                 reason: Some("no".into()),
             },

@@ -237,11 +237,7 @@ impl HumanTrace {
                 reason,
                 ..
             } => {
-                let icon = if decision == "allowed" || decision == "approved" {
-                    '✓'
-                } else {
-                    '✗'
-                };
+                let icon = if decision.granted() { '✓' } else { '✗' };
                 let mut s = format!("{icon} {tool} {decision} by {by}");
                 if let Some(r) = reason {
                     s.push_str(&format!(": {r}"));

@@ -391,3 +391,47 @@ fn a_store_of_schema_1_is_migrated_to_keep_cost_and_answer() {
     assert_eq!(f.pg.one("SELECT version FROM sup_schema"), "4");
     assert_eq!(f.pg.one("SELECT answer FROM runs"), "done");
 }
+
+#[test]
+fn a_fleet_runs_worktree_branch_and_base_are_in_the_store_for_every_machine() {
+    let mut f = Fleet::new();
+    let ws = f.goals.path().join("work-wt");
+    std::fs::create_dir_all(&ws).unwrap();
+    let init: &[&[&str]] = &[
+        &["init", "-q", "-b", "main"],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "first",
+        ],
+    ];
+    for args in init {
+        let ok = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&ws)
+            .args(*args)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+    f.goal("wt", None, 0, "isolation = \"worktree\"");
+    let (code, text) = f.out(0, &["trigger", "wt", "--goals", "."]);
+    assert_eq!(code, 0, "{text}");
+    let branch = f.pg.one("SELECT branch FROM runs");
+    assert!(branch.starts_with("sup/wt/"), "{branch:?}\n{text}");
+    // Another machine reads the lineage and worktree from the store.
+    let out = f.sup(1).args(["runs", "--json"]).output().unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs[0]["branch"], branch.as_str(), "{runs}");
+    assert!(
+        runs[0]["base"].as_str().is_some_and(|b| b.len() == 40),
+        "{runs}"
+    );
+}
