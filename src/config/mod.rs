@@ -254,9 +254,11 @@ settings! {
         /// $SUP_SANDBOX.
         #[arg(long, value_parser = Policy::parse)]
         pub sandbox: Option<Policy>,
-        /// Whether the agent's processes may open TCP connections (default true).
+        /// Whether the agent's processes may open TCP connections (default true), or a list
+        /// of the hosts they may reach through sup's proxy.
         #[arg(skip)]
-        pub network: Option<bool>,
+        #[serde(default, deserialize_with = "crate::tools::sandbox::network")]
+        pub network: Option<crate::tools::sandbox::Network>,
         /// Folders writable besides the workspace (relative to the file that names them, or `~/…`).
         #[arg(skip)]
         #[serde(default)]
@@ -539,6 +541,23 @@ show_serde!(
     OnInterrupt,
     crate::model::prices::Price
 );
+
+impl Show for crate::tools::sandbox::Network {
+    fn show(&self) -> String {
+        use crate::tools::sandbox::Network;
+        match self {
+            Network::On => "true".into(),
+            Network::Off => "false".into(),
+            Network::Allow(l) => format!(
+                "[{}]",
+                l.iter()
+                    .map(|p| format!("{:?}", p.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
 
 impl Show for Policy {
     fn show(&self) -> String {

@@ -17,7 +17,8 @@ use super::mounts::{
     Bind, Hide, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts, mount_flags,
 };
 use super::pidns::PidNs;
-use super::policy::{Policy, Sandbox};
+use super::policy::{Network, Policy, Sandbox};
+use super::proxy::Proxy;
 use super::reaper::{GROUPS, Held, INITS, JAIL, lock, spawning, start_time, sweep};
 use super::seccomp::Filter;
 use landlock::{
@@ -56,7 +57,9 @@ const DEVICES: &[&str] = &[
 #[derive(Debug)]
 pub struct Jail {
     policy: Policy,
-    network: bool,
+    network: Network,
+    /// The proxy that is the only way out of a jail with a network allowlist.
+    proxy: Option<Proxy>,
     pub(crate) keep_background: bool,
     abi: i32,
     writable: Vec<PathBuf>,
@@ -111,7 +114,8 @@ impl Jail {
         let (env, withheld) = scrubbed_env(&[]);
         Jail {
             policy: Policy::Off,
-            network: true,
+            network: Network::On,
+            proxy: None,
             keep_background: false,
             abi: 0,
             writable: Vec::new(),
@@ -159,7 +163,8 @@ impl Jail {
         let held = lock(run_dir)?;
         let mut jail = Jail {
             policy,
-            network: s.network.unwrap_or(true),
+            network: s.network.clone().unwrap_or_default(),
+            proxy: None,
             keep_background: s.keep_background,
             abi: landlock_abi(),
             writable: Vec::new(),
@@ -260,8 +265,15 @@ impl Jail {
             s.max_processes,
             s.max_memory,
         ));
-        match PidNs::new() {
-            Ok(ns) => {
+        let allow = match &jail.network {
+            Network::Allow(list) => Some(list.clone()),
+            _ => None,
+        };
+        match PidNs::new(allow.is_some()) {
+            Ok(mut ns) => {
+                if let Some(list) = allow {
+                    jail.start_proxy(ns.listener.take(), list);
+                }
                 if let Ok(mut inits) = INITS.lock() {
                     inits.push(ns.init());
                 }
@@ -275,10 +287,20 @@ impl Jail {
                 );
                 jail.ns = Some(ns);
             }
-            Err(e) => jail.missing.push(format!(
-                "no PID namespace for the run ({e}): its processes are known by their parent \
-                 only, and a double fork escapes the sweep"
-            )),
+            Err(e) => {
+                jail.missing.push(format!(
+                    "no PID namespace for the run ({e}): its processes are known by their \
+                     parent only, and a double fork escapes the sweep"
+                ));
+                if allow.is_some() {
+                    jail.missing.push(
+                        "the network allowlist needs a network namespace of its own: the \
+                         network is off"
+                            .into(),
+                    );
+                    jail.network = Network::Off;
+                }
+            }
         }
         jail.own_pts = true;
         if Filter::supported() {
@@ -294,7 +316,7 @@ impl Jail {
             jail.missing
                 .push("truncating files is not confined (needs Landlock ABI 3)".into());
         }
-        if !jail.network && jail.abi < 4 {
+        if jail.network == Network::Off && jail.abi < 4 {
             jail.missing
                 .push("network = false is not enforced (needs Landlock ABI 4)".into());
         }
@@ -333,6 +355,44 @@ impl Jail {
             }
         }
         jail.finish(s.required)
+    }
+
+    /// Serve the allowlist on the namespace's loopback and point every jailed process at it;
+    /// without it the network is off.
+    fn start_proxy(&mut self, listener: Option<OwnedFd>, list: Vec<super::HostPattern>) {
+        let started = listener
+            .ok_or_else(|| std::io::Error::other("no listening socket"))
+            .and_then(|l| Proxy::start(l, list));
+        let proxy = match started {
+            Ok(p) => p,
+            Err(e) => {
+                self.missing.push(format!(
+                    "the network allowlist's proxy could not start ({e}): the network is off"
+                ));
+                self.network = Network::Off;
+                return;
+            }
+        };
+        let url = OsString::from(format!("http://127.0.0.1:{}", proxy.port()));
+        // Nothing bypasses the proxy: there is no other way out of the namespace anyway.
+        self.env.retain(|(k, _)| {
+            let k = k.to_string_lossy().to_ascii_lowercase();
+            !k.ends_with("_proxy")
+        });
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            self.env.push((k.into(), url.clone()));
+            self.env.push((k.to_ascii_lowercase().into(), url.clone()));
+        }
+        self.env.push(("NO_PROXY".into(), OsString::new()));
+        self.env.push(("no_proxy".into(), OsString::new()));
+        self.proxy = Some(proxy);
+    }
+
+    /// Tell each request the proxy refuses to `f` (the run's events).
+    pub(crate) fn on_refusal(&self, f: impl Fn(String) + Send + Sync + 'static) {
+        if let Some(p) = &self.proxy {
+            p.on_refusal(Box::new(f));
+        }
     }
 
     /// Mount over SUP_HOME (but for the run's own folder and the workspace), `/etc/sup`,
@@ -478,11 +538,22 @@ impl Jail {
     pub fn describe(&self) -> String {
         let mut s = format!("sandbox: {}", self.policy.name());
         if self.policy != Policy::Off {
-            s.push_str(if self.network {
-                ", network on"
-            } else {
-                ", network off"
-            });
+            match (&self.network, &self.proxy) {
+                (Network::On, _) => s.push_str(", network on"),
+                (Network::Off, _) => s.push_str(", network off"),
+                (Network::Allow(_), Some(p)) => {
+                    let hosts: Vec<String> = p.hosts().iter().map(ToString::to_string).collect();
+                    s.push_str(&format!(
+                        ", network: allowlist ({} host{}: {}) via proxy 127.0.0.1:{} in a \
+                         network namespace of its own",
+                        hosts.len(),
+                        if hosts.len() == 1 { "" } else { "s" },
+                        hosts.join(", "),
+                        p.port()
+                    ));
+                }
+                (Network::Allow(_), None) => s.push_str(", network: allowlist (no proxy)"),
+            }
             let shown: Vec<String> = self
                 .writable
                 .iter()
@@ -581,10 +652,11 @@ impl Jail {
         let binds = self.binds.clone();
         let hides = self.hides.clone();
         let limits = self.limits.as_ref().map(Limits::entry);
-        let (pid_ns, user_ns) = self.ns.as_ref().map_or((-1, -1), |n| {
+        let (pid_ns, user_ns, net_ns) = self.ns.as_ref().map_or((-1, -1, -1), |n| {
             (
                 n.pid_ns.as_raw_fd(),
                 n.user_ns.as_ref().map_or(-1, |u| u.as_raw_fd()),
+                n.net_ns.as_ref().map_or(-1, |u| u.as_raw_fd()),
             )
         });
         let empty = self.empty.clone();
@@ -606,7 +678,7 @@ impl Jail {
                 l.enter()?;
             }
             if pid_ns >= 0 {
-                super::pidns::enter(pid_ns, user_ns)?;
+                super::pidns::enter(pid_ns, user_ns, net_ns)?;
             }
             let own_proc = pid_ns >= 0;
             if !binds.is_empty() || own_pts || !hides.is_empty() || own_proc {
@@ -651,7 +723,7 @@ impl Jail {
     fn ruleset(&self) -> Result<Option<OwnedFd>, landlock::RulesetError> {
         let abi = ABI::from(self.abi.min(6));
         let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi))?;
-        if !self.network && self.abi >= 4 {
+        if self.network == Network::Off && self.abi >= 4 {
             ruleset = ruleset.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
         }
         if self.abi >= 6 {
@@ -694,7 +766,7 @@ impl Jail {
             .lines()
             .filter(|l| refused.iter().any(|r| l.contains(r)))
         {
-            let note = if !self.network
+            let note = if self.network == Network::Off
                 && (line.contains("connect") || line.contains("/dev/tcp/") || line.contains("bind"))
             {
                 "the sandbox blocks TCP connections and listening (network = false)".to_string()

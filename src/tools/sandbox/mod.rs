@@ -13,6 +13,7 @@ mod limits;
 mod mounts;
 mod pidns;
 mod policy;
+mod proxy;
 mod reaper;
 mod seccomp;
 
@@ -20,8 +21,8 @@ pub(crate) use hardening::is_secret_name;
 pub use hardening::{at_start, hide_in_cmdline};
 pub use jail::{Armed, Jail};
 pub(crate) use pidns::ns_of;
-pub use policy::{Policy, Sandbox};
-pub(crate) use policy::{SandboxSettings, check_env_pass, goal_path, parse_size};
+pub use policy::{HostPattern, Network, Policy, Sandbox};
+pub(crate) use policy::{SandboxSettings, check_env_pass, goal_path, network, parse_size};
 pub(crate) use reaper::{
     Held, parent_of, run_alive, run_of, spawn_held, spawning, sweep_dead_runs,
 };
