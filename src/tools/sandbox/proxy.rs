@@ -9,7 +9,7 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,7 +134,11 @@ struct Shared {
     allow: Vec<HostPattern>,
     report: Report,
     stopped: AtomicBool,
+    /// Connections being served: a run cannot make sup hold more than `MAX_OPEN` threads.
+    open: AtomicUsize,
 }
+
+const MAX_OPEN: usize = 256;
 
 /// The proxy of one jail, serving while it lives.
 pub(super) struct Proxy {
@@ -159,6 +163,7 @@ impl Proxy {
             allow,
             report: Arc::default(),
             stopped: AtomicBool::new(false),
+            open: AtomicUsize::new(0),
         });
         let (l, s) = (listener.clone(), shared.clone());
         std::thread::Builder::new()
@@ -199,13 +204,26 @@ impl Drop for Proxy {
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     loop {
         match listener.accept() {
-            Ok((client, _)) => {
+            Ok((mut client, _)) => {
+                if shared.open.fetch_add(1, Ordering::SeqCst) >= MAX_OPEN {
+                    shared.open.fetch_sub(1, Ordering::SeqCst);
+                    let _ = answer(
+                        &mut client,
+                        "503 Service Unavailable",
+                        &format!("sup's proxy serves {MAX_OPEN} connections at once\n"),
+                    );
+                    continue;
+                }
                 let s = shared.clone();
-                let _ = std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name("sup-proxy-conn".into())
                     .spawn(move || {
                         let _ = serve(client, &s);
+                        s.open.fetch_sub(1, Ordering::SeqCst);
                     });
+                if spawned.is_err() {
+                    shared.open.fetch_sub(1, Ordering::SeqCst);
+                }
             }
             Err(_) if shared.stopped.load(Ordering::SeqCst) => return,
             // Out of file descriptors, or an aborted connection: a moment, then on.
