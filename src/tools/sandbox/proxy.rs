@@ -315,10 +315,14 @@ fn serve(mut client: TcpStream, shared: &Shared) -> std::io::Result<()> {
         .allow
         .iter()
         .any(|p| p.is_loopback() && p.port_ok(port));
-    let addrs: Vec<SocketAddr> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map(|a| a.collect())
-        .unwrap_or_default();
+    // An address needs no resolver.
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => (host.as_str(), port)
+            .to_socket_addrs()
+            .map(|a| a.collect())
+            .unwrap_or_default(),
+    };
     let reachable: Vec<SocketAddr> = addrs
         .iter()
         .copied()
