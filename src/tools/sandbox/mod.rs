@@ -2,7 +2,7 @@
 //! servers, checks): its settings (`SandboxSettings`, the goal keys), the per-run `Jail` that
 //! applies them to a command before exec (Landlock rules, read-only bind mounts over `.git`,
 //! goal, check and config files inside writable folders, a private `TMPDIR`, an environment
-//! without secrets), the start-up hardening of `sup` itself (non-dumpable, child subreaper,
+//! without secrets), the proxy of a network allowlist, the start-up hardening of `sup` itself (non-dumpable, child subreaper,
 //! secret variables moved out of its environment) and the sweep that ends the processes a run
 //! left behind.
 

@@ -5,7 +5,9 @@
 //! (`enter`): the child joins the namespace (and, as an ordinary user, the user namespace
 //! that owns it), forks once more, and stays outside as a relay of its child's ending, which
 //! lives in the namespace. Membership (`/proc/PID/ns/pid`) is how the sweep and the console
-//! tell the run's processes.
+//! tell the run's processes. With a network allowlist the namespace comes with a network
+//! namespace of its own (only `lo`, up), which jailed processes join too, and a socket
+//! listening on its loopback, passed back to sup for its proxy.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
