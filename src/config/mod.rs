@@ -259,9 +259,11 @@ settings! {
         /// $SUP_SANDBOX.
         #[arg(long, value_parser = Policy::parse)]
         pub sandbox: Option<Policy>,
-        /// Whether the agent's processes may open TCP connections (default true).
+        /// Whether the agent's processes may open TCP connections (default true), or a list
+        /// of the hosts they may reach through sup's proxy.
         #[arg(skip)]
-        pub network: Option<bool>,
+        #[serde(default, deserialize_with = "crate::tools::sandbox::network")]
+        pub network: Option<crate::tools::sandbox::Network>,
         /// Folders writable besides the workspace (relative to the file that names them, or `~/…`).
         #[arg(skip)]
         #[serde(default)]

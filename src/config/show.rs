@@ -98,6 +98,23 @@ show_serde!(
     crate::model::prices::Price
 );
 
+impl Show for crate::tools::sandbox::Network {
+    fn show(&self) -> String {
+        use crate::tools::sandbox::Network;
+        match self {
+            Network::On => "true".into(),
+            Network::Off => "false".into(),
+            Network::Allow(l) => format!(
+                "[{}]",
+                l.iter()
+                    .map(|p| format!("{:?}", p.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
 impl Show for Policy {
     fn show(&self) -> String {
         self.name().to_string()

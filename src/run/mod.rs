@@ -238,7 +238,7 @@ impl RunSpec {
         };
         let sandbox = Sandbox {
             policy: Some(s.sandbox.unwrap_or_default()),
-            network: s.network,
+            network: s.network.clone(),
             writable: s.writable.iter().map(PathBuf::from).collect(),
             required: s.sandbox_required.unwrap_or(false),
             keep_background: s.keep_background.unwrap_or(false),
@@ -1028,6 +1028,8 @@ pub(crate) async fn launch_in(
     events.emit(Event::Notice {
         text: jail.describe(),
     });
+    let refusals = events.clone();
+    jail.on_refusal(move |text| refusals.emit(Event::Notice { text }));
     let gate = gate(spec, trigger, &run.id, home, shared, &events);
     if spec.price.is_none() && (spec.max_cost.is_some() || spec.max_cost_per_day.is_some()) {
         events.emit(Event::Notice {

@@ -19,6 +19,7 @@ mod judge;
 mod long_runs;
 mod mcp;
 mod mcp_http;
+mod network;
 mod newuser;
 pub(crate) mod otel;
 mod perf;

@@ -18,7 +18,8 @@ use super::mounts::{
     Bind, Hide, Mode, allow_own_pts, drop_capabilities, hide_behind_read_only_mounts, mount_flags,
 };
 use super::pidns::PidNs;
-use super::policy::{Policy, Sandbox};
+use super::policy::{Network, Policy, Sandbox};
+use super::proxy::Proxy;
 use super::reaper::{GROUPS, Held, INITS, JAIL, lock, spawning, start_time, sweep};
 use super::seccomp::Filter;
 use landlock::{
@@ -57,7 +58,9 @@ const DEVICES: &[&str] = &[
 #[derive(Debug)]
 pub struct Jail {
     policy: Policy,
-    network: bool,
+    network: Network,
+    /// The proxy that is the only way out of a jail with a network allowlist.
+    proxy: Option<Proxy>,
     pub(crate) keep_background: bool,
     abi: i32,
     writable: Vec<PathBuf>,
@@ -107,7 +110,7 @@ pub struct Jail {
 pub struct Armed {
     _ruleset: Option<OwnedFd>,
     /// The PID namespace (and its user namespace) the command enters.
-    _ns: Option<(OwnedFd, Option<OwnedFd>, Option<OwnedFd>)>,
+    _ns: Option<(OwnedFd, Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>)>,
 }
 
 impl Jail {
@@ -116,7 +119,8 @@ impl Jail {
         let (env, withheld) = scrubbed_env(&[]);
         Jail {
             policy: Policy::Off,
-            network: true,
+            network: Network::On,
+            proxy: None,
             keep_background: false,
             abi: 0,
             writable: Vec::new(),
@@ -164,7 +168,8 @@ impl Jail {
         let held = lock(run_dir)?;
         let mut jail = Jail {
             policy,
-            network: s.network.unwrap_or(true),
+            network: s.network.clone().unwrap_or_default(),
+            proxy: None,
             keep_background: s.keep_background,
             abi: landlock_abi(),
             writable: Vec::new(),
@@ -265,15 +270,33 @@ impl Jail {
             s.max_processes,
             s.max_memory,
         ));
-        match jail.fresh_namespace() {
-            Ok(ns) => {
+        let allow = match &jail.network {
+            Network::Allow(list) => Some(list.clone()),
+            _ => None,
+        };
+        match jail.fresh_namespace(allow.is_some()) {
+            Ok(mut ns) => {
+                if let Some(list) = allow {
+                    jail.start_proxy(ns.listener.take(), list);
+                }
                 jail.hold(&ns);
                 jail.ns = Mutex::new(Some(ns));
             }
-            Err(e) => jail.missing.push(format!(
-                "no PID namespace for the run ({e}): its processes are known by their parent \
-                 only, a double fork escapes the sweep, and the checks get no jail of their own"
-            )),
+            Err(e) => {
+                jail.missing.push(format!(
+                    "no PID namespace for the run ({e}): its processes are known by their \
+                     parent only, a double fork escapes the sweep, and the checks get no jail of \
+                     their own"
+                ));
+                if allow.is_some() {
+                    jail.missing.push(
+                        "the network allowlist needs a network namespace of its own: the \
+                         network is off"
+                            .into(),
+                    );
+                    jail.network = Network::Off;
+                }
+            }
         }
         jail.own_pts = true;
         if Filter::supported() {
@@ -289,7 +312,7 @@ impl Jail {
             jail.missing
                 .push("truncating files is not confined (needs Landlock ABI 3)".into());
         }
-        if !jail.network && jail.abi < 4 {
+        if jail.network == Network::Off && jail.abi < 4 {
             jail.missing
                 .push("network = false is not enforced (needs Landlock ABI 4)".into());
         }
@@ -333,6 +356,44 @@ impl Jail {
         jail.finish(s.required)
     }
 
+    /// Serve the allowlist on the namespace's loopback and point every jailed process at it;
+    /// without it the network is off.
+    fn start_proxy(&mut self, listener: Option<OwnedFd>, list: Vec<super::HostPattern>) {
+        let started = listener
+            .ok_or_else(|| std::io::Error::other("no listening socket"))
+            .and_then(|l| Proxy::start(l, list));
+        let proxy = match started {
+            Ok(p) => p,
+            Err(e) => {
+                self.missing.push(format!(
+                    "the network allowlist's proxy could not start ({e}): the network is off"
+                ));
+                self.network = Network::Off;
+                return;
+            }
+        };
+        let url = OsString::from(format!("http://127.0.0.1:{}", proxy.port()));
+        // Nothing bypasses the proxy: there is no other way out of the namespace anyway.
+        self.env.retain(|(k, _)| {
+            let k = k.to_string_lossy().to_ascii_lowercase();
+            !k.ends_with("_proxy")
+        });
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            self.env.push((k.into(), url.clone()));
+            self.env.push((k.to_ascii_lowercase().into(), url.clone()));
+        }
+        self.env.push(("NO_PROXY".into(), OsString::new()));
+        self.env.push(("no_proxy".into(), OsString::new()));
+        self.proxy = Some(proxy);
+    }
+
+    /// Tell each request the proxy refuses to `f` (the run's events).
+    pub(crate) fn on_refusal(&self, f: impl Fn(String) + Send + Sync + 'static) {
+        if let Some(p) = &self.proxy {
+            p.on_refusal(Box::new(f));
+        }
+    }
+
     /// Mount over SUP_HOME (but for the run's own folder and the workspace), `/etc/sup`,
     /// the credential stores and `hidden` with empty ones, apart from `readable`.
     fn hide(&mut self, s: &Sandbox, home: &Path) {
@@ -371,22 +432,26 @@ impl Jail {
     /// them, for the next try. A run without a PID namespace has nothing to renew.
     pub(crate) fn renew(&self) -> Result<(), SandboxError> {
         let mut ns = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(old) = ns.take() else {
+        let Some(mut old) = ns.take() else {
             return Ok(());
         };
         if let Ok(mut inits) = INITS.lock() {
             inits.retain(|i| *i != old.init());
         }
         let mounted = old.mnt_ns.is_some();
+        // The network namespace of an allowlist stays, with the proxy's socket in it: the
+        // fresh PID namespace's processes join it as the old one's did.
+        let net = old.net_ns.take();
         // Waits for the init, which the kernel lets end only once every member has.
         drop(old);
-        let mut fresh = self.fresh_namespace().map_err(|e| {
+        let mut fresh = self.fresh_namespace(false).map_err(|e| {
             SandboxError::Setup(format!("cannot make the run a fresh PID namespace: {e}"))
         })?;
         // A run whose mount namespace did not work has its commands make none.
         if !mounted {
             fresh.mnt_ns = None;
         }
+        fresh.net_ns = net;
         self.hold(&fresh);
         *ns = Some(fresh);
         Ok(())
@@ -394,11 +459,12 @@ impl Jail {
 
     /// A new PID namespace for the run, with the jail's mounts made once by its init (its
     /// commands join them).
-    fn fresh_namespace(&self) -> std::io::Result<PidNs> {
+    /// With `net`, a network namespace of its own too (see `PidNs::new`).
+    fn fresh_namespace(&self, net: bool) -> std::io::Result<PidNs> {
         let mounts = || {
             hide_behind_read_only_mounts(&self.binds, None, true, &self.hides, &self.empty, true)
         };
-        PidNs::new(Some(&mounts))
+        PidNs::new(Some(&mounts), net)
     }
 
     /// The current namespace's id and init, for the sweep.
@@ -537,11 +603,22 @@ impl Jail {
     pub fn describe(&self) -> String {
         let mut s = format!("sandbox: {}", self.policy.name());
         if self.policy != Policy::Off {
-            s.push_str(if self.network {
-                ", network on"
-            } else {
-                ", network off"
-            });
+            match (&self.network, &self.proxy) {
+                (Network::On, _) => s.push_str(", network on"),
+                (Network::Off, _) => s.push_str(", network off"),
+                (Network::Allow(_), Some(p)) => {
+                    let hosts: Vec<String> = p.hosts().iter().map(ToString::to_string).collect();
+                    s.push_str(&format!(
+                        ", network: allowlist ({} host{}: {}) via proxy 127.0.0.1:{} in a \
+                         network namespace of its own",
+                        hosts.len(),
+                        if hosts.len() == 1 { "" } else { "s" },
+                        hosts.join(", "),
+                        p.port()
+                    ));
+                }
+                (Network::Allow(_), None) => s.push_str(", network: allowlist (no proxy)"),
+            }
             let shown: Vec<String> = self
                 .writable
                 .iter()
@@ -655,22 +732,22 @@ impl Jail {
         // the jail's own.
         let ns = {
             let held = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+            let copy = |f: &Option<OwnedFd>| f.as_ref().map(OwnedFd::try_clone).transpose();
             match held.as_ref() {
                 Some(n) => Some((
                     n.pid_ns.try_clone()?,
-                    n.user_ns.as_ref().map(OwnedFd::try_clone).transpose()?,
-                    n.mnt_ns.as_ref().map(OwnedFd::try_clone).transpose()?,
+                    copy(&n.user_ns)?,
+                    copy(&n.mnt_ns)?,
+                    copy(&n.net_ns)?,
                 )),
                 None => None,
             }
         };
-        let (pid_ns, user_ns, mnt_ns) = ns.as_ref().map_or((-1, -1, -1), |(p, u, m)| {
-            (
-                p.as_raw_fd(),
-                u.as_ref().map_or(-1, |u| u.as_raw_fd()),
-                m.as_ref().map_or(-1, |m| m.as_raw_fd()),
-            )
-        });
+        let raw = |f: &Option<OwnedFd>| f.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let (pid_ns, user_ns, mnt_ns, net_ns) =
+            ns.as_ref().map_or((-1, -1, -1, -1), |(p, u, m, n)| {
+                (p.as_raw_fd(), raw(u), raw(m), raw(n))
+            });
         let empty = self.empty.clone();
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -690,7 +767,7 @@ impl Jail {
                 l.enter()?;
             }
             if pid_ns >= 0 {
-                super::pidns::enter(pid_ns, user_ns)?;
+                super::pidns::enter(pid_ns, user_ns, net_ns)?;
             }
             let own_proc = pid_ns >= 0;
             if mnt_ns >= 0 {
@@ -740,7 +817,7 @@ impl Jail {
     fn ruleset(&self) -> Result<Option<OwnedFd>, landlock::RulesetError> {
         let abi = ABI::from(self.abi.min(6));
         let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi))?;
-        if !self.network && self.abi >= 4 {
+        if self.network == Network::Off && self.abi >= 4 {
             ruleset = ruleset.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
         }
         if self.abi >= 6 {
@@ -788,7 +865,7 @@ impl Jail {
             .lines()
             .filter(|l| refused.iter().any(|r| l.contains(r)))
         {
-            let note = if !self.network
+            let note = if self.network == Network::Off
                 && (line.contains("connect") || line.contains("/dev/tcp/") || line.contains("bind"))
             {
                 "the sandbox blocks TCP connections and listening (network = false)".to_string()

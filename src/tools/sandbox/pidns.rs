@@ -6,7 +6,9 @@
 //! that owns it), forks once more, and stays outside as a relay of its child's ending, which
 //! lives in the namespace. Membership (`/proc/PID/ns/pid`) is how the sweep and the console
 //! tell the run's processes. The init also makes the run's mount namespace (the jail's
-//! mounts, made once), which each command joins (`enter_mounts`).
+//! mounts, made once), which each command joins (`enter_mounts`). With a network allowlist the namespace comes with a network
+//! namespace of its own (only `lo`, up), which jailed processes join too, and a socket
+//! listening on its loopback, passed back to sup for its proxy.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -59,6 +61,10 @@ pub(super) struct PidNs {
     /// hidden paths, its own `/proc` and `/dev/pts`), that commands join: making and ending
     /// one per command waits for RCU grace periods, many milliseconds each time.
     pub(super) mnt_ns: Option<OwnedFd>,
+    /// The network namespace of its own, with a network allowlist.
+    pub(super) net_ns: Option<OwnedFd>,
+    /// A socket listening on that namespace's loopback, for the proxy to take.
+    pub(super) listener: Option<OwnedFd>,
     /// Device and inode of the namespace: who is in it.
     pub(super) id: (u64, u64),
 }
@@ -80,12 +86,155 @@ pub(crate) fn ns_of(pid: i32) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
+/// A pair of connected unix stream sockets: the report of the namespace's making, which can
+/// carry a file descriptor.
+fn socket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: socketpair into a local array.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just made and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Room for one `SCM_RIGHTS` message of one fd, aligned for `cmsghdr`.
+type Control = [u64; 4];
+
+/// `struct ifreq` with the flags member (`SIOCSIFFLAGS`), padded to its size.
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; 16],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// In the child, in the new network namespace: bring `lo` up and listen on 127.0.0.1 (a
+/// port of the kernel's choosing); the listening socket, or -1. Only system calls.
+///
+/// # Safety
+///
+/// Safe in a forked child of a multithreaded process.
+unsafe fn loopback_listener() -> i32 {
+    const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
+    // SAFETY: socket, ioctl, bind and listen on local data.
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return -1;
+        }
+        let mut req = IfReqFlags {
+            name: [0; 16],
+            flags: (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short,
+            _pad: [0; 22],
+        };
+        req.name[..2].copy_from_slice(b"lo");
+        let up = libc::ioctl(s, SIOCSIFFLAGS as _, &mut req);
+        libc::close(s);
+        if up != 0 {
+            return -1;
+        }
+        let l = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if l < 0 {
+            return -1;
+        }
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::bind(l, (&raw const addr).cast(), len) != 0 || libc::listen(l, 128) != 0 {
+            libc::close(l);
+            return -1;
+        }
+        l
+    }
+}
+
+/// Send `bytes`, with `fd` when it is one, over the unix socket `to`. Only system calls.
+///
+/// # Safety
+///
+/// Safe in a forked child of a multithreaded process.
+unsafe fn send_with_fd(to: i32, bytes: &[u8], fd: i32) {
+    // SAFETY: sendmsg of local buffers.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        let mut control: Control = [0; 4];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        if fd >= 0 {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
+        }
+        libc::sendmsg(to, &msg, 0);
+    }
+}
+
+/// The four bytes of the report, and the fd it carried, if any.
+fn receive_with_fd(from: &OwnedFd) -> std::io::Result<([u8; 4], Option<OwnedFd>)> {
+    let mut bytes = [0u8; 4];
+    let mut control: Control = [0; 4];
+    // SAFETY: recvmsg into local buffers; a received fd is ours alone.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_mut_ptr().cast(),
+            iov_len: bytes.len(),
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of::<Control>() as _;
+        let n = libc::recvmsg(from.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n != 4 {
+            return Err(std::io::Error::other("no report"));
+        }
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        let fd = if !c.is_null()
+            && (*c).cmsg_level == libc::SOL_SOCKET
+            && (*c).cmsg_type == libc::SCM_RIGHTS
+        {
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>());
+            Some(OwnedFd::from_raw_fd(fd))
+        } else {
+            None
+        };
+        Ok((bytes, fd))
+    }
+}
+
 impl PidNs {
-    /// The namespace and its init, which first makes a mount namespace of its own with
-    /// `mounts` (system calls only) when given.
-    pub(super) fn new(mounts: Option<&dyn Fn() -> std::io::Result<()>>) -> std::io::Result<PidNs> {
+    /// A new namespace and its init, which first makes a mount namespace of its own with
+    /// `mounts` (system calls only) when given; with `net`, a network namespace of its own
+    /// too (only `lo`, up) and a socket listening on its loopback.
+    pub(super) fn new(
+        mounts: Option<&dyn Fn() -> std::io::Result<()>>,
+        net: bool,
+    ) -> std::io::Result<PidNs> {
         let (life_r, life_w) = pipe()?;
-        let (rep_r, rep_w) = pipe()?;
+        let (rep_r, rep_w) = socket_pair()?;
         let (made_r, made_w) = pipe()?;
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -112,11 +261,14 @@ impl PidNs {
             // SAFETY: as above; in the single-threaded child.
             unsafe {
                 let fail = |code: i32| -> ! { libc::_exit(code) };
-                let flags = if maps.is_some() {
+                let mut flags = if maps.is_some() {
                     libc::CLONE_NEWUSER | libc::CLONE_NEWPID
                 } else {
                     libc::CLONE_NEWPID
                 };
+                if net {
+                    flags |= libc::CLONE_NEWNET;
+                }
                 if libc::unshare(flags) != 0 {
                     fail(2);
                 }
@@ -127,6 +279,10 @@ impl PidNs {
                         || super::mounts::write_proc(c"/proc/self/gid_map", g).is_err())
                 {
                     fail(3);
+                }
+                let listener = if net { loopback_listener() } else { -1 };
+                if net && listener < 0 {
+                    fail(7);
                 }
                 let init = libc::fork();
                 if init < 0 {
@@ -155,8 +311,7 @@ impl PidNs {
                     // waits on its lifeline itself.
                     wait_on_lifeline();
                 }
-                let bytes = init.to_ne_bytes();
-                libc::write(rw, bytes.as_ptr().cast(), bytes.len());
+                send_with_fd(rw, &init.to_ne_bytes(), listener);
                 libc::_exit(0);
             }
         }
@@ -166,10 +321,7 @@ impl PidNs {
         let mut status = 0;
         // SAFETY: waiting for the child just forked.
         unsafe { libc::waitpid(a, &mut status, 0) };
-        let mut bytes = [0u8; 4];
-        let mut rep = std::fs::File::from(rep_r);
-        use std::io::Read;
-        rep.read_exact(&mut bytes).map_err(|_| {
+        let (bytes, listener) = receive_with_fd(&rep_r).map_err(|_| {
             std::io::Error::other(format!(
                 "the namespace could not be made (step {})",
                 libc::WEXITSTATUS(status)
@@ -182,7 +334,7 @@ impl PidNs {
         };
         let mut made = [0u8; 1];
         let mounted = mounts.is_some()
-            && std::fs::File::from(made_r).read_exact(&mut made).is_ok()
+            && std::io::Read::read_exact(&mut std::fs::File::from(made_r), &mut made).is_ok()
             && made[0] == 1;
         let ns = PidNs {
             init,
@@ -194,6 +346,8 @@ impl PidNs {
                 None
             },
             mnt_ns: if mounted { Some(open("mnt")?) } else { None },
+            net_ns: if net { Some(open("net")?) } else { None },
+            listener,
             id: ns_of(init).ok_or_else(|| std::io::Error::other("the namespace is gone"))?,
         };
         Ok(ns)
@@ -236,13 +390,16 @@ pub(super) fn enter_mounts(mnt_ns: i32) -> std::io::Result<()> {
 }
 
 /// In the child between fork and exec: join the namespace (`user` first, as an ordinary
-/// user), then fork; the child goes on to exec in the namespace, this process stays outside,
+/// user, then the network namespace of an allowlist), then fork; the child goes on to exec in the namespace, this process stays outside,
 /// waits for it and ends as it ended. Only system calls.
-pub(super) fn enter(pid_ns: i32, user_ns: i32) -> std::io::Result<()> {
+pub(super) fn enter(pid_ns: i32, user_ns: i32, net_ns: i32) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error;
     // SAFETY: system calls on fds that live as long as the closure; the relay never returns.
     unsafe {
         if user_ns >= 0 && libc::setns(user_ns, libc::CLONE_NEWUSER) != 0 {
+            return Err(err());
+        }
+        if net_ns >= 0 && libc::setns(net_ns, libc::CLONE_NEWNET) != 0 {
             return Err(err());
         }
         if libc::setns(pid_ns, libc::CLONE_NEWPID) != 0 {

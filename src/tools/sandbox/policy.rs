@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+pub use super::proxy::HostPattern;
+
 /// What commands may write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -40,12 +42,53 @@ impl Policy {
     }
 }
 
+/// `network = true | false | ["host", "*.domain", "host:port"]`: TCP wherever, none, or only
+/// through sup's proxy to the listed hosts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Network {
+    #[default]
+    On,
+    Off,
+    Allow(Vec<HostPattern>),
+}
+
+/// `network` in a file: a boolean or a list of host patterns, each checked.
+pub(crate) fn network<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Network>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Switch(bool),
+        List(Vec<String>),
+        Other(serde::de::IgnoredAny),
+    }
+    let Some(raw) = Option::<Raw>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let list = match raw {
+        Raw::Switch(true) => return Ok(Some(Network::On)),
+        Raw::Switch(false) => return Ok(Some(Network::Off)),
+        Raw::List(l) => l,
+        Raw::Other(_) => {
+            return Err(serde::de::Error::custom(
+                "network is true, false or a list of hosts ([\"registry.npmjs.org\", \
+                 \"*.crates.io\", \"localhost:8080\"])",
+            ));
+        }
+    };
+    list.iter()
+        .map(|p| HostPattern::parse(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map(|l| Some(Network::Allow(l)))
+        .map_err(serde::de::Error::custom)
+}
+
 /// The sandbox keys of a goal file, as written.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SandboxSettings {
     pub(crate) sandbox: Option<Policy>,
-    pub(crate) network: Option<bool>,
+    #[serde(default, deserialize_with = "network")]
+    pub(crate) network: Option<Network>,
     #[serde(default)]
     pub(crate) writable: Vec<Spanned<String>>,
     pub(crate) sandbox_required: Option<bool>,
@@ -58,7 +101,7 @@ pub(crate) struct SandboxSettings {
 #[derive(Clone, Debug, Default)]
 pub struct Sandbox {
     pub policy: Option<Policy>,
-    pub network: Option<bool>,
+    pub network: Option<Network>,
     /// Canonical folders writable besides the workspace.
     pub writable: Vec<PathBuf>,
     pub required: bool,
@@ -175,7 +218,7 @@ impl SandboxSettings {
         }
         Ok(Sandbox {
             policy: self.sandbox,
-            network: self.network,
+            network: self.network.clone(),
             writable,
             required: self.sandbox_required.unwrap_or(false),
             keep_background: self.keep_background.unwrap_or(false),
