@@ -63,10 +63,8 @@ pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
     let mut killed = 0;
     // A run that ended normally removed its lock: only killed or crashed runs are left to
     // look for, and without one the machine's processes are not read at all.
-    let any_dead = std::fs::read_dir(&runs).is_ok_and(|d| {
-        d.flatten()
-            .any(|e| dead(&e.file_name().to_string_lossy()))
-    });
+    let any_dead = std::fs::read_dir(&runs)
+        .is_ok_and(|d| d.flatten().any(|e| dead(&e.file_name().to_string_lossy())));
     if !any_dead {
         return 0;
     }
