@@ -151,6 +151,7 @@ async fn run(steps: u32, dir: &std::path::Path) -> (Arc<Seen>, Duration) {
         cancel: &cancel,
         limits: &limits,
         workspace: dir.to_path_buf(),
+        root: std::sync::Arc::new(sup::tools::Root::open(dir)),
         output_dir: dir.join("outputs"),
         protected: Arc::new(Vec::new()),
         env: Arc::new(Vec::new()),

@@ -80,6 +80,7 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         cancel: &cancel,
         limits: &limits,
         workspace: dir.to_path_buf(),
+        root: std::sync::Arc::new(sup::tools::Root::open(dir)),
         output_dir: dir.join("outputs"),
         protected: Arc::new(Vec::new()),
         guarded: Default::default(),

@@ -894,6 +894,8 @@ pub(crate) async fn launch_in(
         tracing::warn!("{e}");
     }
     crate::tools::sandbox::sweep_dead_runs(home);
+    // Their worktree folders go too, their work committed on their branches.
+    worktree::sweep_dead(home, &db);
     let (previous, mut goal) = match shared {
         None => prepare(spec, &db, trigger)?,
         Some(sh) => prepare_shared(spec, sh, trigger).await?,

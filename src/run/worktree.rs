@@ -5,9 +5,14 @@
 //! on that branch (its message naming the goal, the outcome and the run id), `keep` decides
 //! whether the branch stays, and the worktree folder is removed. The person's working tree,
 //! index and branches are never touched: only `git worktree` and the new branch are.
+//! A run's folder is locked (`flock`) while a run works in it; a folder left by a run that
+//! was killed is swept at the next start: its work committed on its branch, the folder removed.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use nix::fcntl::{Flock, FlockArg};
 
 use crate::config::{Isolation, Keep, Settings};
 use crate::trace::Status;
@@ -180,6 +185,8 @@ pub(crate) struct Worktree {
     /// Whether the branch was made for this run (and so goes with it when it cannot start).
     made_branch: bool,
     done: bool,
+    /// The folder's lock, held while the run works there: no sweep removes it meanwhile.
+    _lock: Option<Flock<File>>,
 }
 
 /// What a finished worktree left.
@@ -206,19 +213,41 @@ impl Worktree {
             message: format!("cannot create {}: {e}", root.display()),
         })?;
         let root = std::fs::canonicalize(&root).unwrap_or(root);
-        let (path, branch, base, made_branch) = match &iso.resume {
+        // The interrupted run's folder is locked before it is looked at: a sweep that holds
+        // it now removes it, and then it is made again below.
+        let held = iso
+            .resume
+            .as_ref()
+            .and_then(|r| lock(&r.path, FlockArg::LockExclusive));
+        let (path, branch, base, made_branch, lock_) = match &iso.resume {
             // The interrupted run's folder, with what it left uncommitted.
-            Some(r) if r.path.join(".git").exists() => {
-                (r.path.clone(), r.branch.clone(), r.base.clone(), false)
-            }
+            Some(r) if held.is_some() && r.path.join(".git").exists() => (
+                r.path.clone(),
+                r.branch.clone(),
+                r.base.clone(),
+                false,
+                held,
+            ),
             Some(r) => {
-                let path = root.join(run_id);
-                let at = r.commit.as_deref().unwrap_or(&r.base);
+                // Where the interrupted run worked: the worktree's `.git` names the folder,
+                // and the exam compares it with what the first run started from.
+                let path = r
+                    .path
+                    .file_name()
+                    .map_or_else(|| r.path.clone(), |n| root.join(n));
+                // The branch as a sweep left it (the killed run's work committed on it),
+                // else the run's last commit.
+                let tip = format!("refs/heads/{}", r.branch);
+                let at = git(&repo.top, &["rev-parse", "--verify", "-q", &tip])
+                    .ok()
+                    .or_else(|| r.commit.clone())
+                    .unwrap_or_else(|| r.base.clone());
                 git(
                     &repo.top,
-                    &["worktree", "add", "-q", "-B", &r.branch, &s(&path), at],
+                    &["worktree", "add", "-q", "-B", &r.branch, &s(&path), &at],
                 )?;
-                (path, r.branch.clone(), r.base.clone(), false)
+                let l = lock(&path, FlockArg::LockExclusive);
+                (path, r.branch.clone(), r.base.clone(), false, l)
             }
             None => {
                 let path = root.join(run_id);
@@ -228,9 +257,13 @@ impl Worktree {
                     &repo.top,
                     &["worktree", "add", "-q", "-b", &branch, &s(&path), &base],
                 )?;
-                (path, branch, base, true)
+                let l = lock(&path, FlockArg::LockExclusive);
+                (path, branch, base, true, l)
             }
         };
+        // What `keep` is, for a sweep after this run is killed.
+        let kept = serde_json::to_string(&iso.keep).unwrap_or_default();
+        let _ = std::fs::write(home.join("runs").join(run_id).join(KEEP_FILE), kept);
         let mut tree = Worktree {
             top: repo.top.clone(),
             workspace: path.join(&repo.sub),
@@ -239,6 +272,7 @@ impl Worktree {
             base,
             made_branch,
             done: false,
+            _lock: lock_,
         };
         // A workspace folder that HEAD does not hold (untracked) is made empty.
         if let Err(e) = std::fs::create_dir_all(&tree.workspace) {
@@ -308,15 +342,7 @@ impl Worktree {
     }
 
     fn remove_folder(&self) {
-        if git(
-            &self.top,
-            &["worktree", "remove", "--force", &s(&self.path)],
-        )
-        .is_err()
-        {
-            let _ = std::fs::remove_dir_all(&self.path);
-            let _ = git(&self.top, &["worktree", "prune"]);
-        }
+        remove_worktree(&self.top, &self.path);
     }
 
     fn remove(&mut self) {
@@ -374,6 +400,106 @@ pub(crate) fn isolate(
         goal.system = new;
     }
     Ok(Some((spec, goal, tree)))
+}
+
+/// The file of a run's folder that says what its `keep` is.
+const KEEP_FILE: &str = "worktree-keep";
+
+/// The lock of a worktree folder (`flock` on the folder itself); `None` when it is held
+/// elsewhere (with `LockExclusiveNonblock`) or the folder is gone.
+fn lock(path: &Path, how: FlockArg) -> Option<Flock<File>> {
+    let dir = File::open(path).ok()?;
+    Flock::lock(dir, how).ok()
+}
+
+/// At start-up: the worktree folders of runs that are over (killed with `kill -9`, crashed,
+/// and so never finished) are removed. A folder's run is over when no run holds its lock and
+/// the store has the run not running. What the run left uncommitted is committed on its
+/// branch first (`sup continue` goes on from it), and the branch stays unless the run's
+/// `keep` is `"never"`: a killed run may still be continued, and `keep` decides at its end.
+/// Returns how many folders were removed.
+pub(crate) fn sweep_dead(home: &Path, db: &crate::store::db::Db) -> usize {
+    let Ok(entries) = std::fs::read_dir(home.join("worktrees")) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let id = entry.file_name().to_string_lossy().into_owned();
+        // Held: a run works there. Not held but no row yet: a run is just starting.
+        let Some(held) = lock(&path, FlockArg::LockExclusiveNonblock) else {
+            continue;
+        };
+        let Ok(row) = db.run(&id) else {
+            continue;
+        };
+        if row.status == crate::store::RunStatus::Running {
+            continue;
+        }
+        let Ok(lineage) = db.lineage(&id) else {
+            continue;
+        };
+        let Some(top) = lineage.repo.as_deref().map(PathBuf::from) else {
+            continue;
+        };
+        if let (Some(branch), Some(base)) = (&lineage.branch, &lineage.base)
+            && path.join(".git").exists()
+        {
+            let message = format!("sup {}: {} · run {id}", row.goal, row.status.as_str());
+            let committed = git(&path, &["reset", "-q", "--soft", base])
+                .and_then(|_| git(&path, &["add", "-A"]))
+                .and_then(|_| {
+                    git(
+                        &path,
+                        &[
+                            "commit",
+                            "-q",
+                            "--allow-empty",
+                            "--no-verify",
+                            "-m",
+                            &message,
+                        ],
+                    )
+                })
+                .and_then(|_| git(&path, &["rev-parse", "HEAD"]));
+            match committed {
+                Ok(sha) => {
+                    let l = crate::store::lineage::Lineage {
+                        commit: Some(sha),
+                        ..Default::default()
+                    };
+                    if let Err(e) = db.set_lineage(&id, &l) {
+                        tracing::warn!("run {id}: cannot record its worktree's commit: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!("run {id}: its worktree's work was not committed: {e}"),
+            }
+            let keep = std::fs::read_to_string(home.join("runs").join(&id).join(KEEP_FILE))
+                .ok()
+                .and_then(|k| serde_json::from_str::<Keep>(&k).ok())
+                .unwrap_or_default();
+            remove_worktree(&top, &path);
+            if keep == Keep::Never {
+                let _ = git(&top, &["branch", "-q", "-D", branch]);
+            }
+        } else {
+            remove_worktree(&top, &path);
+        }
+        drop(held);
+        if !path.exists() {
+            removed += 1;
+            tracing::info!("run {id}: its worktree {} was removed", path.display());
+        }
+    }
+    removed
+}
+
+/// Remove the worktree folder `path` of the repository `top`, and git's record of it.
+fn remove_worktree(top: &Path, path: &Path) {
+    if git(top, &["worktree", "remove", "--force", &s(path)]).is_err() {
+        let _ = std::fs::remove_dir_all(path);
+        let _ = git(top, &["worktree", "prune"]);
+    }
 }
 
 fn s(p: &Path) -> String {

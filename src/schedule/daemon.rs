@@ -932,6 +932,7 @@ pub async fn run(
             "{orphans} run(s) left running by a process that is gone are now interrupted"
         );
     }
+    run::worktree::sweep_dead(&cfg.home, &db);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut d = Daemon {
         permits: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),

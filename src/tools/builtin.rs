@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::{in_git, real_path, relative, resolve, workspace_dir};
+use super::paths::{in_git, real_path, relative, resolve};
 use super::process::{self, Ending, read_capped};
 use super::{Registry, RegistryError, Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
@@ -119,9 +119,8 @@ fn open_regular(
 /// meanwhile, and a deny rule on where it really is holds.
 fn open_beneath(ctx: &ToolContext, tool: &str, typed: &str) -> Result<std::fs::File, ToolError> {
     let (_, rel) = target(ctx, typed)?;
-    let dir = workspace_dir(&ctx.workspace)?;
     let file = open_regular(
-        &dir,
+        ctx.root.dir()?,
         if rel.is_empty() { "." } else { rel.as_str() },
         cap_std::fs::OpenOptions::new().read(true),
     )
@@ -181,7 +180,7 @@ fn write_beneath(
         return Err(ToolError::Invalid(format!("{typed} is a folder")));
     }
     special_write(ctx, tool, &rel, typed, 1)?;
-    let dir = workspace_dir(&ctx.workspace)?;
+    let dir = ctx.root.dir()?;
     if let Some(parent) = Path::new(&rel)
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -192,7 +191,7 @@ fn write_beneath(
     let existed = dir.exists(&rel);
     let open = |read| {
         open_regular(
-            &dir,
+            dir,
             &rel,
             cap_std::fs::OpenOptions::new()
                 .read(read)
@@ -508,15 +507,23 @@ impl Tool for EditFile {
     }
 }
 
-/// The workspace's files under `root`, skipping `.git` and what `.gitignore` ignores.
-fn walk(workspace: &Path, root: &Path) -> impl Iterator<Item = PathBuf> {
-    let ws = workspace.to_path_buf();
+/// The workspace's files under `root`, skipping `.git` and what `.gitignore` and `.ignore`
+/// files under `root` ignore (an `.ignore` wins over a `.gitignore` beside it), and what
+/// git's global excludes and the repository's `info/exclude` do. The ignore files are read
+/// as the walk meets them; the rules from outside were read once, with the workspace
+/// (`Root`): nothing above `root` is looked at.
+fn walk(ctx: &ToolContext, root: &Path) -> impl Iterator<Item = PathBuf> + use<> {
+    let ws = ctx.workspace.clone();
+    let rules = ctx.root.clone();
+    let at_top = root == ws;
     ignore::WalkBuilder::new(root)
-        .hidden(false)
-        .git_ignore(true)
-        .require_git(false)
-        .parents(false)
-        .filter_entry(|e| e.file_name() != ".git")
+        .standard_filters(false)
+        .add_custom_ignore_filename(".gitignore")
+        .add_custom_ignore_filename(".ignore")
+        .filter_entry(move |e| {
+            e.file_name() != ".git"
+                && !rules.ignored(e.path(), e.file_type().is_some_and(|t| t.is_dir()), at_top)
+        })
         .sort_by_file_name(|a, b| a.cmp(b))
         .build()
         .filter_map(Result::ok)
@@ -585,7 +592,7 @@ impl Tool for ListFiles {
         let listed = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let mut more = 0usize;
-            for p in walk(&ws, &root) {
+            for p in walk(&ctx, &root) {
                 let rel = relative(&ws, &p);
                 if matcher.as_ref().is_some_and(|m| !m.is_match(&rel))
                     || read_denied(&ctx, "list_files", &rel)
@@ -665,12 +672,15 @@ impl Tool for SearchFiles {
         let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
         let matcher = glob_matcher(input.glob.as_deref())?;
         let ws = ctx.workspace.clone();
-        let dir = workspace_dir(&ws)?;
+        ctx.root.dir()?;
         let ctx = ctx.clone();
         let found = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let mut more = 0usize;
-            for p in walk(&ws, &root) {
+            let Ok(dir) = ctx.root.dir() else {
+                return (out, more);
+            };
+            for p in walk(&ctx, &root) {
                 let rel = relative(&ws, &p);
                 if matcher.as_ref().is_some_and(|m| !m.is_match(&rel))
                     || read_denied(&ctx, "search_files", &rel)
@@ -678,7 +688,7 @@ impl Tool for SearchFiles {
                     continue;
                 }
                 let mut bytes = Vec::new();
-                let read = open_regular(&dir, &rel, cap_std::fs::OpenOptions::new().read(true))
+                let read = open_regular(dir, &rel, cap_std::fs::OpenOptions::new().read(true))
                     .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut bytes));
                 if read.is_err() {
                     continue;

@@ -12,7 +12,7 @@ pub mod sandbox;
 mod schema;
 
 pub use mcp::Servers;
-pub use paths::Protected;
+pub use paths::{Protected, Root};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,6 +41,8 @@ pub enum Risk {
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     pub(crate) workspace: PathBuf,
+    /// The workspace opened once for the whole loop, with its outside ignore rules.
+    pub(crate) root: Arc<Root>,
     pub(crate) cancel: CancellationToken,
     pub(crate) timeout: Duration,
     /// Where whole outputs are kept when the result is cut.

@@ -8,16 +8,76 @@ use std::path::{Component, Path, PathBuf};
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
+use ignore::gitignore::Gitignore;
 
 use super::ToolError;
 
-/// The workspace as a directory handle that nothing opened through can escape.
-pub(crate) fn workspace_dir(workspace: &Path) -> Result<Dir, ToolError> {
-    Dir::open_ambient_dir(workspace, ambient_authority()).map_err(|e| {
-        ToolError::Failed(format!(
-            "cannot open the workspace {}: {e}",
-            workspace.display()
-        ))
+/// What a work loop resolves once about its workspace, instead of on every tool call: the
+/// directory handle that nothing opened through can escape, and the ignore rules that come
+/// from outside the workspace's own folders (git's global excludes file, the repository's
+/// `info/exclude`), which listing and search apply as git does.
+#[derive(Debug)]
+pub struct Root {
+    dir: Result<Dir, String>,
+    global: Gitignore,
+    exclude: Gitignore,
+}
+
+impl Root {
+    /// Open `workspace` (canonical) and read its outside ignore rules.
+    pub fn open(workspace: &Path) -> Root {
+        let dir = Dir::open_ambient_dir(workspace, ambient_authority())
+            .map_err(|e| format!("cannot open the workspace {}: {e}", workspace.display()));
+        // As the `ignore` crate builds it: relative to the current folder.
+        let (global, _) = Gitignore::global();
+        let exclude = git_common_dir(workspace)
+            .map(|common| {
+                let mut b = ignore::gitignore::GitignoreBuilder::new(workspace);
+                b.add(common.join("info/exclude"));
+                b.build().unwrap_or_else(|_| Gitignore::empty())
+            })
+            .unwrap_or_else(Gitignore::empty);
+        Root {
+            dir,
+            global,
+            exclude,
+        }
+    }
+
+    /// The workspace's directory handle.
+    pub(crate) fn dir(&self) -> Result<&Dir, ToolError> {
+        self.dir.as_ref().map_err(|e| ToolError::Failed(e.clone()))
+    }
+
+    /// Whether git's global excludes (and, for a walk from the workspace's top,
+    /// the repository's `info/exclude`) ignore `path`.
+    pub(crate) fn ignored(&self, path: &Path, is_dir: bool, at_top: bool) -> bool {
+        (at_top && self.exclude.matched(path, is_dir).is_ignore())
+            || self.global.matched(path, is_dir).is_ignore()
+    }
+}
+
+/// The common git folder of the repository whose top is `workspace`: its `.git` folder, or,
+/// for a worktree (`.git` a file naming its git folder), the one its `commondir` names.
+fn git_common_dir(workspace: &Path) -> Option<PathBuf> {
+    let git = workspace.join(".git");
+    let meta = std::fs::symlink_metadata(&git).ok()?;
+    if meta.is_dir() {
+        return Some(git);
+    }
+    let text = std::fs::read_to_string(&git).ok()?;
+    let real = PathBuf::from(text.lines().next()?.strip_prefix("gitdir: ")?);
+    let real = if real.is_relative() {
+        workspace.join(real)
+    } else {
+        real
+    };
+    let common = std::fs::read_to_string(real.join("commondir")).ok()?;
+    let common = Path::new(common.lines().next()?);
+    Some(if common.is_relative() {
+        real.join(common)
+    } else {
+        common.to_path_buf()
     })
 }
 

@@ -147,6 +147,7 @@ pub(crate) async fn run_from(
         cancel: rt.cancel,
         limits: &goal.limits,
         workspace: goal.workspace.clone(),
+        root: Arc::new(crate::tools::Root::open(&goal.workspace)),
         output_dir: rt.run.outputs(),
         protected: Arc::new(protected),
         guarded: goal.protect.clone(),

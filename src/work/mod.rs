@@ -117,6 +117,8 @@ pub struct Work<'a> {
     pub cancel: &'a CancellationToken,
     pub limits: &'a Limits,
     pub workspace: PathBuf,
+    /// The workspace opened once, for every tool call of the loop (`Root::open`).
+    pub root: Arc<crate::tools::Root>,
     pub output_dir: PathBuf,
     /// Files the agent must not change (check scripts).
     pub protected: Arc<Vec<PathBuf>>,
@@ -585,6 +587,7 @@ impl Work<'_> {
         let timeout = prepared.timeout.unwrap_or(self.limits.tool_timeout);
         let ctx = ToolContext {
             workspace: self.workspace.clone(),
+            root: self.root.clone(),
             cancel: self.cancel.child_token(),
             timeout,
             output_dir: self.output_dir.clone(),

@@ -117,6 +117,7 @@ impl Fixture {
             cancel: &self.cancel,
             limits: &self.limits,
             workspace: self.ws(),
+            root: std::sync::Arc::new(sup::tools::Root::open(&self.ws())),
             output_dir: self.ws().join(".outputs"),
             jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
             protected: Arc::new(Vec::new()),

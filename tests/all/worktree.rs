@@ -797,3 +797,64 @@ fn a_scripted_run_continues_after_the_turns_it_played() {
     assert!(run.of_type("tool_call").is_empty(), "{}", run.stdout);
     assert!(no_process(marker));
 }
+
+#[test]
+fn the_next_start_removes_the_worktree_of_a_killed_run_and_keeps_its_work() {
+    let env = Env::new();
+    repo(&env);
+    let ws = env.ws();
+    let marker = "sleep 47.311";
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "w1", "name": "write_file",
+            "input": {"path": "part.txt", "content": "part one\n"}}]},
+        {"tool_calls": [{"id": "s1", "name": "run_command", "input": {"command": marker}}]},
+        {"text": "done"}
+    ]));
+    let child = env
+        .sup()
+        .args(["goal", "write part.txt", "--check-cmd", "true"])
+        .args(["--isolation", "worktree", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Killed(child);
+    let dir = eventually(Duration::from_secs(20), "the long command", || {
+        env.run_dirs()
+            .into_iter()
+            .find(|d| transcript_has_call(d, "s1"))
+    });
+    kill(Pid::from_raw(child.0.id() as i32), Signal::SIGKILL).unwrap();
+    child.0.wait().unwrap();
+    let old = dir.file_name().unwrap().to_str().unwrap().to_string();
+    let folder = std::fs::canonicalize(env.home.path().join("worktrees").join(&old)).unwrap();
+    let listed = || git(&ws, &["worktree", "list", "--porcelain"]);
+    assert!(
+        listed().contains(&folder.display().to_string()),
+        "{}",
+        listed()
+    );
+    // The next start, of any run: the dead run's folder goes, its work stays on its branch.
+    let run = env.run_json(json!([{"text": "hi"}]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(!folder.exists());
+    assert!(
+        !listed().contains(&folder.display().to_string()),
+        "{}",
+        listed()
+    );
+    let branch = format!("sup/goal/{old}");
+    assert!(branches(&ws).contains(&branch), "{}", branches(&ws));
+    assert_eq!(
+        git(&ws, &["show", &format!("{branch}:part.txt")]),
+        "part one\n"
+    );
+    assert!(no_process(marker));
+    // The person's tree is as it was.
+    assert!(!ws.join("part.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("tracked.txt")).unwrap(),
+        "one\nchanged by the person\n"
+    );
+}

@@ -20,7 +20,7 @@ use super::mounts::{
 use super::pidns::PidNs;
 use super::policy::{Network, Policy, Sandbox};
 use super::proxy::Proxy;
-use super::reaper::{GROUPS, Held, INITS, JAIL, lock, spawning, start_time, sweep};
+use super::reaper::{GROUPS, Held, INITS, JAIL, LOCK, lock, spawning, start_time, sweep};
 use super::seccomp::Filter;
 use landlock::{
     ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr,
@@ -987,6 +987,11 @@ impl Drop for Jail {
         }
         if !self.run_dir.as_os_str().is_empty() {
             let _ = std::fs::remove_file(self.run_dir.join(GROUPS));
+        }
+        // Removed while still held: a run without a lock file is over and swept, so the
+        // next start has nothing of it to look for among the machine's processes.
+        if self._lock.is_some() {
+            let _ = std::fs::remove_file(self.run_dir.join(LOCK));
         }
     }
 }

@@ -61,6 +61,13 @@ pub(crate) fn sweep_dead_runs(home: &Path) -> usize {
     let dead =
         |id: &str| !id.is_empty() && !id.contains('/') && run_alive(&runs.join(id)) == Some(false);
     let mut killed = 0;
+    // A run that ended normally removed its lock: only killed or crashed runs are left to
+    // look for, and without one the machine's processes are not read at all.
+    let any_dead = std::fs::read_dir(&runs)
+        .is_ok_and(|d| d.flatten().any(|e| dead(&e.file_name().to_string_lossy())));
+    if !any_dead {
+        return 0;
+    }
     let procs = processes();
     // The jails of dead runs whose namespace is still there (a jail's init ends with its
     // sup, so this is rare): every member.
@@ -205,6 +212,13 @@ fn processes() -> Vec<(i32, i32)> {
     .collect()
 }
 
+/// Whether this process has no child at all, running or exited (`waitid` says `ECHILD`).
+fn no_children() -> bool {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    waitid(Id::All, flags) == Err(nix::errno::Errno::ECHILD)
+}
+
 /// The parent of process `pid`, from `/proc/PID/stat`.
 pub(crate) fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -240,6 +254,11 @@ pub(crate) fn sweep(jail: Option<((u64, u64), i32)>) -> usize {
         .map(|l| l.iter().copied().collect())
         .unwrap_or_default();
     let mut killed = 0;
+    // Outside any jail only sup's own children are swept: with none at all (no tool or
+    // server runs, no orphan came back), the machine's processes need not be read.
+    if jail.is_none() && (!subreaper || no_children()) {
+        return 0;
+    }
     for _ in 0..50 {
         let procs = processes();
         let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
