@@ -109,9 +109,13 @@ pub struct Jail {
 /// What a command needs kept open until it has been spawned.
 pub struct Armed {
     _ruleset: Option<OwnedFd>,
-    /// The PID namespace (and its user namespace) the command enters.
-    _ns: Option<(OwnedFd, Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>)>,
+    /// The namespaces the command enters: copies of the jail's.
+    _ns: Option<NsFiles>,
 }
+
+/// Copies of a jail's namespace files: PID, and the user, mount and network namespaces
+/// where the run has them.
+type NsFiles = (OwnedFd, Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>);
 
 impl Jail {
     /// No sandbox, but the scrubbed environment (library use and tests).
