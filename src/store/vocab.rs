@@ -239,7 +239,7 @@ mod tests {
             "nope"
                 .parse::<TriggerKind>()
                 .unwrap_err()
-                .contains("cli, schedule, manual, webhook")
+                .contains("cli, schedule, manual, retry, webhook, watch")
         );
     }
 }
