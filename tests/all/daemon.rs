@@ -153,7 +153,7 @@ fn editing_a_goal_file_changes_its_schedule_and_a_broken_one_keeps_the_old() {
     let d = daemon(&env, &[]);
     // The witness that the daemon is up with the yearly schedule: its log says so.
     until("the daemon started with the goal", 10, || {
-        daemon_log(&env).contains("daemon started: 1 scheduled goal(s)")
+        daemon_log(&env).contains("daemon started: 1 goal(s) with a schedule or watch")
     });
     assert!(runs(&env, "edit").is_empty());
     goal(&env, "edit", "* * * * * *", 0, "");

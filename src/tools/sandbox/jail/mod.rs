@@ -4,6 +4,9 @@
 //! one of their own) and again for the next try (`Jail::renew`); its first-trace-line
 //! description and the explanations of a refusal given to the model.
 
+mod explain;
+mod namespace;
+
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -360,44 +363,6 @@ impl Jail {
         jail.finish(s.required)
     }
 
-    /// Serve the allowlist on the namespace's loopback and point every jailed process at it;
-    /// without it the network is off.
-    fn start_proxy(&mut self, listener: Option<OwnedFd>, list: Vec<super::HostPattern>) {
-        let started = listener
-            .ok_or_else(|| std::io::Error::other("no listening socket"))
-            .and_then(|l| Proxy::start(l, list));
-        let proxy = match started {
-            Ok(p) => p,
-            Err(e) => {
-                self.missing.push(format!(
-                    "the network allowlist's proxy could not start ({e}): the network is off"
-                ));
-                self.network = Network::Off;
-                return;
-            }
-        };
-        let url = OsString::from(format!("http://127.0.0.1:{}", proxy.port()));
-        // Nothing bypasses the proxy: there is no other way out of the namespace anyway.
-        self.env.retain(|(k, _)| {
-            let k = k.to_string_lossy().to_ascii_lowercase();
-            !k.ends_with("_proxy")
-        });
-        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-            self.env.push((k.into(), url.clone()));
-            self.env.push((k.to_ascii_lowercase().into(), url.clone()));
-        }
-        self.env.push(("NO_PROXY".into(), OsString::new()));
-        self.env.push(("no_proxy".into(), OsString::new()));
-        self.proxy = Some(proxy);
-    }
-
-    /// Tell each request the proxy refuses to `f` (the run's events).
-    pub(crate) fn on_refusal(&self, f: impl Fn(String) + Send + Sync + 'static) {
-        if let Some(p) = &self.proxy {
-            p.on_refusal(Box::new(f));
-        }
-    }
-
     /// Mount over SUP_HOME (but for the run's own folder and the workspace), `/etc/sup`,
     /// the credential stores and `hidden` with empty ones, apart from `readable`.
     fn hide(&mut self, s: &Sandbox, home: &Path) {
@@ -409,72 +374,6 @@ impl Jail {
             }
             Err(e) => self.missing.push(e),
         }
-    }
-
-    /// Know `ns` as this run's: its init is never swept as an orphan, and the run folder
-    /// names it for the sweep after a `sup` that was killed. The namespace's inode is reused
-    /// once it is gone: its init (pid and start time) tells this namespace from a later one
-    /// with the same number.
-    fn hold(&self, ns: &PidNs) {
-        let init = ns.init();
-        if let Ok(mut inits) = INITS.lock() {
-            inits.push(init);
-        }
-        let start = start_time(init).unwrap_or_default();
-        let _ = std::fs::write(
-            self.run_dir.join(JAIL),
-            format!("{} {} {init} {start}\n", ns.id.0, ns.id.1),
-        );
-        if let Some(l) = &self.limits {
-            l.hold(init);
-        }
-    }
-
-    /// End the run's PID namespace, and with it every process in it (MCP servers and what
-    /// they started included), and put a fresh one in its place: before a try's checks, so
-    /// that they run in a jail of their own that holds nothing of the agent's, and after
-    /// them, for the next try. A run without a PID namespace has nothing to renew.
-    pub(crate) fn renew(&self) -> Result<(), SandboxError> {
-        let mut ns = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(mut old) = ns.take() else {
-            return Ok(());
-        };
-        if let Ok(mut inits) = INITS.lock() {
-            inits.retain(|i| *i != old.init());
-        }
-        let mounted = old.mnt_ns.is_some();
-        // The network namespace of an allowlist stays, with the proxy's socket in it: the
-        // fresh PID namespace's processes join it as the old one's did.
-        let net = old.net_ns.take();
-        // Waits for the init, which the kernel lets end only once every member has.
-        drop(old);
-        let mut fresh = self.fresh_namespace(false).map_err(|e| {
-            SandboxError::Setup(format!("cannot make the run a fresh PID namespace: {e}"))
-        })?;
-        // A run whose mount namespace did not work has its commands make none.
-        if !mounted {
-            fresh.mnt_ns = None;
-        }
-        fresh.net_ns = net;
-        self.hold(&fresh);
-        *ns = Some(fresh);
-        Ok(())
-    }
-
-    /// A new PID namespace for the run, with the jail's mounts made once by its init (its
-    /// commands join them).
-    /// With `net`, a network namespace of its own too (see `PidNs::new`).
-    fn fresh_namespace(&self, net: bool) -> std::io::Result<PidNs> {
-        let mounts = || {
-            hide_behind_read_only_mounts(&self.binds, None, true, &self.hides, &self.empty, true)
-        };
-        PidNs::new(Some(&mounts), net)
-    }
-
-    /// The current namespace's id and init, for the sweep.
-    fn current(&self) -> Option<((u64, u64), i32)> {
-        let ns = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        ns.as_ref().map(|n| (n.id, n.init()))
     }
 
     fn is_writable(&self, p: &Path) -> bool {
@@ -844,111 +743,6 @@ impl Jail {
         Ok(created.into())
     }
 
-    /// When a command failed (`killed`: by SIGKILL, or a shell's 137) and its stderr shows a
-    /// refusal, say which path the sandbox stopped and by which rule, so the model can act
-    /// on it; or that it was killed for memory.
-    pub(crate) fn explain(&self, stderr: &str, killed: bool) -> Option<String> {
-        if self.policy == Policy::Off {
-            return None;
-        }
-        if let Some(note) = self
-            .limits
-            .as_ref()
-            .and_then(|l| l.memory_note(stderr, killed))
-        {
-            return Some(note);
-        }
-        let refused = [
-            "Permission denied",
-            "Read-only file system",
-            "Operation not permitted",
-            "Device or resource busy",
-        ];
-        let mut notes = Vec::new();
-        for line in stderr
-            .lines()
-            .filter(|l| refused.iter().any(|r| l.contains(r)))
-        {
-            let note = if self.network == Network::Off
-                && (line.contains("connect") || line.contains("/dev/tcp/") || line.contains("bind"))
-            {
-                "the sandbox blocks TCP connections and listening (network = false)".to_string()
-            } else {
-                let Some(path) = path_in(line) else { continue };
-                let path = self.workspace.join(path);
-                format!(
-                    "the sandbox stopped writing {}: {}",
-                    path.display(),
-                    self.rule_for(&path)
-                )
-            };
-            if !notes.contains(&note) {
-                notes.push(note);
-            }
-        }
-        if notes.is_empty() {
-            return None;
-        }
-        let workspace_read_only = matches!(self.policy, Policy::ReadOnly)
-            || self.goals.as_deref() == Some(self.workspace.as_path());
-        let instead = if workspace_read_only {
-            "Write in $TMPDIR instead (the workspace is read-only in this run)".to_string()
-        } else {
-            format!(
-                "Write inside the workspace ({}) or $TMPDIR instead",
-                self.writable
-                    .first()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            )
-        };
-        Some(format!(
-            "[sandbox {}] {}. {instead}; the sandbox cannot be turned off from inside a run.",
-            self.policy.name(),
-            notes.join("; "),
-        ))
-    }
-
-    fn rule_for(&self, path: &Path) -> String {
-        if let Some(p) = self.pinned.iter().find(|p| *p == path) {
-            return format!(
-                "{} holds files of sup that are read-only to you (goal, check or \
-                 configuration files), so it cannot be moved or removed",
-                p.display()
-            );
-        }
-        if let Some(g) = self.goals.as_ref().filter(|g| path.starts_with(g)) {
-            return format!(
-                "{} is the daemon's goals folder, never writable by its runs",
-                g.display()
-            );
-        }
-        if let Some(p) = self.read_only.iter().find(|p| path.starts_with(p)) {
-            if p.file_name() == Some(OsStr::new(".git")) {
-                return "`.git` is read-only (a goal can allow it with writable = [\".git\"])"
-                    .into();
-            }
-            return format!(
-                "{} is a goal, check or configuration file of sup, never writable by the agent",
-                p.display()
-            );
-        }
-        match self.policy {
-            Policy::ReadOnly => "policy read-only: nothing but $TMPDIR is writable".into(),
-            _ => {
-                let shown: Vec<String> = self
-                    .writable
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect();
-                format!(
-                    "policy workspace-write: only {} are writable",
-                    shown.join(", ")
-                )
-            }
-        }
-    }
-
     /// End every process this run left behind: every member of its jail (background jobs,
     /// `setsid`, `nohup` and double-fork escapes included, whoever their parent is) but the
     /// running tool processes and MCP servers, and, outside any jail, the orphans the
@@ -998,27 +792,4 @@ impl Drop for Jail {
             let _ = std::fs::remove_file(self.run_dir.join(LOCK));
         }
     }
-}
-
-/// The path a refusal message names: quoted (`'x'`, `‘x’`, `"x"`), or the field before the
-/// reason (`bash: line 1: x: Permission denied`).
-fn path_in(line: &str) -> Option<PathBuf> {
-    for (open, close) in [('\'', '\''), ('‘', '’'), ('"', '"')] {
-        if let Some(start) = line.find(open) {
-            let rest = &line[start + open.len_utf8()..];
-            if let Some(end) = rest.find(close) {
-                let p = &rest[..end];
-                if !p.is_empty() {
-                    return Some(PathBuf::from(p));
-                }
-            }
-        }
-    }
-    let fields: Vec<&str> = line.split(": ").collect();
-    fields
-        .len()
-        .checked_sub(2)
-        .map(|i| fields[i].trim())
-        .filter(|p| !p.is_empty() && !p.contains(' '))
-        .map(PathBuf::from)
 }
