@@ -368,20 +368,3 @@ pub(crate) async fn trigger(
     }
     Ok(Ending::of(outcome.status))
 }
-
-/// Where the fleet's daemons hold
-/// different versions of a goal.
-pub(crate) async fn goal_versions(store: &pg::PgStore) -> Result<Ending, Fail> {
-    let differ = store.goal_versions().await.map_err(Fail::usage)?;
-    let mut out = std::io::stdout().lock();
-    for (goal, vs) in differ {
-        let _ = writeln!(
-            out,
-            "! {goal}: the fleet's daemons hold different versions; the newest schedules it:"
-        );
-        for (d, h, m) in vs {
-            let _ = writeln!(out, "    {h}  modified {}  daemon {d}", short(&stamp(m)));
-        }
-    }
-    Ok(Ending::Achieved)
-}

@@ -128,9 +128,29 @@ pub(crate) async fn goals(history: &History, dir: &Path, json_out: bool) -> Resu
         .map_err(Fail::usage)?;
     let code = print_goals(dir, rows.into_iter().map(|(r, _)| r).collect(), json_out)?;
     if let (History::Fleet(pg), false) = (history, json_out) {
-        super::fleet::goal_versions(pg).await?;
+        goal_versions(pg).await?;
     }
     Ok(code)
+}
+
+/// Where the fleet's daemons hold different versions of a goal.
+async fn goal_versions(store: &crate::store::pg::PgStore) -> Result<Ending, Fail> {
+    let differ = store.goal_versions().await.map_err(Fail::usage)?;
+    let mut out = std::io::stdout().lock();
+    for (goal, vs) in differ {
+        let _ = writeln!(
+            out,
+            "! {goal}: the fleet's daemons hold different versions; the newest schedules it:"
+        );
+        for (d, h, m) in vs {
+            let _ = writeln!(
+                out,
+                "    {h}  modified {}  daemon {d}",
+                short(&crate::store::db::stamp(m))
+            );
+        }
+    }
+    Ok(Ending::Achieved)
 }
 
 /// `sup goals` as text or JSON, from the local store's rows or the fleet's.
