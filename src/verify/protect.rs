@@ -195,18 +195,31 @@ pub(crate) fn notices(goal: &super::Goal) -> Vec<String> {
     out
 }
 
+/// Whether `rel` is in a git object store, where git's own housekeeping (`gc --auto` after a
+/// person's commit, detached in the background) packs loose objects and prunes them: objects
+/// come and go there without any change to what the repository holds. An object whose bytes
+/// change is still told.
+fn object_store(rel: &str) -> bool {
+    rel.starts_with(".git/objects/") || rel.contains("/.git/objects/")
+}
+
 /// What happened to each protected path between `before` and `after`, in path order.
 pub(crate) fn compare(before: &Snapshot, after: &Snapshot) -> Vec<(String, &'static str)> {
     let mut out = Vec::new();
     for (rel, b) in &before.0 {
         match after.0.get(rel) {
+            None if object_store(rel) => {}
             None => out.push((rel.clone(), "deleted")),
             Some(a) if a.kind != b.kind || a.hash != b.hash => out.push((rel.clone(), "changed")),
             Some(a) if a.mode != b.mode => out.push((rel.clone(), "mode")),
             Some(_) => {}
         }
     }
-    for rel in after.0.keys().filter(|r| !before.0.contains_key(*r)) {
+    for rel in after
+        .0
+        .keys()
+        .filter(|r| !before.0.contains_key(*r) && !object_store(r))
+    {
         out.push((rel.clone(), "created"));
     }
     out.sort();
@@ -277,5 +290,31 @@ mod tests {
             ]
         );
         assert_eq!(roots(&ws, &g).len(), 4, "{:?}", roots(&ws, &g));
+    }
+
+    #[test]
+    fn objects_packed_or_pruned_by_git_are_no_change_but_an_objects_bytes_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let g = Protected::new(&ws, &[], &[]).unwrap();
+        std::fs::create_dir_all(ws.join(".git/objects/4e")).unwrap();
+        std::fs::create_dir_all(ws.join(".git/objects/pack")).unwrap();
+        std::fs::write(ws.join(".git/objects/4e/e5c6"), "loose").unwrap();
+        std::fs::write(ws.join(".git/objects/4e/e710"), "kept").unwrap();
+        std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        let before = take(&ws, &g, &Snapshot::default());
+        // What `git gc --auto` does: a pack made, the loose object pruned.
+        std::fs::remove_file(ws.join(".git/objects/4e/e5c6")).unwrap();
+        std::fs::write(ws.join(".git/objects/pack/pack-1.pack"), "packed").unwrap();
+        assert!(compare(&before, &take(&ws, &g, &before)).is_empty());
+        std::fs::write(ws.join(".git/objects/4e/e710"), "forged").unwrap();
+        std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/other\n").unwrap();
+        assert_eq!(
+            compare(&before, &take(&ws, &g, &before)),
+            [
+                (".git/HEAD".to_string(), "changed"),
+                (".git/objects/4e/e710".to_string(), "changed"),
+            ]
+        );
     }
 }

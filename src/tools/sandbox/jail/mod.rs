@@ -522,28 +522,13 @@ impl Jail {
                 }
                 (Network::Allow(_), None) => s.push_str(", network: allowlist (no proxy)"),
             }
-            let shown: Vec<String> = self
-                .writable
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            s.push_str(&format!("; writable: {}", shown.join(", ")));
+            s.push_str(&format!("; writable: {}", listed(&self.writable)));
             if !self.read_only.is_empty() {
-                let shown: Vec<String> = self
-                    .read_only
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect();
-                s.push_str(&format!("; read-only: {}", shown.join(", ")));
+                s.push_str(&format!("; read-only: {}", listed(&self.read_only)));
             }
         }
         if !self.hidden.is_empty() {
-            let shown: Vec<String> = self
-                .hidden
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            s.push_str(&format!("; hidden: {}", shown.join(", ")));
+            s.push_str(&format!("; hidden: {}", listed(&self.hidden)));
         }
         if let Some(f) = &self.seccomp {
             s.push_str(&format!("; {}", f.describe()));
@@ -792,4 +777,13 @@ impl Drop for Jail {
             let _ = std::fs::remove_file(self.run_dir.join(LOCK));
         }
     }
+}
+
+/// Paths as the first trace line lists them.
+fn listed(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
