@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{Env, Run, SpawnKilled};
+use common::{Env, Run, SpawnKilled, both};
 use serde_json::{Value, json};
 
 fn cmd(id: &str, command: &str) -> Value {
@@ -21,35 +21,6 @@ fn text(v: &Value) -> String {
 
 fn root() -> bool {
     nix::unistd::getuid().is_root()
-}
-
-/// Each test once as the user the tests run as, and, when that is root, once more as 65534.
-fn both(test: impl Fn(bool)) {
-    test(false);
-    if root() {
-        test(true);
-    }
-}
-
-/// `sup goal --file goal.toml --json --model script:…` with `body` as the goal file, as
-/// 65534 when `nobody`.
-fn goal(env: &Env, nobody: bool, body: &str, turns: Value) -> Run {
-    let goal = env.write("goal.toml", body);
-    let script = env.script(turns);
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
-    c.args([
-        "goal",
-        "--file",
-        goal.to_str().unwrap(),
-        "--json",
-        "--model",
-    ])
-    .arg(format!("script:{}", script.display()));
-    Run::new(c.output().unwrap())
 }
 
 /// The trace line that describes the sandbox.
@@ -110,9 +81,9 @@ fn a_command_cannot_have_a_service_of_the_user_run_code_outside_the_sandbox() {
             .status()
             .unwrap();
         assert!(started.success(), "tmux did not start");
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             GOAL,
             json!([
                 cmd(
@@ -177,9 +148,9 @@ fn jailed_processes_get_eperm_for_unix_sockets_io_uring_ptrace_keys_and_namespac
     both(|nobody| {
         let env = Env::new();
         env.write("calls.py", CALLS);
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             GOAL,
             json!([cmd("calls", "python3 calls.py"), say("done")]),
         );
@@ -209,9 +180,9 @@ fn jailed_processes_get_eperm_for_unix_sockets_io_uring_ptrace_keys_and_namespac
         // The goal key lifts the denial of unix sockets, and only that.
         let env = Env::new();
         env.write("calls.py", CALLS);
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &format!("{GOAL}unix_sockets = true\n"),
             json!([cmd("calls", "python3 calls.py"), say("done")]),
         );
@@ -225,7 +196,7 @@ fn jailed_processes_get_eperm_for_unix_sockets_io_uring_ptrace_keys_and_namespac
 /// The goal file `body` is refused with exit 2, naming its line and `key`.
 fn refused_at(body: &str, line: usize, key: &str) {
     let env = Env::new();
-    let run = goal(&env, false, body, json!([say("x")]));
+    let run = env.goal_as(false, "goal.toml", body, json!([say("x")]));
     let path = env.ws().join("goal.toml");
     assert_eq!(run.code, 2, "{body}: {}", run.stderr);
     assert!(
@@ -363,9 +334,9 @@ fn a_fork_bomb_is_contained_and_the_run_goes_on() {
     both(|nobody| {
         let env = Env::new();
         env.write("bomb.py", BOMB);
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &format!("{GOAL}max_processes = 64\n"),
             json!([
                 cmd("bomb", "python3 bomb.py"),
@@ -430,7 +401,7 @@ fn a_start_removes_the_empty_cgroups_of_dead_runs_and_no_others() {
         return;
     }
     let env = Env::new();
-    let first = goal(&env, false, GOAL, json!([say("done")]));
+    let first = env.goal_as(false, "goal.toml", GOAL, json!([say("done")]));
     let dirs = cgroup_dirs(&sandbox_line(&first));
     if dirs.is_empty() {
         eprintln!("skipped: no cgroup: {}", sandbox_line(&first));
@@ -446,7 +417,7 @@ fn a_start_removes_the_empty_cgroups_of_dead_runs_and_no_others() {
     let dead_dirs = left_over(&dirs, &dead, false);
     let gone_dirs = left_over(&dirs, &format!("gone{tag}"), true);
     let young_dirs = left_over(&dirs, &format!("young{tag}"), false);
-    let run = goal(&env, false, GOAL, json!([say("done")]));
+    let run = env.goal_as(false, "goal.toml", GOAL, json!([say("done")]));
     assert_eq!(run.code, 0, "{}", run.stderr);
     let kept: Vec<bool> = young_dirs.iter().map(|d| d.exists()).collect();
     for d in &young_dirs {
@@ -462,9 +433,9 @@ fn a_start_removes_the_empty_cgroups_of_dead_runs_and_no_others() {
 fn a_4_gb_allocation_is_killed_with_a_result_that_says_so() {
     both(|nobody| {
         let env = Env::new();
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &format!("{GOAL}max_memory = \"512M\"\n"),
             json!([
                 cmd(
@@ -588,9 +559,9 @@ fn a_job_an_mcp_tool_started_is_gone_before_the_check() {
              [[check]]\nrun = \"echo 41 > answer.txt; sleep 0.3; grep -qx 41 answer.txt\"\n",
             server.display()
         );
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &body,
             json!([
                 {"tool_calls": [{"id": "j", "name": "runner__run",
@@ -684,9 +655,9 @@ fn mcp_servers_and_their_jobs_are_ended_before_the_checks_and_started_again_for_
         let (_dir, body) = beating_goal("");
         // A job of the server's, in a session of its own: no process group holds it.
         env.write("job.sh", "while :; do echo job >> beat; sleep 0.02; done\n");
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &body,
             json!([
                 {"tool_calls": [{"id": "j", "name": "beating__run",
@@ -736,7 +707,12 @@ fn an_mcp_server_that_cannot_start_again_for_the_next_try_is_an_error_result() {
     both(|nobody| {
         let env = Env::new();
         let (_dir, body) = beating_goal(", \"once\"");
-        let run = goal(&env, nobody, &body, json!([say("done"), say("done again")]));
+        let run = env.goal_as(
+            nobody,
+            "goal.toml",
+            &body,
+            json!([say("done"), say("done again")]),
+        );
         let result = run.result();
         assert_eq!(result["status"], "error", "{}", run.stdout);
         let error = result["error"].as_str().unwrap_or_default();
@@ -757,9 +733,9 @@ fn checks_run_in_a_jail_of_their_own_after_the_agents_has_ended() {
                      if cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\\\0' ' ' | grep -q 'sleep 314[1]'; \
                      then echo SEEN; exit 1; fi; echo \\\"$mine\\\" > check.ns";
         let body = format!("{GOAL}tries = 1\n[[check]]\nrun = \"{check}\"\n");
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &body,
             json!([
                 cmd(
@@ -924,7 +900,7 @@ fn a_forged_identity_keeps_nothing_alive_through_the_check() {
         let env = Env::new();
         // A run before: the job claims to be that run's, by its id in the environment and in
         // a jail record of its own.
-        let first = goal(&env, nobody, GOAL, json!([say("done")]));
+        let first = env.goal_as(nobody, "goal.toml", GOAL, json!([say("done")]));
         assert_eq!(first.code, 0, "{}", first.stderr);
         let other = first.of_type("run_started")[0]["run_id"]
             .as_str()
@@ -946,9 +922,9 @@ fn a_forged_identity_keeps_nothing_alive_through_the_check() {
         let body = format!(
             "{GOAL}tries = 1\n[[check]]\nrun = \"echo 41 > answer.txt; sleep 0.3; grep -qx 41 answer.txt\"\n"
         );
-        let run = goal(
-            &env,
+        let run = env.goal_as(
             nobody,
+            "goal.toml",
             &body,
             json!([cmd("spawn", &spawn), say("done")]),
         );
@@ -1010,7 +986,7 @@ fn after_kill_9_of_sup_nothing_of_its_run_lives_and_the_next_start_says_interrup
             String::from_utf8_lossy(&out.stdout).to_string()
         };
         sql("update runs set pid = 1");
-        let run = goal(&env, nobody, GOAL, json!([say("done")]));
+        let run = env.goal_as(nobody, "goal.toml", GOAL, json!([say("done")]));
         assert_eq!(run.code, 0, "{}", run.stderr);
         let mut runs = if nobody {
             env.sup_as_nobody()

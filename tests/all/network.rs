@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common;
 
-use common::{Env, Run};
+use common::{Env, both};
 use serde_json::{Value, json};
 
 fn cmd(id: &str, command: &str) -> Value {
@@ -23,14 +23,6 @@ fn say(text: &str) -> Value {
 
 fn text(v: &Value) -> String {
     v["content"].as_str().unwrap_or_default().to_string()
-}
-
-/// Each test once as the user the tests run as, and, when that is root, once more as 65534.
-fn both(test: impl Fn(bool)) {
-    test(false);
-    if nix::unistd::getuid().is_root() {
-        test(true);
-    }
 }
 
 /// An HTTP server on loopback that answers `hello from PORT` and counts its connections.
@@ -72,26 +64,6 @@ impl Server {
     }
 }
 
-/// `sup goal --file g/goal.toml --json` with `body`, as 65534 when `nobody`.
-fn goal(env: &Env, nobody: bool, body: &str, turns: Value) -> (Run, std::path::PathBuf) {
-    let goal = env.write("g/goal.toml", body);
-    let script = env.script(turns);
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
-    c.args([
-        "goal",
-        "--file",
-        goal.to_str().unwrap(),
-        "--json",
-        "--model",
-    ])
-    .arg(format!("script:{}", script.display()));
-    (Run::new(c.output().unwrap()), goal)
-}
-
 #[test]
 fn a_listed_host_answers_through_the_proxy_and_the_rest_is_refused() {
     both(|nobody| {
@@ -115,7 +87,7 @@ fn a_listed_host_answers_through_the_proxy_and_the_rest_is_refused() {
             cmd("env", "env | grep -i _proxy | sort"),
             say("done"),
         ]);
-        let (run, _) = goal(&env, nobody, &body, turns);
+        let run = env.goal_as(nobody, "g/goal.toml", &body, turns);
         assert_eq!(run.code, 0, "{}", run.stderr);
         let line = run
             .of_type("notice")
@@ -223,7 +195,7 @@ fn another_name_for_this_machine_does_not_reach_its_loopback() {
         cmd("two", &format!("curl -sS http://127.0.0.2:{port}/")),
         say("done"),
     ]);
-    let (run, _) = goal(&env, false, &body, turns);
+    let run = env.goal_as(false, "g/goal.toml", &body, turns);
     assert_eq!(run.code, 0, "{}", run.stderr);
     for id in ["zero", "two"] {
         let t = text(run.tool_result(id));

@@ -30,6 +30,14 @@ pub fn eventually<T>(timeout: Duration, what: &str, mut probe: impl FnMut() -> O
 
 /// `eventually` for a condition: poll `f` until it holds; fail the test, saying `what` was
 /// awaited, after `secs` seconds.
+/// Each test once as the user the tests run as, and, when that is root, once more as 65534.
+pub fn both(test: impl Fn(bool)) {
+    test(false);
+    if nix::unistd::getuid().is_root() {
+        test(true);
+    }
+}
+
 pub fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
@@ -97,6 +105,27 @@ impl Env {
             .current_dir(self.ws.path())
             .stdin(std::process::Stdio::null());
         cmd
+    }
+
+    /// `sup goal --file FILE --json --model script:…` with `body` written to `file` (relative
+    /// to the workspace), as 65534 when `nobody` (see `sup_as_nobody`).
+    pub fn goal_as(&self, nobody: bool, file: &str, body: &str, turns: Value) -> Run {
+        let goal = self.write(file, body);
+        let script = self.script(turns);
+        let mut c = if nobody {
+            self.sup_as_nobody()
+        } else {
+            self.sup()
+        };
+        c.args([
+            "goal",
+            "--file",
+            goal.to_str().unwrap(),
+            "--json",
+            "--model",
+        ])
+        .arg(format!("script:{}", script.display()));
+        Run::new(c.output().unwrap())
     }
 
     /// The binary as `sup()` sets it up, but run as the unprivileged user 65534 (through
