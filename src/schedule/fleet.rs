@@ -804,6 +804,8 @@ pub(crate) async fn run(
         versions_seen: String::new(),
         ticks: 0,
     };
+    // Watched before the first read: a file written while the daemon starts is not missed.
+    let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     let clock = d.cfg.clock.clone();
     let now = clock.now();
     d.load(now)?;
@@ -814,7 +816,6 @@ pub(crate) async fn run(
     );
     d.publish().await;
     d.catch_up(now).await;
-    let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     let (note_tx, mut note_rx) = mpsc::unbounded_channel();
     let stop_listen = CancellationToken::new();
     tokio::spawn(listen(d.cfg.store.clone(), note_tx, stop_listen.clone()));

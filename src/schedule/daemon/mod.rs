@@ -768,6 +768,8 @@ pub async fn run(
         all_running: Arc::new(Mutex::new(Vec::new())),
         workspaces: Workspaces::new(),
     };
+    // Watched before the first read: a file written while the daemon starts is not missed.
+    let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     let clock = d.cfg.clock.clone();
     let now = clock.now();
     d.load(now, true)?;
@@ -779,7 +781,6 @@ pub async fn run(
     d.catch_up(now);
     d.launch_pending();
     d.continue_interrupted();
-    let mut watch = goals::Watch::new(&d.cfg.goals_dir);
     loop {
         let now = clock.now();
         let claimed = d.due(now);

@@ -28,8 +28,6 @@ pub fn eventually<T>(timeout: Duration, what: &str, mut probe: impl FnMut() -> O
     }
 }
 
-/// `eventually` for a condition: poll `f` until it holds; fail the test, saying `what` was
-/// awaited, after `secs` seconds.
 /// Each test once as the user the tests run as, and, when that is root, once more as 65534.
 pub fn both(test: impl Fn(bool)) {
     test(false);
@@ -38,6 +36,8 @@ pub fn both(test: impl Fn(bool)) {
     }
 }
 
+/// `eventually` for a condition: poll `f` until it holds; fail the test, saying `what` was
+/// awaited, after `secs` seconds.
 pub fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     eventually(Duration::from_secs(secs), what, || f().then_some(()));
 }
