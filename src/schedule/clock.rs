@@ -1,8 +1,11 @@
 //! Where the daemons get the time: the system clock, or a clock that moves only when a test
 //! tells it to, so tests move time instead of sleeping.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -38,12 +41,31 @@ impl Clock for SystemClock {
 /// A clock that moves only when told: for tests.
 pub struct ManualClock {
     now: watch::Sender<DateTime<Utc>>,
+    /// What each sleeper waits for, by a number of its own.
+    sleepers: Arc<Mutex<BTreeMap<u64, DateTime<Utc>>>>,
+    numbers: AtomicU64,
+}
+
+/// A sleeper's entry in `ManualClock::sleepers`, taken out when the sleep ends or is dropped.
+struct Sleeper {
+    number: u64,
+    sleepers: Arc<Mutex<BTreeMap<u64, DateTime<Utc>>>>,
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.sleepers.lock() {
+            s.remove(&self.number);
+        }
+    }
 }
 
 impl ManualClock {
     pub fn new(start: DateTime<Utc>) -> Self {
         ManualClock {
             now: watch::Sender::new(start),
+            sleepers: Arc::default(),
+            numbers: AtomicU64::new(0),
         }
     }
     pub fn set(&self, t: DateTime<Utc>) {
@@ -53,6 +75,17 @@ impl ManualClock {
     pub fn waiting(&self) -> usize {
         self.now.receiver_count()
     }
+    /// The times the sleepers on this clock wait for, earliest first: a test sees when a
+    /// daemon means to wake (its next occurrence, a run's jitter) without moving time.
+    pub fn deadlines(&self) -> Vec<DateTime<Utc>> {
+        let mut d: Vec<DateTime<Utc>> = self
+            .sleepers
+            .lock()
+            .map(|s| s.values().copied().collect())
+            .unwrap_or_default();
+        d.sort();
+        d
+    }
 }
 
 impl Clock for ManualClock {
@@ -61,7 +94,16 @@ impl Clock for ManualClock {
     }
     fn sleep_until(&self, t: DateTime<Utc>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         let mut rx = self.now.subscribe();
+        let number = self.numbers.fetch_add(1, Ordering::Relaxed);
+        let sleeper = Sleeper {
+            number,
+            sleepers: self.sleepers.clone(),
+        };
+        if let Ok(mut s) = self.sleepers.lock() {
+            s.insert(number, t);
+        }
         Box::pin(async move {
+            let _sleeper = sleeper;
             while *rx.borrow_and_update() < t {
                 if rx.changed().await.is_err() {
                     return;

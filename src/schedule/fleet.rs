@@ -25,7 +25,7 @@ use super::fleet_run::give_up;
 pub(crate) use super::fleet_run::{execute, flush_spool};
 use super::goals::{self, Overlap};
 use super::policy::{self, Settled};
-use crate::run::{Invocation, RunError, RunSpec, Trigger};
+use crate::run::{Invocation, RunSpec, Trigger};
 use crate::store::db::{Db, stamp};
 use crate::store::pg::{self, Claimed, Claimer, Due, PgError, PgStore};
 use crate::store::{OccurrenceStatus, TriggerKind};
@@ -35,7 +35,7 @@ const IMMINENT: chrono::Duration = chrono::Duration::milliseconds(200);
 /// Claims per transaction (each holds a lock per goal until it commits).
 const BATCH: usize = 500;
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum FleetError {
+pub enum FleetError {
     #[error("cannot read the goals folder {path}: {source}")]
     Goals {
         path: String,
@@ -43,11 +43,11 @@ pub(crate) enum FleetError {
     },
     #[error(transparent)]
     Store(#[from] PgError),
-    #[error(transparent)]
-    Launch(#[from] RunError),
 }
 
-pub(crate) struct Config {
+/// What a fleet daemon is given (public for the in-process tests, which give it a manual
+/// clock).
+pub struct Config {
     pub goals_dir: PathBuf,
     pub home: PathBuf,
     pub max_concurrent: usize,
@@ -82,17 +82,6 @@ impl goals::FromFile for Goal {
     fn path(&self) -> &Path {
         &self.path
     }
-}
-
-/// A stable hash of (goal, daemon) that every daemon computes alike (FNV-1a): the daemon
-/// with the highest claims the goal first.
-fn share_hash(goal: &str, daemon: &str) -> u64 {
-    goal.bytes()
-        .chain([0xff])
-        .chain(daemon.bytes())
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
 }
 
 /// A run that ended: its fleet id and goal.
@@ -432,7 +421,8 @@ impl Daemon {
     fn owns(&self, goal: &str) -> bool {
         self.fleet
             .iter()
-            .max_by_key(|d| share_hash(goal, d))
+            // The daemon with the highest hash of (goal, daemon) claims the goal first.
+            .max_by_key(|d| policy::stable_hash(&[goal, d]))
             .is_none_or(|d| *d == self.me.id)
     }
 
@@ -477,7 +467,7 @@ impl Daemon {
         let goal = goal.to_string();
         // A scheduled run waits its share of the goal's jitter, as on one machine.
         let wait = match kind {
-            TriggerKind::Schedule => policy::jitter_wait(g.jitter),
+            TriggerKind::Schedule => policy::jitter_wait(&goal, at, g.jitter),
             _ => Duration::ZERO,
         };
         if !g.jitter.is_zero() && kind == TriggerKind::Schedule {
@@ -487,10 +477,12 @@ impl Daemon {
                 wait.as_millis()
             );
         }
+        let clock = self.cfg.clock.clone();
+        let until = clock.now() + wait;
         self.tasks.spawn(async move {
             if !wait.is_zero() {
                 tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
+                    _ = clock.sleep_until(until) => {}
                     _ = cancel.cancelled() => {}
                 }
             }
@@ -774,7 +766,7 @@ async fn listen(
 }
 
 /// Run the fleet daemon until `shutdown`; `reload` asks for goal files to be read again.
-pub(crate) async fn run(
+pub async fn run(
     cfg: Config,
     shutdown: CancellationToken,
     mut reload: mpsc::UnboundedReceiver<()>,

@@ -118,13 +118,31 @@ pub(crate) fn jitter(jitter: Duration, r: f64) -> Duration {
     jitter.mul_f64(r.clamp(0.0, 1.0))
 }
 
-/// A random wait within the goal's `jitter` (none when it has none).
-pub(crate) fn jitter_wait(max: Duration) -> Duration {
+/// A stable hash of some strings that every daemon computes alike (FNV-1a, each string
+/// ended by a byte no UTF-8 text holds).
+pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.bytes().chain([0xff]))
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// How long the run of `goal`'s occurrence `at` waits within the goal's `jitter` (none when
+/// it has none). A share drawn from the goal and the occurrence, not from chance: the goals
+/// of one schedule spread out, each occurrence of a goal waits its own time, and every
+/// daemon (and a test on a manual clock) knows that time alike.
+pub(crate) fn jitter_wait(goal: &str, at: DateTime<Utc>, max: Duration) -> Duration {
     if max.is_zero() {
-        Duration::ZERO
-    } else {
-        jitter(max, fastrand::f64())
+        return Duration::ZERO;
     }
+    let h = stable_hash(&[goal, &at.timestamp_micros().to_string()]);
+    // The hash's bits mixed (splitmix64's finish), so that near times differ far.
+    let h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let h = h ^ (h >> 31);
+    jitter(max, (h >> 11) as f64 / (1u64 << 53) as f64)
 }
 
 #[cfg(test)]
@@ -246,9 +264,28 @@ mod tests {
         assert_eq!(jitter(j, 0.0), Duration::ZERO);
         assert_eq!(jitter(j, 0.5), Duration::from_secs(5));
         assert_eq!(jitter(j, 7.0), j);
-        assert_eq!(jitter_wait(Duration::ZERO), Duration::ZERO);
-        for _ in 0..100 {
-            assert!(jitter_wait(j) <= j);
-        }
+        let at = t("2026-01-01T10:00:00Z");
+        assert_eq!(jitter_wait("g", at, Duration::ZERO), Duration::ZERO);
+        let minute = chrono::Duration::minutes(1);
+        let waits: Vec<Duration> = (0..100)
+            .map(|i| jitter_wait("g", at + minute * i, j))
+            .collect();
+        assert!(waits.iter().all(|w| *w <= j), "{waits:?}");
+        // The same for the same goal and occurrence, wherever it is worked out.
+        assert_eq!(jitter_wait("g", at, j), waits[0]);
+        // Spread over the bound: occurrences and goals each wait their own time.
+        let mut distinct = waits.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() > 90, "{waits:?}");
+        assert!(waits.iter().any(|w| *w < j / 4), "{waits:?}");
+        assert!(waits.iter().any(|w| *w > j * 3 / 4), "{waits:?}");
+        assert_ne!(jitter_wait("g", at, j), jitter_wait("h", at, j));
+    }
+
+    #[test]
+    fn stable_hash_separates_its_parts() {
+        assert_ne!(stable_hash(&["ab", "c"]), stable_hash(&["a", "bc"]));
+        assert_eq!(stable_hash(&["a", "b"]), stable_hash(&["a", "b"]));
     }
 }

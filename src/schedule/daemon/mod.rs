@@ -567,6 +567,7 @@ impl Daemon {
         for launch in std::mem::take(&mut self.pending) {
             let home = self.cfg.home.clone();
             let permits = self.permits.clone();
+            let clock = self.cfg.clock.clone();
             let done = self.done_tx.clone();
             let Launch {
                 goal,
@@ -589,7 +590,8 @@ impl Daemon {
                                 .await
                         }
                         None => {
-                            run_one(&name, (at, kind), source, &home, jitter, &permits, &cancel)
+                            let waits = (jitter, clock.as_ref());
+                            run_one(&name, (at, kind), source, &home, waits, &permits, &cancel)
                                 .await
                         }
                     }
@@ -694,11 +696,11 @@ async fn run_one(
     (at, kind): (DateTime<Utc>, TriggerKind),
     source: Source,
     home: &Path,
-    jitter: Duration,
+    (jitter, clock): (Duration, &dyn Clock),
     permits: &Semaphore,
     cancel: &CancellationToken,
 ) -> (Option<String>, String) {
-    let wait = policy::jitter_wait(jitter);
+    let wait = policy::jitter_wait(goal, at, jitter);
     if !jitter.is_zero() {
         tracing::info!(
             "goal {goal} at {}: waits {}ms of its jitter",
@@ -708,7 +710,7 @@ async fn run_one(
     }
     if !wait.is_zero() {
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = clock.sleep_until(clock.now() + wait) => {}
             _ = cancel.cancelled() => return (None, "cancelled before it started".into()),
         }
     }

@@ -30,7 +30,7 @@ mod schema;
 pub(crate) use runs::Finish;
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum PgError {
+pub enum PgError {
     #[error(
         "the store URL `{url}` is not a PostgreSQL URL ({why}); write postgres://USER@HOST:PORT/DATABASE"
     )]
@@ -276,7 +276,7 @@ pub(crate) struct Reaped {
 
 /// The shared store.
 #[derive(Clone)]
-pub(crate) struct PgStore {
+pub struct PgStore {
     pool: Pool,
     cfg: tokio_postgres::Config,
     at: String,
@@ -305,7 +305,7 @@ pub(crate) fn this_host() -> String {
 
 impl PgStore {
     /// Connect, create or migrate the schema, and refuse a newer one.
-    pub(crate) async fn open(url: &str) -> Result<PgStore, PgError> {
+    pub async fn open(url: &str) -> Result<PgStore, PgError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| PgError::Url {
             url: without_password(url),
             why: format!("{e}"),
