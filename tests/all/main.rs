@@ -10,6 +10,7 @@ mod attack;
 mod config;
 mod console_health;
 mod daemon;
+mod decisions;
 mod exam;
 mod fleet;
 mod fleet_history;
