@@ -7,6 +7,7 @@
 //! daemons work out alike. Time moves when the test says; a run that must stay busy waits in
 //! its check for a file the test writes.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +59,7 @@ impl Harness {
         let pg = match machine {
             Machine::Local => None,
             Machine::Fleet => {
-                let pg = tokio::task::block_in_place(Pg::new);
+                let pg = tokio::task::spawn_blocking(Pg::new).await.unwrap();
                 // The schema, before the test writes its rows.
                 PgStore::open(&pg.url).await.unwrap();
                 let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
@@ -95,7 +96,7 @@ impl Harness {
         .unwrap();
         std::fs::create_dir_all(dir.join(format!("work-{name}"))).unwrap();
         let check = if hold {
-            "while [ ! -e release ]; do sleep 0.02; done"
+            "while [ ! -e release ]; do sleep 0.1; done"
         } else {
             "true"
         };
@@ -341,9 +342,18 @@ fn settled(occ: &[Row], runs: &[Row]) -> bool {
         && runs.iter().all(|(_, _, s)| s != "running")
 }
 
+/// Each case at once (each has daemons, a store and a clock of its own); what each gives,
+/// in order.
+async fn each<T, F: Future>(
+    cases: impl IntoIterator<Item = T>,
+    f: impl Fn(T) -> F,
+) -> Vec<F::Output> {
+    futures::future::join_all(cases.into_iter().map(f)).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_occurrence_fires_exactly_once_with_two_daemons_on_one_store() {
-    for machine in BOTH {
+    each(BOTH, |machine| async move {
         let mut h = Harness::new(machine, "2026-01-01T00:00:00.500Z").await;
         h.goal("tick", "* * * * * *", "", false);
         h.goal("tock", "* * * * * *", "", false);
@@ -371,7 +381,8 @@ async fn each_occurrence_fires_exactly_once_with_two_daemons_on_one_store() {
             runs.iter().all(|r| r.2 == "achieved"),
             "{machine:?}: {runs:?}"
         );
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,8 +402,10 @@ async fn overlap_decides_what_an_occurrence_does_while_the_last_run_goes() {
             &["interrupted", "interrupted", "achieved"],
         ),
     ];
-    for machine in BOTH {
-        for (overlap, occurrences, runs) in table {
+    let cases = BOTH.into_iter().flat_map(|m| table.map(|row| (m, row)));
+    each(
+        cases,
+        |(machine, (overlap, occurrences, runs))| async move {
             let mut h = Harness::new(machine, "2026-01-01T00:00:00.500Z").await;
             h.goal(
                 "g",
@@ -421,13 +434,14 @@ async fn overlap_decides_what_an_occurrence_does_while_the_last_run_goes() {
             let what = format!("{machine:?}, overlap {overlap}");
             assert_eq!(got, occurrences, "{what}");
             assert_eq!(h.runs("g").await, runs, "{what}");
-        }
-    }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_goal_does_not_fire_until_resumed() {
-    for machine in BOTH {
+    each(BOTH, |machine| async move {
         let mut h = Harness::new(machine, "2026-01-01T00:00:00.500Z").await;
         h.goal("g", "* * * * * *", "", false);
         h.set_paused("g", true).await;
@@ -446,7 +460,8 @@ async fn a_paused_goal_does_not_fire_until_resumed() {
         .await;
         h.stop().await;
         assert_eq!(h.runs("g").await, ["achieved"], "{machine:?}");
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -473,8 +488,10 @@ async fn after_a_gap_the_latest_within_catch_up_runs_and_the_rest_are_missed_and
             "2026-01-01T00:04:00Z",
         ),
     ];
-    for machine in BOTH {
-        for (gap, catch_up, runs, missed, told) in table {
+    let cases = BOTH.into_iter().flat_map(|m| table.map(|row| (m, row)));
+    each(
+        cases,
+        |(machine, (gap, catch_up, runs, missed, told))| async move {
             let what = format!("{machine:?}, {gap}, catch_up {catch_up}");
             let mut h = Harness::new(machine, "2026-01-01T00:00:30Z").await;
             let (notify, sink) = h.missed_sink();
@@ -524,15 +541,15 @@ async fn after_a_gap_the_latest_within_catch_up_runs_and_the_rest_are_missed_and
                 Some(t(told)),
                 "{what}: {notice}"
             );
-        }
-    }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jitter_is_waited_on_the_clock_within_its_bound_and_alike_on_both_daemons() {
     let fired = "2026-01-01T10:00:00.100Z";
-    let mut wakes = Vec::new();
-    for machine in BOTH {
+    let wakes = each(BOTH, |machine| async move {
         let mut h = Harness::new(machine, "2026-01-01T09:59:00Z").await;
         h.goal("j", "0 10 * * *", "jitter = \"30m\"", false);
         h.start(1).await;
@@ -560,8 +577,9 @@ async fn jitter_is_waited_on_the_clock_within_its_bound_and_alike_on_both_daemon
         .await;
         h.stop().await;
         assert_eq!(h.runs("j").await, ["achieved"], "{machine:?}");
-        wakes.push(wake);
-    }
+        wake
+    })
+    .await;
     // The wait is drawn from the goal and its occurrence: both daemons wait the same time.
     assert_eq!(wakes[0], wakes[1]);
 }
