@@ -1,6 +1,8 @@
 //! The daemon in-process with a manual clock: time moves when the test says, nothing waits
-//! for a real schedule. Catch-up, every overlap policy, pause and resume, retention; goals
-//! that share an expression in different zones; goal files edited and broken while it runs.
+//! for a real schedule. Successive occurrences, missed ones outside the catch-up window,
+//! retention, DST, the concurrency limit; goals that share an expression in different zones;
+//! goal files edited and broken while it runs. (The decisions both daemons take alike,
+//! overlap, pause, catch-up and jitter, are one table for the two in decisions.rs.)
 
 use std::path::Path;
 use std::sync::Arc;
@@ -182,28 +184,6 @@ fn prior_occurrence(h: &Harness, goal: &str, at: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catch_up_runs_the_latest_missed_occurrence_inside_its_window() {
-    let mut h = Harness::new("2026-01-01T00:00:30Z");
-    h.goal(
-        "g",
-        "schedule = \"* * * * *\"\ntimezone = \"UTC\"\ncatch_up = \"5m\"",
-        0,
-    );
-    prior_occurrence(&h, "g", "2025-12-31T23:50:00Z");
-    h.start();
-    h.idle().await;
-    h.until("the latest runs", |_| {
-        status_of(&h, "g", "2026-01-01T00:00:00Z").as_deref() == Some("done")
-    })
-    .await;
-    h.stop().await;
-    let s = h.statuses("g");
-    let missed = s.iter().filter(|(_, st)| st == "missed").count();
-    assert_eq!(missed, 9, "{s:?}");
-    assert_eq!(h.run_statuses("g"), ["achieved"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_occurrences_outside_the_window_are_recorded_not_run() {
     for extra in ["catch_up = \"10s\"", ""] {
         let mut h = Harness::new("2026-01-01T00:00:30Z");
@@ -232,151 +212,6 @@ async fn missed_occurrences_outside_the_window_are_recorded_not_run() {
         h.stop().await;
         assert_eq!(h.run_statuses("g"), ["achieved"], "{extra}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missed_occurrences_are_told_to_the_goals_notify_channels() {
-    let mut h = Harness::new("2026-01-01T00:00:30Z");
-    let sink = h.home.path().join("missed.json");
-    h.goal(
-        "g",
-        &format!(
-            "schedule = \"* * * * *\"\ntimezone = \"UTC\"\n[[notify]]\non = [\"missed\"]\n\
-             command = [\"sh\", \"-c\", \"cat > '{}'\"]",
-            sink.display()
-        ),
-        0,
-    );
-    prior_occurrence(&h, "g", "2025-12-31T23:57:00Z");
-    h.start();
-    h.idle().await;
-    let notice: serde_json::Value =
-        eventually_async(Duration::from_secs(20), "the missed notice", || {
-            serde_json::from_str(&std::fs::read_to_string(&sink).ok()?).ok()
-        })
-        .await;
-    h.stop().await;
-    assert_eq!(notice["event"], "missed", "{notice}");
-    assert_eq!(notice["goal"], "g", "{notice}");
-    assert_eq!(
-        notice["scheduled_for"].as_str().and_then(parse_stamp),
-        Some(t("2026-01-01T00:00:00Z")),
-        "{notice}"
-    );
-}
-
-/// A slow goal (the model takes 1.5 s) under `policy`: occurrences at :01 and :02 (and :03).
-async fn overlap(policy: &str, occurrences: &[&str]) -> Harness {
-    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
-    h.goal(
-        "g",
-        &format!("schedule = \"* * * * * *\"\ntimezone = \"UTC\"\noverlap = \"{policy}\""),
-        1500,
-    );
-    h.start();
-    h.idle().await;
-    h.advance_to("2026-01-01T00:00:01.100Z");
-    h.until("the first is running", |db| {
-        db.runs(Some("g"), Some(RunStatus::Running), 10)
-            .unwrap()
-            .len()
-            == 1
-    })
-    .await;
-    for s in occurrences {
-        h.advance_to(&format!("2026-01-01T00:00:{s}.100Z"));
-        let at = format!("2026-01-01T00:00:{s}Z");
-        h.until(&format!("{at} handled"), |_| {
-            status_of(&h, "g", &at).is_some_and(|s| s != "claimed")
-        })
-        .await;
-    }
-    h
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlap_skip_records_the_occurrence_as_skipped() {
-    let mut h = overlap("skip", &["02"]).await;
-    h.until("first done", |_| {
-        status_of(&h, "g", "2026-01-01T00:00:01Z").as_deref() == Some("done")
-    })
-    .await;
-    h.stop().await;
-    assert_eq!(
-        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref(),
-        Some("skipped")
-    );
-    assert_eq!(h.run_statuses("g"), ["achieved"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlap_queue_runs_one_waiting_occurrence_after() {
-    let mut h = overlap("queue", &["02", "03"]).await;
-    assert_eq!(
-        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref(),
-        Some("queued")
-    );
-    assert_eq!(
-        status_of(&h, "g", "2026-01-01T00:00:03Z").as_deref(),
-        Some("skipped")
-    );
-    h.until("the queued one ran", |_| {
-        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref() == Some("done")
-    })
-    .await;
-    h.stop().await;
-    assert_eq!(h.run_statuses("g"), ["achieved", "achieved"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlap_replace_cancels_the_running_one() {
-    let mut h = overlap("replace", &["02"]).await;
-    h.until("the new one done", |_| {
-        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref() == Some("done")
-    })
-    .await;
-    h.stop().await;
-    assert_eq!(h.run_statuses("g"), ["interrupted", "achieved"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlap_allow_runs_side_by_side() {
-    let mut h = overlap("allow", &["02"]).await;
-    h.until("two running", |db| {
-        db.runs(Some("g"), Some(RunStatus::Running), 10)
-            .unwrap()
-            .len()
-            == 2
-    })
-    .await;
-    h.until("both done", |_| {
-        h.statuses("g").iter().all(|(_, s)| s == "done")
-    })
-    .await;
-    h.stop().await;
-    assert_eq!(h.run_statuses("g"), ["achieved", "achieved"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_goal_is_not_run_until_resumed() {
-    let mut h = Harness::new("2026-01-01T00:00:00.500Z");
-    h.goal("g", "schedule = \"* * * * * *\"\ntimezone = \"UTC\"", 0);
-    h.db().set_paused("g", true).unwrap();
-    h.start();
-    h.idle().await;
-    h.advance_to("2026-01-01T00:00:01.100Z");
-    h.until("paused", |_| {
-        status_of(&h, "g", "2026-01-01T00:00:01Z").as_deref() == Some("paused")
-    })
-    .await;
-    h.db().set_paused("g", false).unwrap();
-    h.advance_to("2026-01-01T00:00:02.100Z");
-    h.until("ran", |_| {
-        status_of(&h, "g", "2026-01-01T00:00:02Z").as_deref() == Some("done")
-    })
-    .await;
-    h.stop().await;
-    assert_eq!(h.run_statuses("g"), ["achieved"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,47 +283,6 @@ async fn occurrences_beyond_max_concurrent_wait_their_turn() {
     let first_end = parse_stamp(runs[0].ended_at.as_deref().unwrap()).unwrap();
     let second_start = parse_stamp(&runs[1].started_at).unwrap();
     assert!(first_end <= second_start, "one at a time: {runs:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daemon_that_wakes_late_runs_only_the_latest_occurrence_within_its_window() {
-    // (catch_up, woken at, runs 00:05?, missed)
-    for (catch_up, woken, runs, missed) in [
-        ("0", "2026-01-01T00:05:00.500Z", true, 4),
-        ("0", "2026-01-01T00:05:30Z", false, 5),
-        ("1m", "2026-01-01T00:05:30Z", true, 4),
-    ] {
-        let mut h = Harness::new("2026-01-01T00:00:30Z");
-        h.goal(
-            "g",
-            &format!("schedule = \"* * * * *\"\ntimezone = \"UTC\"\ncatch_up = \"{catch_up}\""),
-            0,
-        );
-        h.start();
-        h.idle().await;
-        // The machine slept: the clock jumps past five occurrences at once.
-        h.advance_to(woken);
-        h.until("all five settled", |_| {
-            h.statuses("g")
-                .iter()
-                .filter(|(_, s)| s == "missed" || s == "done")
-                .count()
-                == 5
-        })
-        .await;
-        h.stop().await;
-        let s = h.statuses("g");
-        assert_eq!(
-            s.iter().filter(|(_, st)| st == "missed").count(),
-            missed,
-            "{catch_up} {woken}: {s:?}"
-        );
-        assert_eq!(
-            status_of(&h, "g", "2026-01-01T00:05:00Z").as_deref() == Some("done"),
-            runs,
-            "{catch_up} {woken}: {s:?}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
