@@ -228,7 +228,7 @@ impl Harness {
             };
             self.tasks.push(task);
         }
-        crate::common::eventually_async(Duration::from_secs(30), "the daemons to sleep", || {
+        crate::common::eventually_async(Duration::from_secs(60), "the daemons to sleep", || {
             (self.clock.waiting() >= n).then_some(())
         })
         .await;
@@ -285,7 +285,7 @@ impl Harness {
 
     /// Wait (in real time, bounded) until what the store holds satisfies `f`.
     async fn until(&self, what: &str, f: impl Fn(&[Row], &[Row]) -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let (occ, runs) = self.snapshot().await;
             if f(&occ, &runs) {
@@ -518,7 +518,7 @@ async fn after_a_gap_the_latest_within_catch_up_runs_and_the_rest_are_missed_and
             })
             .await;
             let notice: serde_json::Value =
-                crate::common::eventually_async(Duration::from_secs(30), "the notice", || {
+                crate::common::eventually_async(Duration::from_secs(60), "the notice", || {
                     serde_json::from_str(&std::fs::read_to_string(&sink).ok()?).ok()
                 })
                 .await;
@@ -558,7 +558,7 @@ async fn jitter_is_waited_on_the_clock_within_its_bound_and_alike_on_both_daemon
         // daemon's own until tomorrow's occurrence.
         let bound = t(fired) + chrono::Duration::minutes(30);
         let wake = crate::common::eventually_async(
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             "the run to wait its jitter",
             || {
                 h.clock
