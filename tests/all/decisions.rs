@@ -407,10 +407,11 @@ async fn overlap_decides_what_an_occurrence_does_while_the_last_run_goes() {
         cases,
         |(machine, (overlap, occurrences, runs))| async move {
             let mut h = Harness::new(machine, "2026-01-01T00:00:00.500Z").await;
+            let (notify, sink) = h.missed_sink();
             h.goal(
                 "g",
                 "* * * * * *",
-                &format!("overlap = \"{overlap}\""),
+                &format!("overlap = \"{overlap}\"\n{notify}"),
                 true,
             );
             h.start(1).await;
@@ -429,9 +430,27 @@ async fn overlap_decides_what_an_occurrence_does_while_the_last_run_goes() {
             }
             h.release("g");
             h.until("everything settled", settled).await;
+            let what = format!("{machine:?}, overlap {overlap}");
+            // A skipped occurrence is told as a missed one, with why.
+            let skipped: Vec<DateTime<Utc>> = (1..=3)
+                .filter(|i| occurrences[i - 1] == "skipped")
+                .map(|i| t(&format!("2026-01-01T00:00:0{i}Z")))
+                .collect();
+            if !skipped.is_empty() {
+                let notice: serde_json::Value =
+                    crate::common::eventually_async(Duration::from_secs(60), "the notice", || {
+                        serde_json::from_str(&std::fs::read_to_string(&sink).ok()?).ok()
+                    })
+                    .await;
+                assert_eq!(notice["status"], "skipped", "{what}: {notice}");
+                let at = notice["scheduled_for"].as_str().and_then(parse_stamp);
+                assert!(
+                    at.is_some_and(|at| skipped.contains(&at)),
+                    "{what}: {notice}"
+                );
+            }
             h.stop().await;
             let got: Vec<String> = h.occurrences("g").await.into_iter().map(|o| o.1).collect();
-            let what = format!("{machine:?}, overlap {overlap}");
             assert_eq!(got, occurrences, "{what}");
             assert_eq!(h.runs("g").await, runs, "{what}");
         },
@@ -536,6 +555,7 @@ async fn after_a_gap_the_latest_within_catch_up_runs_and_the_rest_are_missed_and
             assert_eq!(h.runs("g").await, want_runs, "{what}");
             assert_eq!(notice["event"], "missed", "{what}: {notice}");
             assert_eq!(notice["goal"], "g", "{what}: {notice}");
+            assert_eq!(notice["status"], "missed", "{what}: {notice}");
             assert_eq!(
                 notice["scheduled_for"].as_str().and_then(parse_stamp),
                 Some(t(told)),
