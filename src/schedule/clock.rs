@@ -112,3 +112,22 @@ impl Clock for ManualClock {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_manual_clock_lists_what_its_sleepers_wait_for_until_they_wake() {
+        let t = |s: i64| DateTime::from_timestamp(s, 0).unwrap();
+        let clock = ManualClock::new(t(0));
+        let soon = clock.sleep_until(t(10));
+        let later = clock.sleep_until(t(20));
+        assert_eq!(clock.deadlines(), [t(10), t(20)]);
+        clock.set(t(10));
+        soon.await;
+        assert_eq!(clock.deadlines(), [t(20)]);
+        drop(later);
+        assert!(clock.deadlines().is_empty());
+    }
+}
