@@ -68,10 +68,13 @@ struct Running {
 /// the goal starts when `due` passes with no change since. The goal's own runs change its
 /// workspace, and those changes must not start it again; the daemon cannot tell a run's
 /// writes from anyone else's (a run's processes are many and file events carry no writer),
-/// so it leaves out every change while the goal has a run going (from the claim on, whatever
-/// started it) and for a debounce after the last one ends (`quiet_until`), which covers the
-/// events of its last writes still on their way. A change made by someone else in that
-/// time is left out too: the run that was going is taken to have seen it.
+/// so it leaves out every change while a run works in the workspace (from the claim on,
+/// whatever started it) and for a debounce after the last one ends (`Slot::ended`), which
+/// covers the events of its last writes still on their way. That is a run of any goal of
+/// the daemon whose workspace holds or lies in this one, not only this goal's: two goals
+/// watching one workspace would otherwise start each other for ever, each run's writes the
+/// other's change. A change made by someone else in that time is left out too: the run
+/// that was going is taken to have seen it.
 struct Watched {
     /// The globs as written, for what the daemon says.
     patterns: Vec<String>,
@@ -80,8 +83,6 @@ struct Watched {
     debounce: Duration,
     /// When the goal starts, unless another change comes first.
     due: Option<DateTime<Utc>>,
-    /// Changes before this are the last run's own.
-    quiet_until: Option<DateTime<Utc>>,
 }
 
 /// A loaded goal: what scheduling needs, and no more.
@@ -102,8 +103,12 @@ struct Slot {
     run_goal: String,
     model: String,
     workspace: String,
+    /// The workspace, canonical where it exists: what a watched workspace is compared with.
+    root: PathBuf,
     next: Option<DateTime<Utc>>,
     running: Vec<Running>,
+    /// When its last run ended: changes of the workspace soon after are that run's own.
+    ended: Option<DateTime<Utc>>,
     queued: Option<(DateTime<Utc>, TriggerKind)>,
 }
 
@@ -176,20 +181,30 @@ impl Daemon {
     }
 
     /// A change that `name`'s globs match: the goal starts a debounce from now, unless the
-    /// change is taken as its own run's (see `Watched`).
+    /// change is taken as a run's (see `Watched`).
     fn changed(&mut self, name: &str, now: DateTime<Utc>) {
-        let Some(slot) = self.slots.get_mut(name) else {
+        let Some(slot) = self.slots.get(name) else {
             return;
         };
-        let running = !slot.running.is_empty();
-        let Some(w) = slot.watch.as_mut() else {
+        let Some(debounce) = slot.watch.as_ref().map(|w| w.debounce) else {
             return;
         };
-        if running || w.quiet_until.is_some_and(|q| now < q) {
-            tracing::debug!("goal {name}: a change while it runs or just ran, left out");
+        let root = &slot.root;
+        let busy = self.slots.values().find(|s| {
+            (s.root.starts_with(root) || root.starts_with(&s.root))
+                && (!s.running.is_empty() || s.ended.is_some_and(|e| now < e + debounce))
+        });
+        if let Some(s) = busy {
+            tracing::debug!(
+                "goal {name}: a change while a run of {} works in its workspace or just did, \
+                 left out",
+                s.run_goal
+            );
             return;
         }
-        w.due = Some(now + w.debounce);
+        if let Some(w) = self.slots.get_mut(name).and_then(|s| s.watch.as_mut()) {
+            w.due = Some(now + debounce);
+        }
     }
 
     /// Goals whose burst of changes has been quiet for its debounce start, each claimed as
@@ -633,10 +648,8 @@ impl Daemon {
             return;
         };
         slot.running.retain(|r| r.at != done.at);
-        if slot.running.is_empty()
-            && let Some(w) = slot.watch.as_mut()
-        {
-            w.quiet_until = Some(self.cfg.clock.now() + w.debounce);
+        if slot.running.is_empty() {
+            slot.ended = Some(self.cfg.clock.now());
         }
         if slot.running.is_empty()
             && let Some((q, kind)) = slot.queued.take()
