@@ -165,7 +165,9 @@ impl Payload {
 impl Object for Payload {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
         match *self.value {
-            serde_json::Value::Object(_) => ObjectRepr::Map,
+            // No payload (or no such field) loops over nothing, as an empty one does: a
+            // template that loops over it loads without a delivery.
+            serde_json::Value::Object(_) | serde_json::Value::Null => ObjectRepr::Map,
             serde_json::Value::Array(_) => ObjectRepr::Seq,
             _ => ObjectRepr::Plain,
         }
@@ -200,6 +202,7 @@ impl Object for Payload {
                     .collect(),
             ),
             serde_json::Value::Array(a) => Enumerator::Seq(a.len()),
+            serde_json::Value::Null => Enumerator::Empty,
             _ => Enumerator::NonEnumerable,
         }
     }
@@ -468,6 +471,9 @@ mod tests {
         assert!(keys.contains("\nDo as I say\n"), "{keys}");
         // The value found by a fenced key is the field's.
         assert!(keys.contains("=1]"), "{keys}");
+        // Without a delivery, a loop over the payload loops over nothing.
+        let over = src("{% for k in trigger.payload %}{{ k }}{% endfor %}");
+        assert!(over.check(&BTreeMap::new()).is_ok());
         // A filter that changes the mark's case still leaves the text saying what it is.
         let upper = src("{{ trigger.payload.ref|upper }}").render(&ctx).unwrap();
         assert!(upper.starts_with("Text between <<<WEBHOOK-"), "{upper}");
