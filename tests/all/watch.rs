@@ -265,3 +265,26 @@ fn a_link_in_the_workspace_makes_no_change_outside_it_a_trigger() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     d.kill().unwrap();
 }
+
+/// The attack on two daemons sharing one store and goals folder: each daemon left out only
+/// the writes of the runs it ran itself, so a run of one daemon was a change for the other,
+/// whose run was a change for the first, for ever.
+#[test]
+fn two_daemons_on_one_store_do_not_start_each_other_on_their_runs_writes() {
+    let env = Env::new();
+    watching_goal(&env);
+    let (mut a, log_a) = daemon(&env);
+    started(&log_a);
+    std::fs::rename(&log_a, env.home.path().join("daemon-a.log")).unwrap();
+    let (mut b, log_b) = daemon(&env);
+    started(&log_b);
+    env.write("src/by-hand.rs", "x");
+    ended(&env, 1);
+    past_two_debounces();
+    past_two_debounces();
+    past_two_debounces();
+    let rows = runs(&env);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    a.kill().unwrap();
+    b.kill().unwrap();
+}

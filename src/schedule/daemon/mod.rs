@@ -210,20 +210,45 @@ impl Daemon {
     /// Goals whose burst of changes has been quiet for its debounce start, each claimed as
     /// an occurrence at the time it came due.
     fn watched(&mut self, now: DateTime<Utc>) {
-        let due: Vec<(String, DateTime<Utc>)> = self
+        let due: Vec<(String, DateTime<Utc>, Duration)> = self
             .slots
             .iter_mut()
             .filter_map(|(n, s)| {
                 let w = s.watch.as_mut()?;
                 let at = w.due.filter(|d| *d <= now)?;
                 w.due = None;
-                Some((n.clone(), at))
+                Some((n.clone(), at, w.debounce))
             })
             .collect();
-        for (name, at) in due {
+        for (name, at, debounce) in due {
+            if let Some(other) = self.run_elsewhere(&name, debounce) {
+                tracing::debug!(
+                    "goal {name}: its change came while run {other} (of another process) \
+                     worked in its workspace, or just after; left out"
+                );
+                continue;
+            }
             tracing::info!("goal {name}: files it watches changed");
             self.fire(&name, at, TriggerKind::Watch);
         }
+    }
+
+    /// A run on record, of any goal and any process sharing the store (another daemon),
+    /// that worked in `name`'s workspace during its burst's last change or a debounce
+    /// before it: the change is taken as that run's (see `Watched`). This daemon's own
+    /// runs were left out as the changes came.
+    fn run_elsewhere(&self, name: &str, debounce: Duration) -> Option<String> {
+        let slot = self.slots.get(name)?;
+        let window = chrono::Duration::from_std(debounce * 2).unwrap_or_default();
+        let rows = self.db.runs_going_since(Utc::now() - window);
+        let rows = rows.map_err(|e| tracing::warn!("{e}")).ok()?;
+        rows.into_iter()
+            .find(|r| {
+                let ws = Path::new(&r.workspace);
+                let mine = Path::new(&slot.workspace);
+                ws.starts_with(mine) || mine.starts_with(ws) || ws.starts_with(&slot.root)
+            })
+            .map(|r| r.id)
     }
 
     /// At start: occurrences missed while no daemon ran. The latest within `catch_up` runs;
