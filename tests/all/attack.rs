@@ -304,3 +304,77 @@ fn the_agent_cannot_rewrite_what_a_continued_run_is_built_from() {
     let run = Run::new(out);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
 }
+
+/// The attack of `a_continued_run_still_sees_what_the_first_run_did_to_protected_paths`, in
+/// a worktree: the first run's work (the planted `conftest.py`) is its branch's commit, and
+/// the continued run's worktree is made from it.
+#[test]
+fn a_continued_worktree_run_still_sees_what_the_first_run_did_to_protected_paths() {
+    let env = Env::new();
+    python_project(&env);
+    let ws = env.ws();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&ws)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "first"]);
+    let script = env.script(json!([
+        cmd("c", "printf 'import os\\nos._exit(0)\\n' > conftest.py"),
+        {"error": "the provider is down"}
+    ]));
+    let out = env
+        .sup()
+        .args(["goal", "make the tests pass", "--check-cmd", RUNNER])
+        .args(["--protect", "conftest.py", "--protect", "tests/**"])
+        .args([
+            "--tries",
+            "1",
+            "--isolation",
+            "worktree",
+            "--keep",
+            "always",
+        ])
+        .arg("--json")
+        .arg("--model")
+        .arg(format!("script:{}", script.display()))
+        .output()
+        .unwrap();
+    let first = Run::new(out);
+    assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
+    let id = first.result()["run_id"].as_str().unwrap().to_string();
+    std::fs::write(
+        &script,
+        json!([say("(played)"), say("the tests pass")]).to_string(),
+    )
+    .unwrap();
+    let out = env
+        .sup()
+        .args(["continue", &id, "--json"])
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let r = run.result();
+    let last = r["checks"].as_array().unwrap().last().unwrap();
+    let p = last
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "protected")
+        .unwrap_or_else(|| panic!("no protected result: {r}"));
+    assert!(
+        p["output_tail"]
+            .as_str()
+            .unwrap()
+            .contains("conftest.py (created)"),
+        "{p}"
+    );
+}
