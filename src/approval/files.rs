@@ -1,7 +1,8 @@
 //! What a person approves of a command line that runs a file of the workspace (`bash
-//! ./fix.sh`, `python3 x.py`, `./run.sh`, `make -f x.mk`): the file is named with its first
-//! lines in the request, its hash is taken when the request is made, and the call is refused
-//! when the file changed by the time it runs.
+//! ./fix.sh`, `python3 x.py`, `python3 -m mod`, `./run.sh`, `make -f x.mk`): the file is
+//! named with its first lines in the request, its hash is taken when the request is made,
+//! and the call is refused when the file changed by the time it runs. An interpreter's
+//! operands that are files of the workspace are all taken (its script and its data).
 
 use std::path::{Path, PathBuf};
 
@@ -112,13 +113,30 @@ fn operands(words: &[String]) -> Vec<String> {
         out.push(program.clone());
     }
     if INTERPRETERS.contains(&name) {
-        // `-c CODE` and `-m MODULE` run no file; otherwise the first operand is the script.
-        if args.iter().any(|a| a == "-c" || a == "-m" || a == "-e") {
+        // `-c CODE` runs no file.
+        if args.iter().any(|a| a == "-c" || a == "-e") {
             return out;
         }
-        if let Some(script) = args.iter().find(|a| !a.starts_with('-')) {
-            out.push(script.clone());
+        // `python -m MODULE` runs the workspace's module of that name first, when there is
+        // one (the working folder leads `sys.path`): a planted `pytest.py` is what
+        // `python3 -m pytest` runs.
+        if let Some(m) = args
+            .iter()
+            .position(|a| a == "-m")
+            .and_then(|i| args.get(i + 1))
+        {
+            let m = m.replace('.', "/");
+            out.extend([
+                format!("{m}.py"),
+                format!("{m}/__main__.py"),
+                format!("{m}/__init__.py"),
+            ]);
+            return out;
         }
+        // Every operand that is a file: an option's value (`-W ignore x.py`) is not the
+        // script, and the agent could name a file like it; what is not a file of the
+        // workspace is left out later.
+        out.extend(args.iter().filter(|a| !a.starts_with('-')).cloned());
     }
     if name == "make" || name == "gmake" {
         let mut named = false;
@@ -222,6 +240,12 @@ mod tests {
             names("python3 -m pytest; bash ../outside.sh"),
             Vec::<String>::new()
         );
+        // An option's value is not the script; a module of the workspace is what `-m` runs.
+        assert_eq!(names("python3 -W ignore x.py"), ["x.py"]);
+        std::fs::create_dir_all(ws.join("pkg")).unwrap();
+        std::fs::write(ws.join("pkg/__main__.py"), "").unwrap();
+        assert_eq!(names("python3 -m x"), ["x.py"]);
+        assert_eq!(names("python3 -I -m pkg arg"), ["pkg/__main__.py"]);
         let f = &run_files("bash 'fix.sh'", &ws)[0];
         assert_eq!(f.first_lines, "# fix.sh\nline 2");
         assert_eq!(changed(std::slice::from_ref(f), &ws), None);
