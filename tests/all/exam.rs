@@ -506,8 +506,8 @@ fn approved_script_changes(nobody: bool) {
 }
 
 /// The attack of `approved_script_changes` on what the approval did not take as the file
-/// run: a module `python3 -m fix` runs from the workspace, and a script after an option's
-/// value (`python3 -W ignore fix.py`).
+/// run: a module `python3 -m fix` runs from the workspace, a script after an option's value
+/// (`python3 -W ignore fix.py`), a script on the interpreter's input (`cat fix.py | python3`).
 fn approved_module_changes(line: &str) {
     let env = Env::new();
     env.write("fix.py", "open('fixed.txt', 'w').write('x')\n");
@@ -573,6 +573,11 @@ fn an_approved_module_that_changed_before_it_runs_is_refused() {
 #[test]
 fn an_approved_script_after_an_options_value_that_changed_is_refused() {
     approved_module_changes("python3 -W ignore fix.py");
+}
+
+#[test]
+fn an_approved_script_piped_to_its_interpreter_that_changed_is_refused() {
+    approved_module_changes("cat fix.py | python3");
 }
 
 #[test]
