@@ -288,3 +288,29 @@ fn two_daemons_on_one_store_do_not_start_each_other_on_their_runs_writes() {
     a.kill().unwrap();
     b.kill().unwrap();
 }
+
+/// What leaves a change out is a run that works: a run on record as running whose process
+/// was killed (nobody holds its lock) blocks no change of its workspace.
+#[test]
+fn a_killed_run_still_on_record_as_running_blocks_no_change() {
+    let env = Env::new();
+    watching_goal(&env);
+    let db = Db::open(env.home.path()).unwrap();
+    db.conn()
+        .execute(
+            "INSERT INTO runs (id, goal, trigger, status, started_at, pid, model, workspace, dir)
+             VALUES ('killed', 'other', 'cli', 'running', '2026-01-01T00:00:00.000Z', 1,
+                     'script:x', ?1, ?2)",
+            [
+                env.ws().display().to_string(),
+                env.home.path().join("runs/killed").display().to_string(),
+            ],
+        )
+        .unwrap();
+    let (mut d, log) = daemon(&env);
+    started(&log);
+    env.write("src/by-hand.rs", "x");
+    let rows = ended(&env, 1);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    d.kill().unwrap();
+}

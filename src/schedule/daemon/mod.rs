@@ -31,7 +31,7 @@ use super::watch::Workspaces;
 use crate::config::{GoalFile, UserConfig};
 use crate::run::{self, Invocation, Recorded, RunError, RunSpec, Trigger};
 use crate::store::db::{Db, DbError, NewRun, stamp};
-use crate::store::{OccurrenceStatus, RunDir, TriggerKind};
+use crate::store::{OccurrenceStatus, RunDir, RunStatus, TriggerKind};
 
 pub use super::clock::{Clock, ManualClock, SystemClock};
 
@@ -246,7 +246,12 @@ impl Daemon {
             .find(|r| {
                 let ws = Path::new(&r.workspace);
                 let mine = Path::new(&slot.workspace);
-                ws.starts_with(mine) || mine.starts_with(ws) || ws.starts_with(&slot.root)
+                // A run on record as running whose lock nobody holds (killed) works nowhere;
+                // its agent writes only once it holds it.
+                let dead = r.status == RunStatus::Running
+                    && crate::tools::sandbox::run_alive(Path::new(&r.dir)) != Some(true);
+                !dead
+                    && (ws.starts_with(mine) || mine.starts_with(ws) || ws.starts_with(&slot.root))
             })
             .map(|r| r.id)
     }
