@@ -1,7 +1,8 @@
 //! What a person approves of a command line that runs a file of the workspace (`bash
-//! ./fix.sh`, `python3 x.py`, `./run.sh`, `make -f x.mk`): the file is named with its first
-//! lines in the request, its hash is taken when the request is made, and the call is refused
-//! when the file changed by the time it runs.
+//! ./fix.sh`, `python3 x.py`, `python3 -m mod`, `./run.sh`, `make -f x.mk`): the file is
+//! named with its first lines in the request, its hash is taken when the request is made,
+//! and the call is refused when the file changed by the time it runs. An interpreter's
+//! operands that are files of the workspace are all taken (its script and its data).
 
 use std::path::{Path, PathBuf};
 
@@ -38,8 +39,16 @@ impl RunFile {
 /// The workspace files `line` runs, read now.
 pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
     let mut out: Vec<RunFile> = Vec::new();
-    for words in commands(line) {
-        for f in operands(&words) {
+    let commands = commands(line);
+    // An interpreter given no script reads it from its input (`cat fix.sh | bash`): any
+    // file the line names may be what it runs.
+    let from_input = commands.iter().any(|w| reads_input(w));
+    for words in &commands {
+        let mut files = operands(words);
+        if from_input {
+            files.extend(words.iter().map(|w| w.trim_start_matches('<').to_string()));
+        }
+        for f in files {
             let Some(full) = inside(workspace, &f) else {
                 continue;
             };
@@ -83,9 +92,9 @@ fn inside(workspace: &Path, word: &str) -> Option<PathBuf> {
     (full.starts_with(workspace) && full.is_file()).then_some(full)
 }
 
-/// The files a simple command runs: its program when it is a path, an interpreter's script,
-/// `make`'s makefile.
-fn operands(words: &[String]) -> Vec<String> {
+/// A simple command from its program on: variable assignments and wrappers (`env`,
+/// `nohup`, with their options) left out.
+fn program(words: &[String]) -> &[String] {
     let mut w: &[String] = words;
     loop {
         match w.first().map(String::as_str) {
@@ -102,6 +111,24 @@ fn operands(words: &[String]) -> Vec<String> {
             _ => break,
         }
     }
+    w
+}
+
+/// Whether a simple command is an interpreter that reads its program from its input: it
+/// has no operand, and no `-c`, `-e` or `-m`.
+fn reads_input(words: &[String]) -> bool {
+    let w = program(words);
+    w.first()
+        .is_some_and(|p| INTERPRETERS.contains(&basename(p)))
+        && !w[1..]
+            .iter()
+            .any(|a| !a.starts_with('-') || ["-c", "-e", "-m"].contains(&a.as_str()))
+}
+
+/// The files a simple command runs: its program when it is a path, an interpreter's script,
+/// `make`'s makefile.
+fn operands(words: &[String]) -> Vec<String> {
+    let w = program(words);
     let Some(program) = w.first() else {
         return Vec::new();
     };
@@ -112,13 +139,34 @@ fn operands(words: &[String]) -> Vec<String> {
         out.push(program.clone());
     }
     if INTERPRETERS.contains(&name) {
-        // `-c CODE` and `-m MODULE` run no file; otherwise the first operand is the script.
-        if args.iter().any(|a| a == "-c" || a == "-m" || a == "-e") {
+        // `-c CODE` runs no file.
+        if args.iter().any(|a| a == "-c" || a == "-e") {
             return out;
         }
-        if let Some(script) = args.iter().find(|a| !a.starts_with('-')) {
-            out.push(script.clone());
+        // `python -m MODULE` runs the workspace's module of that name first, when there is
+        // one (the working folder leads `sys.path`): a planted `pytest.py` is what
+        // `python3 -m pytest` runs.
+        if let Some(m) = args
+            .iter()
+            .position(|a| a == "-m")
+            .and_then(|i| args.get(i + 1))
+        {
+            let m = m.replace('.', "/");
+            out.extend([
+                format!("{m}.py"),
+                format!("{m}/__main__.py"),
+                format!("{m}/__init__.py"),
+            ]);
+            return out;
         }
+        // Every operand that is a file: an option's value (`-W ignore x.py`) is not the
+        // script, and the agent could name a file like it; what is not a file of the
+        // workspace is left out later. `<fix.sh` is the script too.
+        out.extend(
+            args.iter()
+                .filter(|a| !a.starts_with('-'))
+                .map(|a| a.trim_start_matches('<').to_string()),
+        );
     }
     if name == "make" || name == "gmake" {
         let mut named = false;
@@ -222,6 +270,16 @@ mod tests {
             names("python3 -m pytest; bash ../outside.sh"),
             Vec::<String>::new()
         );
+        // An option's value is not the script; a module of the workspace is what `-m` runs.
+        assert_eq!(names("python3 -W ignore x.py"), ["x.py"]);
+        std::fs::create_dir_all(ws.join("pkg")).unwrap();
+        std::fs::write(ws.join("pkg/__main__.py"), "").unwrap();
+        assert_eq!(names("python3 -m x"), ["x.py"]);
+        assert_eq!(names("python3 -I -m pkg arg"), ["pkg/__main__.py"]);
+        // A script on the interpreter's input.
+        assert_eq!(names("cat x.py | python3"), ["x.py"]);
+        assert_eq!(names("bash <fix.sh"), ["fix.sh"]);
+        assert_eq!(names("bash -s < fix.sh"), ["fix.sh"]);
         let f = &run_files("bash 'fix.sh'", &ws)[0];
         assert_eq!(f.first_lines, "# fix.sh\nline 2");
         assert_eq!(changed(std::slice::from_ref(f), &ws), None);

@@ -27,7 +27,7 @@ impl Workspaces {
         let (tx, rx) = mpsc::unbounded_channel();
         let goals: Arc<Mutex<BTreeMap<PathBuf, Watchers>>> = Arc::default();
         let seen = goals.clone();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let handler = move |event: notify::Result<notify::Event>| {
             let Ok(event) = event else { return };
             if event.kind.is_access() || event.kind.is_other() {
                 return;
@@ -44,9 +44,14 @@ impl Workspaces {
                     }
                 }
             }
-        })
-        .map_err(|e| tracing::warn!("cannot watch workspaces ({e}); `watch` starts nothing"))
-        .ok();
+        };
+        // A link in the workspace is not followed: one the agent planted (`src/l -> /`)
+        // would make changes anywhere its target is, such as other runs' folders, changes
+        // of the workspace, and exhaust the user's inotify watches.
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let watcher = notify::RecommendedWatcher::new(handler, config)
+            .map_err(|e| tracing::warn!("cannot watch workspaces ({e}); `watch` starts nothing"))
+            .ok();
         Workspaces { watcher, goals, rx }
     }
 

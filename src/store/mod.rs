@@ -43,6 +43,14 @@ pub enum StoreError {
     },
 }
 
+/// How long a webhook delivery id is remembered: one delivered again within it runs nothing
+/// (GitHub redelivers for three days). Older ids are forgotten, so that the table is bounded.
+pub(crate) const REPLAY_WINDOW: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// The most delivery ids a goal keeps: a flood of signed deliveries (each with a new id)
+/// pushes out the oldest instead of filling the store.
+pub(crate) const MAX_DELIVERIES: i64 = 10_000;
+
 /// `SUP_HOME`, or `~/.local/state/sup`.
 pub(crate) fn home() -> PathBuf {
     if let Some(h) = std::env::var_os("SUP_HOME").filter(|h| !h.is_empty()) {

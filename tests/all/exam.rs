@@ -505,6 +505,90 @@ fn approved_script_changes(nobody: bool) {
     assert!(!env.ws().join("fixed.txt").exists());
 }
 
+/// The attack of `approved_script_changes` on what the approval did not take as the file
+/// run: a module `python3 -m fix` runs from the workspace, a script after an option's value
+/// (`python3 -W ignore fix.py`), a script on the interpreter's input (`cat fix.py | python3`).
+fn approved_module_changes(line: &str, nobody: bool) {
+    let env = Env::new();
+    env.write("fix.py", "open('fixed.txt', 'w').write('x')\n");
+    let script = env.script(json!([
+        cmd(
+            "job",
+            "nohup sh -c 'while [ ! -f go ]; do sleep 0.05; done; \
+             echo \"open(\\\"pwned.txt\\\", \\\"w\\\")\" > fix.py' >/dev/null 2>&1 &"
+        ),
+        cmd("run", line),
+        say("done")
+    ]));
+    let mut c = if nobody {
+        env.sup_as_nobody()
+    } else {
+        env.sup()
+    };
+    let child = c
+        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rows = pending(&env, nobody, 1);
+    approve(&env, nobody, rows[0]["id"].as_str().unwrap());
+    let rows = crate::common::eventually(
+        std::time::Duration::from_secs(30),
+        "the request for the module",
+        || {
+            let rows = pending(&env, nobody, 1);
+            rows.into_iter()
+                .find(|r| r["input"].as_str().unwrap_or("").contains(line))
+        },
+    );
+    let shown = rows["input"].as_str().unwrap();
+    assert!(
+        shown.contains("first_lines") && shown.contains("fixed.txt"),
+        "{shown}"
+    );
+    std::fs::write(env.ws().join("go"), "").unwrap();
+    crate::common::eventually(
+        std::time::Duration::from_secs(30),
+        "fix.py rewritten",
+        || {
+            std::fs::read_to_string(env.ws().join("fix.py"))
+                .ok()
+                .filter(|s| s.contains("pwned"))
+        },
+    );
+    approve(&env, nobody, rows["id"].as_str().unwrap());
+    let run = Run::new(child.wait_with_output().unwrap());
+    let result = run.tool_result("run");
+    assert_eq!(result["is_error"], true, "{}", run.stdout);
+    assert!(
+        text(result).contains("fix.py changed since it was approved"),
+        "{result}"
+    );
+    assert!(!env.ws().join("pwned.txt").exists());
+}
+
+#[test]
+fn an_approved_module_that_changed_before_it_runs_is_refused() {
+    approved_module_changes("python3 -m fix", false);
+}
+
+#[test]
+fn an_approved_script_after_an_options_value_that_changed_is_refused() {
+    approved_module_changes("python3 -W ignore fix.py", false);
+}
+
+#[test]
+fn an_approved_script_piped_to_its_interpreter_that_changed_is_refused() {
+    approved_module_changes("cat fix.py | python3", false);
+}
+
+#[test]
+fn as_an_ordinary_user_an_approved_module_that_changed_is_refused() {
+    approved_module_changes("python3 -m fix", true);
+}
+
 #[test]
 fn an_approved_script_that_changed_before_it_runs_is_refused() {
     approved_script_changes(false);

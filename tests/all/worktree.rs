@@ -858,3 +858,116 @@ fn the_next_start_removes_the_worktree_of_a_killed_run_and_keeps_its_work() {
         "one\nchanged by the person\n"
     );
 }
+
+/// The attack: the worktree's `.git` file names its git folder in the person's repository,
+/// and that folder's `commondir` names the repository's own `.git`. Through them the agent
+/// writes a hook and an alias into the person's repository (so that their next `git
+/// checkout` or `git st` runs its code), points the worktree's HEAD elsewhere, and writes
+/// into the person's checkout by a relative path.
+#[test]
+fn an_isolated_agent_cannot_reach_the_persons_git_through_the_worktrees_pointers() {
+    let env = Env::new();
+    repo(&env);
+    let ws = env.ws();
+    let pwned = ws.join("PWNED");
+    let config_before = std::fs::read(ws.join(".git/config")).unwrap();
+    let status_before = git(&ws, &["status", "--porcelain"]);
+    let line = format!(
+        "g=$(sed -n 's/^gitdir: //p' .git); c=$g/$(cat $g/commondir); \
+         printf '#!/bin/sh\\ntouch {p}\\n' > $c/hooks/post-checkout; \
+         chmod +x $c/hooks/post-checkout; \
+         printf '[alias]\\n\\tst = !touch {p}\\n' >> $c/config; \
+         git config alias.co '!touch {p}'; \
+         echo 0000000000000000000000000000000000000000 > $g/HEAD; \
+         echo planted > $c/../planted.txt; \
+         echo pwned >> $c/../tracked.txt; \
+         echo done",
+        p = pwned.display()
+    );
+    let run = env.json(
+        &["goal", "x", "--check-cmd", "true"],
+        json!([
+            {"tool_calls": [{"id": "c", "name": "run_command", "input": {"command": line}},
+                            {"id": "w", "name": "write_file",
+                             "input": {"path": format!("{}/planted2.txt", ws.display()),
+                                       "content": "x"}}]},
+            {"text": "done"}
+        ]),
+        &["--isolation", "worktree"],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.tool_result("w")["is_error"].as_bool().unwrap(),
+        "{}",
+        run.stdout
+    );
+    assert!(!ws.join(".git/hooks/post-checkout").exists());
+    assert_eq!(
+        std::fs::read(ws.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert!(!ws.join("planted.txt").exists() && !ws.join("planted2.txt").exists());
+    assert_eq!(git(&ws, &["status", "--porcelain"]), status_before);
+    // The person's git runs nothing of the agent's.
+    git(&ws, &["status"]);
+    assert!(!pwned.exists());
+    // The run's work was still committed on its branch.
+    let branch = run.result()["branch"].as_str().unwrap().to_string();
+    assert!(!git(&ws, &["log", "-1", "--format=%s", &branch]).is_empty());
+}
+
+/// The attack: parallel attempts, where one writes the answer into its siblings' worktrees
+/// (found as `../*/`) and into the shared object store, so that another attempt's checks
+/// pass without its own work.
+#[test]
+fn a_parallel_attempt_cannot_write_into_a_siblings_worktree() {
+    let env = Env::new();
+    repo(&env);
+    let marker = "sleep 2.137";
+    let server = FakeServer::routed(move |body| {
+        if last_role(body) == "tool" {
+            return openai_json(&Turn::text("done"));
+        }
+        match attempt_of(body) {
+            1 => openai_json(&Turn::text("").call(
+                "c",
+                "run_command",
+                &json!({"command":
+                    "for i in $(seq 100); do [ $(ls -d ../*/ 2>/dev/null | wc -l) -ge 2 ] && break; \
+                     sleep 0.05; done; me=$(pwd -P); \
+                     for d in ../*/; do [ \"$(cd $d && pwd -P)\" = \"$me\" ] || \
+                     echo right > $d/answer.txt; done; \
+                     echo right | git hash-object -w --stdin; ls ../"}).to_string(),
+            )),
+            _ => openai_json(&Turn::text("").call(
+                "s",
+                "run_command",
+                &json!({"command": marker}).to_string(),
+            )),
+        }
+    });
+    let out = env
+        .sup()
+        .env("OPENAI_API_KEY", "sk-test")
+        .args([
+            "goal",
+            "write answer.txt",
+            "--check-cmd",
+            "grep -q right answer.txt",
+            "--tries",
+            "1",
+            "--parallel",
+            "2",
+            "--json",
+            "--no-stream",
+            "--model",
+            "openai:gpt-4o-mini",
+            "--base-url",
+        ])
+        .arg(format!("{}/v1", server.url))
+        .output()
+        .unwrap();
+    let run = Run::new(out);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
+}

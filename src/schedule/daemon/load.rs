@@ -132,23 +132,20 @@ impl Daemon {
                 {
                     tracing::info!("goal {name}: watch {} loaded", goal.watch.join(", "));
                 }
-                // A burst under way, or a run's quiet time, outlives a reload.
-                let (due, quiet_until) = old
-                    .and_then(|s| s.watch.as_ref())
-                    .map_or((None, None), |w| (w.due, w.quiet_until));
+                // A burst under way outlives a reload.
+                let due = old.and_then(|s| s.watch.as_ref()).and_then(|w| w.due);
                 Some(Watched {
                     patterns: goal.watch.clone(),
                     globs,
                     workspace: spec.goal.workspace.clone(),
                     debounce: goal.debounce,
                     due,
-                    quiet_until,
                 })
             };
-            let (running, queued) = self
+            let (running, queued, ended) = self
                 .slots
                 .remove(&name)
-                .map(|s| (s.running, s.queued))
+                .map(|s| (s.running, s.queued, s.ended))
                 .unwrap_or_default();
             self.slots.insert(
                 name,
@@ -163,9 +160,12 @@ impl Daemon {
                     notify: !spec.notify.is_empty(),
                     model: spec.model_name(),
                     workspace: spec.goal.workspace.display().to_string(),
+                    root: std::fs::canonicalize(&spec.goal.workspace)
+                        .unwrap_or_else(|_| spec.goal.workspace.clone()),
                     run_goal: spec.goal.name,
                     next,
                     running,
+                    ended,
                     queued,
                 },
             );

@@ -189,6 +189,21 @@ impl Db {
             .map_err(|e| self.err(e))
     }
 
+    /// The runs, of any goal and process, that were going at some time from `from` on: not
+    /// ended before it (the newest thousand).
+    pub(crate) fn runs_going_since(&self, from: DateTime<Utc>) -> Result<Vec<RunRow>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT * FROM runs WHERE status = 'running' OR ended_at >= ?1
+                 ORDER BY started_at DESC, id DESC LIMIT 1000",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.query_map(params![stamp(from)], Self::run_of)
+            .and_then(Iterator::collect)
+            .map_err(|e| self.err(e))
+    }
+
     pub fn run(&self, id: &str) -> Result<RunRow, DbError> {
         self.conn
             .query_row("SELECT * FROM runs WHERE id = ?1", [id], Self::run_of)

@@ -99,15 +99,36 @@ impl Db {
     }
 
     /// Record a webhook delivery of `goal`: whether it is new (one seen before runs nothing).
+    /// What is kept is bounded (see `crate::store::REPLAY_WINDOW`): deliveries older than
+    /// the window are forgotten, and a goal keeps its newest `MAX_DELIVERIES`.
     pub(crate) fn new_delivery(&self, goal: &str, delivery: &str) -> Result<bool, DbError> {
+        let now = Utc::now();
+        let since =
+            now - chrono::Duration::from_std(crate::store::REPLAY_WINDOW).unwrap_or_default();
+        self.conn
+            .execute(
+                "DELETE FROM webhook_deliveries WHERE received_at < ?1",
+                params![stamp(since)],
+            )
+            .map_err(|e| self.err(e))?;
         let n = self
             .conn
             .execute(
                 "INSERT OR IGNORE INTO webhook_deliveries (goal, delivery, received_at)
                  VALUES (?1, ?2, ?3)",
-                params![goal, delivery, stamp(Utc::now())],
+                params![goal, delivery, stamp(now)],
             )
             .map_err(|e| self.err(e))?;
+        if n == 1 {
+            self.conn
+                .execute(
+                    "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery IN (
+                         SELECT delivery FROM webhook_deliveries WHERE goal = ?1
+                         ORDER BY received_at DESC, rowid DESC LIMIT -1 OFFSET ?2)",
+                    params![goal, crate::store::MAX_DELIVERIES],
+                )
+                .map_err(|e| self.err(e))?;
+        }
         Ok(n == 1)
     }
 

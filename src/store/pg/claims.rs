@@ -362,6 +362,15 @@ impl PgStore {
     /// console of the fleet, runs nothing).
     pub(crate) async fn new_delivery(&self, goal: &str, delivery: &str) -> Result<bool, PgError> {
         let c = self.client().await?;
+        // Bounded as the local store's (see `crate::store::REPLAY_WINDOW`).
+        let window = crate::store::REPLAY_WINDOW.as_secs_f64();
+        c.execute(
+            "DELETE FROM webhook_deliveries
+             WHERE received_at < clock_timestamp() - make_interval(secs => $1)",
+            &[&window],
+        )
+        .await
+        .map_err(|e| self.err(&e))?;
         let n = c
             .execute(
                 "INSERT INTO webhook_deliveries (goal, delivery, received_at)
@@ -370,6 +379,16 @@ impl PgStore {
             )
             .await
             .map_err(|e| self.err(&e))?;
+        if n == 1 {
+            c.execute(
+                "DELETE FROM webhook_deliveries WHERE goal = $1 AND delivery IN (
+                     SELECT delivery FROM webhook_deliveries WHERE goal = $1
+                     ORDER BY received_at DESC OFFSET $2)",
+                &[&goal, &crate::store::MAX_DELIVERIES],
+            )
+            .await
+            .map_err(|e| self.err(&e))?;
+        }
         Ok(n == 1)
     }
 
