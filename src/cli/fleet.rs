@@ -1,10 +1,10 @@
-//! The commands against a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`)
-//! that have no local twin: the fleet daemon, `sup daemons`, and the history and trigger
-//! commands answered from the store, so they work from any machine (pause and the approval
-//! commands are `manage`'s, over `store::history`).
+//! What only a shared PostgreSQL store (`--store postgres://…` or `SUP_STORE`) has: the
+//! fleet daemon, `sup daemons`, and `sup trigger`'s two ways of running a goal in a fleet
+//! (handed to a live daemon, or claimed and run here). The history commands are `manage`'s,
+//! over `store::history`, for either store.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use super::manage::short;
 use super::run::invocation;
 use super::{Ending, Fail};
-use crate::config::Settings;
+use crate::config::{Overlap, Settings};
 use crate::run::{Invocation, RunSpec, Trigger};
 use crate::schedule::fleet;
-use crate::store::{self, db::stamp, pg};
-use crate::trace::{Event, EventSink, HumanTrace, JsonLines};
+use crate::store::{self, TriggerKind, db::stamp, pg};
+use crate::trace::{EventSink, HumanTrace, JsonLines};
 
 /// Open the store named by `--store`; its faults are usage errors (exit 2) with the
 /// server's words and what to check.
@@ -123,188 +123,73 @@ pub(crate) async fn daemons(url: &str, json_out: bool) -> Result<Ending, Fail> {
     Ok(Ending::Achieved)
 }
 
-pub(crate) async fn runs(
-    url: &str,
-    goal: Option<&str>,
-    status: Option<crate::store::RunStatus>,
-    limit: u32,
-    json_out: bool,
-) -> Result<Ending, Fail> {
-    let rows = open(url)
-        .await?
-        .runs(goal, status, limit)
-        .await
-        .map_err(Fail::usage)?;
-    let mut out = std::io::stdout().lock();
-    if json_out {
-        let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
-        return Ok(Ending::Achieved);
-    }
-    if rows.is_empty() {
-        let _ = writeln!(out, "no runs");
-        return Ok(Ending::Achieved);
-    }
-    let rows: Vec<_> = rows
-        .iter()
-        .map(|f| (&f.run, Some(f.host.as_str())))
-        .collect();
-    super::manage::print_runs(&mut out, &rows);
-    Ok(Ending::Achieved)
-}
-
-pub(crate) async fn show(url: &str, id: &str) -> Result<Ending, Fail> {
-    let store = open(url).await?;
-    let f = store.run(id).await.map_err(Fail::usage)?;
-    let run = &f.run;
-    let checks = store.checks(&run.id).await.map_err(Fail::usage)?;
-    let events = store.transcript(&run.id).await.map_err(Fail::usage)?;
-    let trace = HumanTrace::to(!checks.is_empty(), Box::new(std::io::stdout()));
-    let mut had_result = false;
-    for v in &events {
-        let Ok(event) = serde_json::from_value::<Event>(v.clone()) else {
-            continue;
-        };
-        had_result |= matches!(event, Event::Result { .. });
-        trace.emit(&event);
-    }
-    let here = pg::this_host() == f.host;
-    let mut out = std::io::stdout().lock();
-    if events.is_empty() {
-        let _ = writeln!(out, "(no transcript events in the store yet)");
-    }
-    if !checks.is_empty() {
-        let _ = writeln!(out, "\nchecks:");
-        for (t, c) in &checks {
-            let _ = writeln!(
-                out,
-                "  try {t} · {} {} · {} · {}ms",
-                if c.passed { '✓' } else { '✗' },
-                c.name,
-                c.outcome,
-                c.duration_ms
-            );
-            for path in c.output_paths() {
-                if !here {
-                    let _ = writeln!(out, "    whole output on host {}: {path}", f.host);
-                    continue;
-                }
-                if let Ok((tail, cut)) = crate::tools::process::read_tail(Path::new(path), 4096)
-                    && !tail.trim().is_empty()
-                {
-                    let _ = writeln!(out, "    {path}{}:", if cut { " (last part)" } else { "" });
-                    for l in tail.lines() {
-                        let _ = writeln!(out, "      {l}");
-                    }
-                }
-            }
-        }
-    }
-    let _ = writeln!(
-        out,
-        "\noutcome: {}{} · {} tries · {} steps · {}",
-        run.status,
-        run.stop_reason
-            .map(|s| format!(" ({s})"))
-            .unwrap_or_default(),
-        run.tries,
-        run.steps,
-        crate::trace::tokens(&run.usage)
-    );
-    let _ = writeln!(
-        out,
-        "goal {} · {} · started {} · ended {}",
-        run.goal,
-        run.trigger,
-        short(&run.started_at),
-        run.ended_at
-            .as_deref()
-            .map(short)
-            .unwrap_or_else(|| "—".into())
-    );
-    let _ = writeln!(
-        out,
-        "ran on host {} (daemon {}) · run folder {}{}",
-        f.host,
-        f.daemon_id.as_deref().unwrap_or("none"),
-        if run.dir.is_empty() { "—" } else { &run.dir },
-        if here {
-            ""
-        } else {
-            " (kept outputs are there, on that host)"
-        }
-    );
-    if let Some(e) = &run.error {
-        let _ = writeln!(out, "error: {e}");
-    }
-    if !had_result && run.status == crate::store::RunStatus::Running {
-        let _ = writeln!(out, "(the run is still going)");
-    }
-    Ok(Ending::Achieved)
-}
-
-/// `sup trigger` with a store: a live daemon that serves the goal picks it up; with none,
-/// this process claims it and runs it, under the same overlap rules.
-pub(crate) async fn trigger(
-    url: &str,
-    dir: &Path,
+/// `sup trigger`'s hand-off to a live daemon that serves the goal: the trigger is recorded
+/// in the store, and followed until a daemon starts it or says why not.
+pub(crate) async fn hand_off(
+    store: &pg::PgStore,
     name: &str,
+    kind: TriggerKind,
+    payload: Option<&serde_json::Value>,
     json_out: bool,
-    payload: Option<serde_json::Value>,
 ) -> Result<Ending, Fail> {
-    let goal = super::manage::find_goal(dir, name)?;
-    let store = open(url).await?;
     let user = crate::approval::answer::os_user();
-    let (kind, by) = match payload {
-        Some(_) => (crate::store::TriggerKind::Webhook, "webhook"),
-        None => (crate::store::TriggerKind::Manual, "sup trigger"),
+    let by = match kind {
+        TriggerKind::Webhook => "webhook",
+        _ => "sup trigger",
     };
     let by = format!("{user}@{} ({by})", pg::this_host());
-    if store.live_daemon_for(name).await.map_err(Fail::usage)? {
-        let text = payload.as_ref().map(|p| p.to_string());
-        let id = store
-            .request_trigger(name, &by, kind, text.as_deref())
-            .await
-            .map_err(Fail::usage)?;
-        eprintln!("· trigger {id} of {name} handed to the fleet");
-        for _ in 0..200 {
-            let (status, run_id) = store.trigger_state(id).await.map_err(Fail::usage)?;
-            match status.as_str() {
-                "pending" | "claimed" => {}
-                "running" => {
-                    let run_id = run_id.unwrap_or_default();
-                    if json_out {
-                        println!(
-                            "{}",
-                            json!({"trigger": id, "status": status, "run_id": run_id})
-                        );
-                    } else {
-                        println!(
-                            "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
-                        );
-                    }
-                    return Ok(Ending::Achieved);
+    let text = payload.map(|p| p.to_string());
+    let id = store
+        .request_trigger(name, &by, kind, text.as_deref())
+        .await
+        .map_err(Fail::usage)?;
+    eprintln!("· trigger {id} of {name} handed to the fleet");
+    for _ in 0..200 {
+        let (status, run_id) = store.trigger_state(id).await.map_err(Fail::usage)?;
+        match status.as_str() {
+            "pending" | "claimed" => {}
+            "running" => {
+                let run_id = run_id.unwrap_or_default();
+                if json_out {
+                    println!(
+                        "{}",
+                        json!({"trigger": id, "status": status, "run_id": run_id})
+                    );
+                } else {
+                    println!(
+                        "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
+                    );
                 }
-                other => {
-                    if json_out {
-                        println!("{}", json!({"trigger": id, "status": other}));
-                    } else {
-                        println!("{name}: not run: {other} (overlap and pause rules of the goal)");
-                    }
-                    return Ok(Ending::Achieved);
-                }
+                return Ok(Ending::Achieved);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            other => {
+                if json_out {
+                    println!("{}", json!({"trigger": id, "status": other}));
+                } else {
+                    println!("{name}: not run: {other} (overlap and pause rules of the goal)");
+                }
+                return Ok(Ending::Achieved);
+            }
         }
-        if json_out {
-            println!("{}", json!({"trigger": id, "status": "pending"}));
-        } else {
-            println!("{name}: trigger {id} waits for a daemon with room");
-        }
-        return Ok(Ending::Achieved);
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut spec = RunSpec::build(&defaults()?, Some(&goal.file)).map_err(Fail::from)?;
-    spec.sandbox.goals = Some(dir.to_path_buf());
-    spec.payload = payload.map(std::sync::Arc::new);
+    if json_out {
+        println!("{}", json!({"trigger": id, "status": "pending"}));
+    } else {
+        println!("{name}: trigger {id} waits for a daemon with room");
+    }
+    Ok(Ending::Achieved)
+}
+
+/// `sup trigger` in a fleet with no live daemon for the goal: this process claims the
+/// occurrence, under the goal's overlap rules, and runs it.
+pub(crate) async fn claim_and_run(
+    store: &pg::PgStore,
+    (name, overlap): (&str, Overlap),
+    spec: &RunSpec,
+    kind: TriggerKind,
+    json_out: bool,
+) -> Result<Ending, Fail> {
     let me = pg::Claimer {
         id: format!("cli-{}-{}", pg::this_host(), std::process::id()),
         host: pg::this_host(),
@@ -316,7 +201,7 @@ pub(crate) async fn trigger(
             &[pg::Due {
                 goal: name.to_string(),
                 at: chrono::Utc::now(),
-                overlap: goal.overlap,
+                overlap,
                 retry_interrupted: false,
             }],
         )
@@ -346,9 +231,9 @@ pub(crate) async fn trigger(
     let cancel = CancellationToken::new();
     super::run::watch_signals(cancel.clone())?;
     let launched = fleet::execute(
-        &store,
+        store,
         &run_id,
-        &spec,
+        spec,
         &store::home(),
         Trigger {
             kind,
