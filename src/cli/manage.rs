@@ -1,5 +1,7 @@
 //! The schedule and history commands: `sup daemon`, `sup goals`, `sup runs`, `sup show`,
-//! `sup trigger`, `sup pause`, `sup resume`.
+//! `sup trigger`, `sup pause`, `sup resume`, `sup approvals`, `sup approve`, `sup deny`.
+//! Each is written once over `store::history::History`, this machine's store or a fleet's;
+//! what only a fleet has (its daemon, the hand-off of a trigger) is `super::fleet`'s.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
