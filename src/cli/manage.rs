@@ -1,7 +1,7 @@
 //! The schedule and history commands: `sup daemon`, `sup goals`, `sup runs`, `sup show`,
 //! `sup trigger`, `sup pause`, `sup resume`, `sup approvals`, `sup approve`, `sup deny`.
 //! Each is written once over `store::history::History`, this machine's store or a fleet's;
-//! what only a fleet has (its daemon, the hand-off of a trigger) is `super::fleet`'s.
+//! what only a fleet has (its daemon, `sup daemons`) is `super::fleet`'s.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -10,19 +10,21 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use chrono::Utc;
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::run::{execute, invocation};
 use super::{Ending, Fail};
-use crate::config::Settings;
-use crate::run::RunSpec;
+use crate::config::{Overlap, Settings};
+use crate::run::{RunSpec, Trigger};
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
 use crate::store::db::RunRow;
 use crate::store::history::History;
+use crate::store::pg::PgStore;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind};
-use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
+use crate::trace::{Event, EventSink, HumanTrace, JsonLines, Results, escape, has_hidden};
 
 use super::db;
 
@@ -464,7 +466,7 @@ pub(crate) async fn trigger(
         // `--approval` is this machine's: a fleet's run is set up as its daemons set theirs up.
         History::Fleet(store) => {
             if store.live_daemon_for(name).await.map_err(Fail::usage)? {
-                return super::fleet::hand_off(store, name, kind, payload.as_ref(), json_out).await;
+                return hand_off(store, name, kind, payload.as_ref(), json_out).await;
             }
             Settings::default()
         }
@@ -488,9 +490,144 @@ pub(crate) async fn trigger(
             execute(spec, json_out, false, true, kind).await
         }
         History::Fleet(store) => {
-            super::fleet::claim_and_run(store, (name, goal.overlap), &spec, kind, json_out).await
+            claim_and_run(store, (name, goal.overlap), &spec, kind, json_out).await
         }
     }
+}
+
+/// `sup trigger`'s hand-off to a live daemon that serves the goal: the trigger is recorded
+/// in the store, and followed until a daemon starts it or says why not.
+async fn hand_off(
+    store: &PgStore,
+    name: &str,
+    kind: TriggerKind,
+    payload: Option<&serde_json::Value>,
+    json_out: bool,
+) -> Result<Ending, Fail> {
+    let user = crate::approval::answer::os_user();
+    let by = match kind {
+        TriggerKind::Webhook => "webhook",
+        _ => "sup trigger",
+    };
+    let by = format!("{user}@{} ({by})", crate::store::pg::this_host());
+    let text = payload.map(|p| p.to_string());
+    let id = store
+        .request_trigger(name, &by, kind, text.as_deref())
+        .await
+        .map_err(Fail::usage)?;
+    eprintln!("· trigger {id} of {name} handed to the fleet");
+    for _ in 0..200 {
+        let (status, run_id) = store.trigger_state(id).await.map_err(Fail::usage)?;
+        match status.as_str() {
+            "pending" | "claimed" => {}
+            "running" => {
+                let run_id = run_id.unwrap_or_default();
+                if json_out {
+                    println!(
+                        "{}",
+                        json!({"trigger": id, "status": status, "run_id": run_id})
+                    );
+                } else {
+                    println!(
+                        "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
+                    );
+                }
+                return Ok(Ending::Achieved);
+            }
+            other => {
+                if json_out {
+                    println!("{}", json!({"trigger": id, "status": other}));
+                } else {
+                    println!("{name}: not run: {other} (overlap and pause rules of the goal)");
+                }
+                return Ok(Ending::Achieved);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if json_out {
+        println!("{}", json!({"trigger": id, "status": "pending"}));
+    } else {
+        println!("{name}: trigger {id} waits for a daemon with room");
+    }
+    Ok(Ending::Achieved)
+}
+
+/// `sup trigger` in a fleet with no live daemon for the goal: this process claims the
+/// occurrence, under the goal's overlap rules, and runs it.
+async fn claim_and_run(
+    store: &PgStore,
+    (name, overlap): (&str, Overlap),
+    spec: &RunSpec,
+    kind: TriggerKind,
+    json_out: bool,
+) -> Result<Ending, Fail> {
+    let me = crate::store::pg::Claimer {
+        id: format!(
+            "cli-{}-{}",
+            crate::store::pg::this_host(),
+            std::process::id()
+        ),
+        host: crate::store::pg::this_host(),
+    };
+    let claimed = store
+        .claim(
+            &me,
+            kind,
+            &[crate::store::pg::Due {
+                goal: name.to_string(),
+                at: chrono::Utc::now(),
+                overlap,
+                retry_interrupted: false,
+            }],
+        )
+        .await
+        .map_err(Fail::usage)?;
+    let run_id = match claimed.first() {
+        Some(crate::store::pg::Claimed::Run { run_id, .. }) => run_id.clone(),
+        Some(crate::store::pg::Claimed::Not { status, .. }) => {
+            if json_out {
+                println!("{}", json!({"status": status}));
+            } else {
+                println!("{name}: not run: {status} (overlap and pause rules of the goal)");
+            }
+            return Ok(Ending::Achieved);
+        }
+        None => {
+            return Err(Fail::usage(anyhow!(
+                "{name}: the claim was lost; try again"
+            )));
+        }
+    };
+    let sink: Arc<dyn EventSink> = if json_out {
+        Arc::new(JsonLines::new())
+    } else {
+        Arc::new(HumanTrace::new(!spec.goal.checks.is_empty()))
+    };
+    let cancel = CancellationToken::new();
+    super::run::watch_signals(cancel.clone())?;
+    let launched = crate::schedule::fleet::execute(
+        store,
+        &run_id,
+        spec,
+        &store::home(),
+        Trigger {
+            kind,
+            scheduled_for: None,
+        },
+        vec![sink],
+        &cancel,
+    )
+    .await
+    .map_err(Fail::from)?;
+    let outcome = launched.outcome;
+    if !json_out
+        && outcome.status == crate::trace::Status::Achieved
+        && let Some(answer) = outcome.answer.as_deref().filter(|a| !a.is_empty())
+    {
+        println!("{answer}");
+    }
+    Ok(Ending::of(outcome.status))
 }
 
 pub(crate) async fn pause(
