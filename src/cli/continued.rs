@@ -106,25 +106,6 @@ pub(crate) fn show_thread(db: &crate::store::db::Db, id: &str, out: &mut impl Wr
     }
 }
 
-/// Runs as `sup runs --json` gives them: each row with its lineage and worktree
-/// (`continued_from`, `parent`, `attempt`, `branch`, `commit`, `diff_stat`, …) where it has any.
-pub(crate) fn with_thread(
-    db: &crate::store::db::Db,
-    rows: &[crate::store::db::RunRow],
-) -> Vec<serde_json::Value> {
-    rows.iter()
-        .map(|r| {
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            if let (Some(obj), Ok(l)) = (v.as_object_mut(), db.lineage(&r.id))
-                && let Ok(serde_json::Value::Object(extra)) = serde_json::to_value(l)
-            {
-                obj.extend(extra);
-            }
-            v
-        })
-        .collect()
-}
-
 fn short_sha(s: &str) -> &str {
     &s[..s.len().min(12)]
 }

@@ -1,5 +1,7 @@
 //! The schedule and history commands: `sup daemon`, `sup goals`, `sup runs`, `sup show`,
-//! `sup trigger`, `sup pause`, `sup resume`.
+//! `sup trigger`, `sup pause`, `sup resume`, `sup approvals`, `sup approve`, `sup deny`.
+//! Each is written once over `store::history::History`, this machine's store or a fleet's;
+//! what only a fleet has (its daemon, `sup daemons`) is `super::fleet`'s.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,19 +10,21 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use chrono::Utc;
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::run::{execute, invocation};
 use super::{Ending, Fail};
-use crate::config::Settings;
-use crate::run::RunSpec;
+use crate::config::{Overlap, Settings};
+use crate::run::{RunSpec, Trigger};
 use crate::schedule::daemon::{self, SystemClock};
 use crate::schedule::goals::{self, ScheduledGoal};
 use crate::schedule::overview;
 use crate::store::db::RunRow;
 use crate::store::history::History;
+use crate::store::pg::PgStore;
 use crate::store::{self, ApprovalKind, RunStatus, TriggerKind};
-use crate::trace::{Event, EventSink, HumanTrace, Results, escape, has_hidden};
+use crate::trace::{Event, EventSink, HumanTrace, JsonLines, Results, escape, has_hidden};
 
 use super::db;
 
@@ -241,17 +245,18 @@ pub(crate) fn print_goals(
     Ok(Ending::Achieved)
 }
 
-pub(crate) fn runs(
+/// `sup runs`: the history's runs, newest first (in a fleet, with the host each ran on).
+pub(crate) async fn runs(
+    history: &History,
     goal: Option<&str>,
     status: Option<RunStatus>,
     limit: u32,
     json_out: bool,
 ) -> Result<Ending, Fail> {
-    let db = db()?;
-    let rows = db.runs(goal, status, limit)?;
+    let rows = history.listed(goal, status, limit).await?;
     let mut out = std::io::stdout().lock();
     if json_out {
-        let rows = super::continued::with_thread(&db, &rows);
+        let rows: Vec<_> = rows.into_iter().map(|(_, v)| v).collect();
         let _ = writeln!(out, "{}", serde_json::to_string(&rows).unwrap_or_default());
         return Ok(Ending::Achieved);
     }
@@ -259,21 +264,27 @@ pub(crate) fn runs(
         let _ = writeln!(out, "no runs");
         return Ok(Ending::Achieved);
     }
-    let rows: Vec<(&RunRow, Option<&str>)> = rows.iter().map(|r| (r, None)).collect();
+    let rows: Vec<(&RunRow, Option<&str>)> = rows
+        .iter()
+        .map(|((r, ran), _)| (r, ran.as_ref().map(|h| h.host.as_str())))
+        .collect();
     print_runs(&mut out, &rows);
     Ok(Ending::Achieved)
 }
 
-pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
-    let db = db()?;
-    let run = db.run(id)?;
-    let checks = db.checks(id)?;
-    let transcript = Path::new(&run.dir).join("transcript.jsonl");
-    let text = std::fs::read_to_string(&transcript).unwrap_or_default();
+/// `sup show`: a run's transcript, checks and outcome from the history; in a fleet, where
+/// it ran (a check's output kept on another host is named, not read).
+pub(crate) async fn show(history: &History, id: &str, full: bool) -> Result<Ending, Fail> {
+    let (run, ran) = history.run(id).await?;
+    let checks = history.checks(&run.id).await?;
+    let lines = history.lines(&run, 0).await?;
+    let here = ran
+        .as_ref()
+        .is_none_or(|r| r.host == crate::store::pg::this_host());
     let trace = HumanTrace::to(!checks.is_empty(), Box::new(std::io::stdout()))
         .with_results(Results::Whole);
     let mut had_result = false;
-    for line in text.lines() {
+    for (line, _) in &lines {
         let Ok(event) = serde_json::from_str::<Event>(line) else {
             continue;
         };
@@ -281,15 +292,22 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
         trace.emit(&event);
     }
     let mut out = std::io::stdout().lock();
-    if text.is_empty() {
-        let _ = writeln!(out, "(no transcript at {})", transcript.display());
+    if lines.is_empty() {
+        let _ = match history {
+            History::Local(_) => writeln!(
+                out,
+                "(no transcript at {})",
+                Path::new(&run.dir).join("transcript.jsonl").display()
+            ),
+            History::Fleet(_) => writeln!(out, "(no transcript events in the store yet)"),
+        };
     }
-    if full {
+    if full && here {
         kept_outputs(&mut out, Path::new(&run.dir));
     }
-    let hidden = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let hidden = lines
+        .iter()
+        .filter_map(|(l, _)| serde_json::from_str::<serde_json::Value>(l).ok())
         .any(|v| holds_hidden(&v));
     if hidden {
         let _ = writeln!(
@@ -309,6 +327,10 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
                 c.duration_ms
             );
             for path in c.output_paths() {
+                if let (false, Some(r)) = (here, &ran) {
+                    let _ = writeln!(out, "    whole output on host {}: {path}", r.host);
+                    continue;
+                }
                 let cap = if full { usize::MAX } else { 4096 };
                 if let Ok((tail, cut)) = crate::tools::process::read_tail(Path::new(path), cap) {
                     if tail.trim().is_empty() {
@@ -349,10 +371,37 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
             .map(short)
             .unwrap_or_else(|| "—".into())
     );
+    if let Some(r) = &ran {
+        let _ = writeln!(
+            out,
+            "ran on host {} (daemon {}) · run folder {}{}",
+            r.host,
+            r.daemon.as_deref().unwrap_or("none"),
+            if run.dir.is_empty() { "—" } else { &run.dir },
+            if here {
+                ""
+            } else {
+                " (kept outputs are there, on that host)"
+            }
+        );
+    }
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error: {}", escape(e));
     }
-    super::continued::show_thread(&db, id, &mut out);
+    if let History::Local(_) = history {
+        // What only this machine's store keeps: the run's thread and its notifications.
+        let db = db()?;
+        super::continued::show_thread(&db, &run.id, &mut out);
+        notices(&db, &run.id, &mut out)?;
+    }
+    if !had_result && run.status == RunStatus::Running {
+        let _ = writeln!(out, "(the run is still going)");
+    }
+    Ok(Ending::Achieved)
+}
+
+/// The notifications sent about a run, as `sup show` lists them.
+fn notices(db: &crate::store::db::Db, id: &str, out: &mut impl Write) -> Result<(), Fail> {
     let notices = db.notices(id).map_err(Fail::usage)?;
     if !notices.is_empty() {
         let _ = writeln!(out, "\nnotifications:");
@@ -369,10 +418,7 @@ pub(crate) fn show(id: &str, full: bool) -> Result<Ending, Fail> {
             );
         }
     }
-    if !had_result && run.status == RunStatus::Running {
-        let _ = writeln!(out, "(the run is still going)");
-    }
-    Ok(Ending::Achieved)
+    Ok(())
 }
 
 /// `sup show --full`: each tool output kept whole in the run's `outputs` folder.
@@ -396,7 +442,11 @@ fn kept_outputs(out: &mut impl Write, dir: &Path) {
     }
 }
 
+/// `sup trigger`: run a goal of the folder now. In a fleet, a live daemon that serves the
+/// goal picks it up; with none, this process claims it and runs it, under the same overlap
+/// rules.
 pub(crate) async fn trigger(
+    history: &History,
     dir: &Path,
     name: &str,
     json_out: bool,
@@ -404,28 +454,180 @@ pub(crate) async fn trigger(
     payload: Option<serde_json::Value>,
 ) -> Result<Ending, Fail> {
     let goal = find_goal(dir, name)?;
-    let inv = invocation(Settings {
-        approval,
-        ..Settings::default()
-    })?;
-    let mut spec = RunSpec::build(&inv, Some(&goal.file)).map_err(Fail::from)?;
-    // A run of a daemon's goal cannot change the daemon's goals, however it was started.
-    spec.sandbox.goals = Some(dir.to_path_buf());
-    // A goal of a daemon's folder run with no terminal (the console's "run now", a script)
-    // waits for a person as its scheduled runs do, rather than denying every call.
-    if spec.approval.is_none() && crate::approval::Terminal::detect().is_none() {
-        eprintln!(
-            "· approval: no terminal, so mode queue: answer calls with `sup approve ID` or on \
-             the console (--approval sets another)"
-        );
-        spec.approval = Some(crate::approval::Mode::Queue);
-    }
     let kind = match payload {
         Some(_) => TriggerKind::Webhook,
         None => TriggerKind::Manual,
     };
+    let settings = match history {
+        History::Local(_) => Settings {
+            approval,
+            ..Settings::default()
+        },
+        // `--approval` is this machine's: a fleet's run is set up as its daemons set theirs up.
+        History::Fleet(store) => {
+            if store.live_daemon_for(name).await.map_err(Fail::usage)? {
+                return hand_off(store, name, kind, payload.as_ref(), json_out).await;
+            }
+            Settings::default()
+        }
+    };
+    let mut spec = RunSpec::build(&invocation(settings)?, Some(&goal.file)).map_err(Fail::from)?;
+    // A run of a daemon's goal cannot change the daemon's goals, however it was started.
+    spec.sandbox.goals = Some(dir.to_path_buf());
     spec.payload = payload.map(std::sync::Arc::new);
-    execute(spec, json_out, false, true, kind).await
+    match history {
+        History::Local(_) => {
+            // A goal of a daemon's folder run with no terminal (the console's "run now", a
+            // script) waits for a person as its scheduled runs do, rather than denying every
+            // call.
+            if spec.approval.is_none() && crate::approval::Terminal::detect().is_none() {
+                eprintln!(
+                    "· approval: no terminal, so mode queue: answer calls with `sup approve ID` \
+                     or on the console (--approval sets another)"
+                );
+                spec.approval = Some(crate::approval::Mode::Queue);
+            }
+            execute(spec, json_out, false, true, kind).await
+        }
+        History::Fleet(store) => {
+            claim_and_run(store, (name, goal.overlap), &spec, kind, json_out).await
+        }
+    }
+}
+
+/// `sup trigger`'s hand-off to a live daemon that serves the goal: the trigger is recorded
+/// in the store, and followed until a daemon starts it or says why not.
+async fn hand_off(
+    store: &PgStore,
+    name: &str,
+    kind: TriggerKind,
+    payload: Option<&serde_json::Value>,
+    json_out: bool,
+) -> Result<Ending, Fail> {
+    let user = crate::approval::answer::os_user();
+    let by = match kind {
+        TriggerKind::Webhook => "webhook",
+        _ => "sup trigger",
+    };
+    let by = format!("{user}@{} ({by})", crate::store::pg::this_host());
+    let text = payload.map(|p| p.to_string());
+    let id = store
+        .request_trigger(name, &by, kind, text.as_deref())
+        .await
+        .map_err(Fail::usage)?;
+    eprintln!("· trigger {id} of {name} handed to the fleet");
+    for _ in 0..200 {
+        let (status, run_id) = store.trigger_state(id).await.map_err(Fail::usage)?;
+        match status.as_str() {
+            "pending" | "claimed" => {}
+            "running" => {
+                let run_id = run_id.unwrap_or_default();
+                if json_out {
+                    println!(
+                        "{}",
+                        json!({"trigger": id, "status": status, "run_id": run_id})
+                    );
+                } else {
+                    println!(
+                        "{name}: started as run {run_id} by the fleet; `sup show {run_id}` follows it"
+                    );
+                }
+                return Ok(Ending::Achieved);
+            }
+            other => {
+                if json_out {
+                    println!("{}", json!({"trigger": id, "status": other}));
+                } else {
+                    println!("{name}: not run: {other} (overlap and pause rules of the goal)");
+                }
+                return Ok(Ending::Achieved);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if json_out {
+        println!("{}", json!({"trigger": id, "status": "pending"}));
+    } else {
+        println!("{name}: trigger {id} waits for a daemon with room");
+    }
+    Ok(Ending::Achieved)
+}
+
+/// `sup trigger` in a fleet with no live daemon for the goal: this process claims the
+/// occurrence, under the goal's overlap rules, and runs it.
+async fn claim_and_run(
+    store: &PgStore,
+    (name, overlap): (&str, Overlap),
+    spec: &RunSpec,
+    kind: TriggerKind,
+    json_out: bool,
+) -> Result<Ending, Fail> {
+    let me = crate::store::pg::Claimer {
+        id: format!(
+            "cli-{}-{}",
+            crate::store::pg::this_host(),
+            std::process::id()
+        ),
+        host: crate::store::pg::this_host(),
+    };
+    let claimed = store
+        .claim(
+            &me,
+            kind,
+            &[crate::store::pg::Due {
+                goal: name.to_string(),
+                at: chrono::Utc::now(),
+                overlap,
+                retry_interrupted: false,
+            }],
+        )
+        .await
+        .map_err(Fail::usage)?;
+    let run_id = match claimed.first() {
+        Some(crate::store::pg::Claimed::Run { run_id, .. }) => run_id.clone(),
+        Some(crate::store::pg::Claimed::Not { status, .. }) => {
+            if json_out {
+                println!("{}", json!({"status": status}));
+            } else {
+                println!("{name}: not run: {status} (overlap and pause rules of the goal)");
+            }
+            return Ok(Ending::Achieved);
+        }
+        None => {
+            return Err(Fail::usage(anyhow!(
+                "{name}: the claim was lost; try again"
+            )));
+        }
+    };
+    let sink: Arc<dyn EventSink> = if json_out {
+        Arc::new(JsonLines::new())
+    } else {
+        Arc::new(HumanTrace::new(!spec.goal.checks.is_empty()))
+    };
+    let cancel = CancellationToken::new();
+    super::run::watch_signals(cancel.clone())?;
+    let launched = crate::schedule::fleet::execute(
+        store,
+        &run_id,
+        spec,
+        &store::home(),
+        Trigger {
+            kind,
+            scheduled_for: None,
+        },
+        vec![sink],
+        &cancel,
+    )
+    .await
+    .map_err(Fail::from)?;
+    let outcome = launched.outcome;
+    if !json_out
+        && outcome.status == crate::trace::Status::Achieved
+        && let Some(answer) = outcome.answer.as_deref().filter(|a| !a.is_empty())
+    {
+        println!("{answer}");
+    }
+    Ok(Ending::of(outcome.status))
 }
 
 pub(crate) async fn pause(

@@ -519,11 +519,11 @@ pub fn main() -> ExitCode {
                 status,
                 limit,
                 json,
-            } => manage::runs(goal.as_deref(), status, limit, json),
+            } => manage::runs(&local(), goal.as_deref(), status, limit, json).await,
             Command::Show {
                 run_id, diff: true, ..
             } => continued::diff(&run_id),
-            Command::Show { run_id, full, .. } => manage::show(&run_id, full),
+            Command::Show { run_id, full, .. } => manage::show(&local(), &run_id, full).await,
             Command::Continue {
                 run_id,
                 max_steps,
@@ -544,7 +544,7 @@ pub fn main() -> ExitCode {
                 json,
                 approval,
                 webhook,
-            } => manage::trigger(&goals, &name, json, approval, payload(webhook)?).await,
+            } => manage::trigger(&local(), &goals, &name, json, approval, payload(webhook)?).await,
             Command::Pause { name, goals } => manage::pause(&local(), &goals, &name, true).await,
             Command::Resume { name, goals } => manage::pause(&local(), &goals, &name, false).await,
             Command::Approvals { json } => manage::approvals(&local(), json).await,
@@ -657,8 +657,10 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             status,
             limit,
             json,
-        } => fleet::runs(url, goal.as_deref(), status, limit, json).await,
-        Command::Show { run_id, .. } => fleet::show(url, &run_id).await,
+        } => manage::runs(&shared(url).await?, goal.as_deref(), status, limit, json).await,
+        Command::Show { run_id, full, .. } => {
+            manage::show(&shared(url).await?, &run_id, full).await
+        }
         Command::Continue { .. } => Err(Fail::usage(anyhow::anyhow!(
             "`sup continue` continues a run of this machine's store; run it without --store"
         ))),
@@ -666,9 +668,12 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             name,
             goals,
             json,
+            approval,
             webhook,
-            ..
-        } => fleet::trigger(url, &goals, &name, json, payload(webhook)?).await,
+        } => {
+            let history = shared(url).await?;
+            manage::trigger(&history, &goals, &name, json, approval, payload(webhook)?).await
+        }
         Command::Pause { name, goals } => {
             manage::pause(&shared(url).await?, &goals, &name, true).await
         }

@@ -15,20 +15,21 @@
 //! are a tripwire; the sandbox is the guarantee.
 //!
 //! This module holds the rule grammar (a rule that can never match is refused) and the
-//! verdict; `shell` reads a command line on a real parse, `wrappers` holds the tables of
-//! programs that run other programs (an unknown one in front of a program's name counts as
-//! unseen code), `scripts` the programs whose scripts run code or write files (`sed`, `awk`,
-//! interpreters given code, `vim`, `less`, `ed`).
+//! verdict; `shell` reads a command line on a real parse into what the rules see of it
+//! (`line`), `wrappers` holds the tables of programs that run other programs (an unknown one
+//! in front of a program's name counts as unseen code), `scripts` the programs whose scripts
+//! run code or write files (`sed`, `awk`, interpreters given code, `vim`, `less`, `ed`).
 //!
 //! Below both `approval` (which decides with the rules) and `tools` (whose built-ins refuse
 //! what a deny rule names).
 
+mod line;
 mod scripts;
 mod shell;
 mod wrappers;
 
 use globset::{GlobBuilder, GlobMatcher};
-use shell::Line;
+use line::Line;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Rule {

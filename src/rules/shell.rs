@@ -6,6 +6,7 @@
 use brush_parser::ast;
 use brush_parser::word::WordPiece;
 
+use super::line::{Arg, Line, basename};
 use super::scripts::{Danger, interpreter, scripted, versioned};
 use super::wrappers::{
     ELSEWHERE, INTERPRETERS, SHELLS, runs_with_option, short_flag, starts, wrapper,
@@ -25,42 +26,6 @@ const MAX_RUNS: usize = 256;
 /// The stack of the thread that parses: what the parser's recursion (built without
 /// optimization) needs for the deepest line the bounds let through, with room to spare.
 const PARSE_STACK: usize = 64 * 1024 * 1024;
-
-/// What the rules see of a command line.
-#[derive(Debug, Default)]
-pub(super) struct Line {
-    /// Each plain command with its literal words, shell-quoted where needed: what allow
-    /// rules judge.
-    pub(super) plain: Vec<String>,
-    /// Why no rule can allow the line, if so.
-    pub(super) never: Option<String>,
-    /// Every command the line would run, by normalized name and as written, with its
-    /// arguments: what deny and ask rules judge.
-    pub(super) seen: Vec<String>,
-    /// What runs that deny rules cannot see, if anything.
-    pub(super) hidden: Option<String>,
-    /// Commands read so far, against `MAX_RUNS`.
-    pub(super) runs: usize,
-    /// Whether the command being read gets its standard input from a pipe or a redirection.
-    pub(super) fed: bool,
-}
-
-/// One word of a command: its literal value when it has one, and a best reading for deny
-/// rules (quotes resolved, expansions left as written).
-#[derive(Clone, Debug)]
-pub(super) struct Arg {
-    pub(super) literal: Option<String>,
-    pub(super) loose: String,
-}
-
-impl Arg {
-    pub(super) fn plain(s: &str) -> Arg {
-        Arg {
-            literal: Some(s.to_string()),
-            loose: s.to_string(),
-        }
-    }
-}
 
 fn options() -> brush_parser::ParserOptions {
     brush_parser::ParserOptions::default()
@@ -192,10 +157,6 @@ pub(super) fn ansi_c(raw: &str) -> String {
     out
 }
 
-pub(super) fn basename(word: &str) -> &str {
-    word.rsplit('/').next().unwrap_or(word)
-}
-
 impl Line {
     /// Judge a line on a thread of its own, with a stack that the parser's recursion cannot
     /// overflow within the bounds; a panic there leaves the line unjudged, not `sup` down.
@@ -220,20 +181,6 @@ impl Line {
             line.never("an empty command line");
         }
         line
-    }
-
-    pub(super) fn never(&mut self, why: impl Into<String>) {
-        if self.never.is_none() {
-            self.never = Some(why.into());
-        }
-    }
-
-    pub(super) fn hide(&mut self, why: impl Into<String>) {
-        let why = why.into();
-        self.never(why.clone());
-        if self.hidden.is_none() {
-            self.hidden = Some(why);
-        }
     }
 
     fn parse(&mut self, text: &str, depth: usize) {

@@ -3,7 +3,7 @@
 //! through an option, variables that make programs run other code, and git's options and
 //! subcommands that run commands.
 
-use super::shell::{Arg, Line};
+use super::line::{Arg, Line, basename};
 
 /// Commands that run the command in their arguments, with the options that take a value
 /// and how many operands come before the command.
@@ -514,7 +514,7 @@ const PLAIN: &[&str] = &[
 /// Whether `word` names a program: one of the tables', or an executable on `PATH` (or at the
 /// path it names).
 fn names_a_program(word: &str) -> bool {
-    let base = super::shell::basename(word);
+    let base = basename(word);
     let plain = !base.is_empty()
         && base
             .chars()

@@ -248,7 +248,7 @@ pub(crate) async fn run(
             dt { "Goal" } dd { a href={ "/runs?goal=" (urlencode(&run.goal)) } { (run.goal) } }
             dt { "Trigger" } dd { (run.trigger)
                 @if let Some(s) = &run.scheduled_for { " · scheduled for " (short(s)) } }
-            @if let Some(h) = &host { dt { "Host" } dd { (h) } }
+            @if let Some(h) = &host { dt { "Host" } dd { (h.host) } }
             dt { "Model" } dd { (run.model) }
             dt { "Workspace" } dd { code { (run.workspace) } }
             dt { "Tries · steps" } dd { (run.tries) " · " (run.steps) }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 
 use super::db::{ApprovalRow, Db, DbError, GoalStats, RunRow};
-use super::pg::{PgError, PgStore};
+use super::pg::{FleetRun, PgError, PgStore};
 use super::query::{self, RunFilter};
 use super::{ApprovalStatus, OccurrenceStatus, RunStatus};
 use crate::trace::CheckReport;
@@ -48,8 +48,25 @@ pub(crate) enum AnswerError {
     Store(#[from] HistoryError),
 }
 
-/// A run and, in a fleet, the host it ran on.
-pub(crate) type Located = (RunRow, Option<String>);
+/// A run and, in a fleet, where it ran.
+pub(crate) type Located = (RunRow, Option<Ran>);
+
+/// Where a fleet's run ran.
+#[derive(Clone, Debug)]
+pub(crate) struct Ran {
+    pub(crate) host: String,
+    /// The daemon that ran it; none for a run a `sup trigger` ran itself.
+    pub(crate) daemon: Option<String>,
+}
+
+impl Ran {
+    fn of(f: &FleetRun) -> Ran {
+        Ran {
+            host: f.host.clone(),
+            daemon: f.daemon_id.clone(),
+        }
+    }
+}
 
 /// The history a command or the console reads.
 #[derive(Clone, Debug)]
@@ -125,7 +142,8 @@ impl History {
             }
             History::Fleet(pg) => {
                 let f = pg.run(id).await?;
-                Ok((f.run, Some(f.host)))
+                let ran = Ran::of(&f);
+                Ok((f.run, Some(ran)))
             }
         }
     }
@@ -262,6 +280,48 @@ impl History {
                 .await?
                 .into_iter()
                 .map(|f| f.run)
+                .collect()),
+        }
+    }
+
+    /// Runs as `sup runs` lists them, newest first: each with where it ran, and as `--json`
+    /// gives it (with its lineage and worktree, and in a fleet where it ran).
+    pub(crate) async fn listed(
+        &self,
+        goal: Option<&str>,
+        status: Option<RunStatus>,
+        limit: u32,
+    ) -> Result<Vec<(Located, serde_json::Value)>, HistoryError> {
+        match self {
+            History::Local(home) => {
+                let goal = goal.map(str::to_string);
+                Self::local(home, move |db| {
+                    let rows = db.runs(goal.as_deref(), status, limit)?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|r| {
+                            let mut v = serde_json::to_value(&r).unwrap_or_default();
+                            if let (Some(obj), Ok(l)) = (v.as_object_mut(), db.lineage(&r.id))
+                                && let Ok(serde_json::Value::Object(extra)) =
+                                    serde_json::to_value(l)
+                            {
+                                obj.extend(extra);
+                            }
+                            ((r, None), v)
+                        })
+                        .collect())
+                })
+                .await
+            }
+            History::Fleet(pg) => Ok(pg
+                .runs(goal, status, limit)
+                .await?
+                .into_iter()
+                .map(|f| {
+                    let v = serde_json::to_value(&f).unwrap_or_default();
+                    let ran = Ran::of(&f);
+                    ((f.run, Some(ran)), v)
+                })
                 .collect()),
         }
     }

@@ -360,13 +360,22 @@ pub(crate) async fn run_all(
         };
         let report = match run.judge {
             Some(ctx) if all_passed && round.impossible.is_none() => {
-                let judged = judge::ask(check, j, i, &others, run, ctx).await;
+                let asked = judge::Asked {
+                    name: &check.name,
+                    index: i,
+                    timeout: check.timeout,
+                    workspace: run.workspace,
+                    dir: run.dir,
+                    answer: run.answer,
+                    cancel: run.cancel,
+                };
+                let judged = judge::ask(j, &asked, &others, ctx).await;
                 round.usage += judged.usage;
                 round.cost += judged.cost.unwrap_or(0.0);
                 round.impossible = round.impossible.take().or(judged.impossible);
                 judged.report
             }
-            _ => judge::not_asked(check, j),
+            _ => judge::not_asked(&check.name, j),
         };
         on_each(&report);
         round.reports.push(report);

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Digest;
+use tokio_util::sync::CancellationToken;
 
-use super::check::{Check, CheckRun};
 use crate::model::prices::Price;
 use crate::model::{Conversation, Message, Model, ModelError, ModelRequest, Usage};
 use crate::trace::{CheckKind, CheckReport};
@@ -77,6 +77,21 @@ pub(crate) struct Context<'a> {
     pub(crate) evidence_cap: usize,
     /// Why no judge may be asked any more (the run's budget or cost cap is spent).
     pub(crate) refuse: Option<String>,
+}
+
+/// The check a judge answers for, and the try it looks at.
+pub(crate) struct Asked<'a> {
+    /// The check's name in reports.
+    pub(crate) name: &'a str,
+    /// The check's place among the goal's checks, from 0.
+    pub(crate) index: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) workspace: &'a Path,
+    /// Where this try's outputs go (`RUN/try-N`).
+    pub(crate) dir: &'a Path,
+    /// The agent's final answer.
+    pub(crate) answer: &'a str,
+    pub(crate) cancel: &'a CancellationToken,
 }
 
 /// What one judge's check came to.
@@ -507,17 +522,15 @@ fn refuses_json(e: &ModelError) -> bool {
 
 /// Ask the judge of `check`; two attempts at a verdict, then it fails closed.
 pub(crate) async fn ask(
-    check: &Check,
     judge: &Judge,
-    index: usize,
+    asked: &Asked<'_>,
     others: &[CheckReport],
-    run: &CheckRun<'_>,
     ctx: &Context<'_>,
 ) -> Judged {
     let started = Instant::now();
     let model_name = judge.model.clone();
     let mut report = CheckReport {
-        name: check.name.clone(),
+        name: asked.name.to_string(),
         kind: CheckKind::Judge,
         model: Some(model_name.clone()),
         passed: false,
@@ -557,10 +570,10 @@ pub(crate) async fn ask(
             String::new(),
         );
     };
-    let changes = ctx.before.changes(run.workspace);
-    let (text, note) = evidence(run.answer, &changes, others, ctx.evidence_cap);
+    let changes = ctx.before.changes(asked.workspace);
+    let (text, note) = evidence(asked.answer, &changes, others, ctx.evidence_cap);
     let messages = messages(ctx.prompt, &judge.criteria, &text, note.as_deref());
-    let base = run.dir.join(format!("check-{}-judge", index + 1));
+    let base = asked.dir.join(format!("check-{}-judge", asked.index + 1));
     let request_file = base.with_extension("request.txt");
     let answer_file = base.with_extension("answer.txt");
     let shown: String = messages
@@ -593,14 +606,14 @@ pub(crate) async fn ask(
             max_output: None,
             partial: None,
         };
-        let asked = tokio::select! {
-            r = tokio::time::timeout(check.timeout, bound.model.step(request)) => r,
-            _ = run.cancel.cancelled() => {
+        let answered = tokio::select! {
+            r = tokio::time::timeout(asked.timeout, bound.model.step(request)) => r,
+            _ = asked.cancel.cancelled() => {
                 return finish(judged, false, "cancelled".into(), String::new());
             }
         };
-        match asked {
-            Err(_) => why = format!("no answer within {}", shown_time(check.timeout)),
+        match answered {
+            Err(_) => why = format!("no answer within {}", shown_time(asked.timeout)),
             Ok(Err(e)) if !plain && refuses_json(&e) => {
                 // Asked again without the JSON request, which is not an attempt of its own.
                 bound.plain.store(true, Ordering::Relaxed);
@@ -667,9 +680,9 @@ pub(crate) fn not_asked_report(r: &CheckReport) -> bool {
 }
 
 /// The report of a judge that was not asked, because a check before it failed.
-pub(crate) fn not_asked(check: &Check, judge: &Judge) -> CheckReport {
+pub(crate) fn not_asked(name: &str, judge: &Judge) -> CheckReport {
     CheckReport {
-        name: check.name.clone(),
+        name: name.to_string(),
         kind: CheckKind::Judge,
         model: Some(judge.model.clone()),
         passed: false,

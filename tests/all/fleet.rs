@@ -843,6 +843,8 @@ fn the_same_history_cases_pass_on_sqlite_and_postgresql() {
         assert_eq!(code, 0, "{which}");
         assert!(out.contains("outcome: achieved (final)"), "{which}: {out}");
         assert!(out.contains("goal once · manual"), "{which}: {out}");
+        // One `sup show` for both: the same outcome line, word for word.
+        assert!(out.contains(" · 1 try · "), "{which}: {out}");
         let (code, _, err) = sup(&mut f, &["show", "no-such-run"]);
         assert_eq!(code, 2, "{which}");
         assert!(err.contains("no run `no-such-run`"), "{which}: {err}");

@@ -27,7 +27,7 @@ mod goals;
 mod runs;
 mod schema;
 
-pub(crate) use runs::Finish;
+pub(crate) use runs::{Finish, FleetRun};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {

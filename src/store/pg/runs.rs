@@ -206,20 +206,6 @@ impl PgStore {
             .collect())
     }
 
-    /// A run's transcript events, in order.
-    pub(crate) async fn transcript(&self, id: &str) -> Result<Vec<serde_json::Value>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
-            "SELECT event FROM events WHERE run_id = $1 ORDER BY seq",
-            &[&id],
-        )
-        .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
-    }
-
     /// The last run of `goal` that ended, other than `except`: what `previous.*` in a
     /// template sees, whichever daemon ran it.
     pub(crate) async fn previous_run(
