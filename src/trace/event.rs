@@ -148,6 +148,63 @@ impl Status {
     }
 }
 
+/// How a goal run ended: reported upward by the verify loop, recorded by the store (kept in
+/// the run folder as JSON when the store cannot take it), told as the `result` event.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Outcome {
+    pub status: Status,
+    pub stop_reason: StopReason,
+    pub tries: u32,
+    pub steps: u32,
+    pub usage: Usage,
+    /// US dollars, when the model's price is known.
+    #[serde(default)]
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    /// Each try's check results.
+    pub checks: Vec<Vec<CheckReport>>,
+}
+
+impl Outcome {
+    /// An error before any try, saying what went wrong.
+    pub(crate) fn error(error: Option<String>) -> Outcome {
+        Outcome {
+            status: Status::Error,
+            stop_reason: StopReason::Error,
+            tries: 0,
+            steps: 0,
+            usage: Usage::default(),
+            cost: None,
+            answer: None,
+            error,
+            checks: Vec::new(),
+        }
+    }
+
+    /// The `result` event of this outcome, with what ties the run to others.
+    pub(crate) fn event(&self, run_id: &str, thread: Thread) -> Event {
+        Event::Result {
+            status: self.status,
+            stop_reason: self.stop_reason,
+            tries: self.tries,
+            steps: self.steps,
+            usage: self.usage,
+            cost: self.cost,
+            run_id: run_id.to_string(),
+            answer: self.answer.clone(),
+            error: self.error.clone(),
+            checks: self.checks.clone(),
+            verified_by: match (self.status, self.checks.last()) {
+                (Status::Achieved, Some(last)) => verified_by(last),
+                _ => Vec::new(),
+            },
+            thread,
+        }
+    }
+}
+
 /// How a judge check's name begins: `judge: CRITERIA`.
 pub(crate) const JUDGE_PREFIX: &str = "judge: ";
 
