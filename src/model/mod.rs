@@ -526,7 +526,6 @@ pub fn from_spec(
             "model `{spec}` names no model after `{provider}:`"
         )));
     }
-    let client = http::client;
     let base = |var: &str, default: &str| {
         opts.base_url
             .clone()
@@ -553,10 +552,8 @@ pub fn from_spec(
         Ok(Box::new(openai::ChatModel {
             name: spec.to_string(),
             model: rest.to_string(),
-            endpoint,
-            http: opts.http.clone(),
+            transport: http::Transport::new(endpoint, opts.http.clone())?,
             dialect,
-            client: client()?,
             wire: WireCache::default(),
         }))
     };
@@ -638,9 +635,7 @@ pub fn from_spec(
                 name: spec.to_string(),
                 model: rest.to_string(),
                 max_tokens: opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-                endpoint,
-                http: opts.http.clone(),
-                client: client()?,
+                transport: http::Transport::new(endpoint, opts.http.clone())?,
                 wire: WireCache::default(),
             }))
         }
