@@ -446,6 +446,24 @@ impl<S: Default> WireCache<S> {
     }
 }
 
+/// The start of a request body, the same in both protocols: `{"model":…,"messages":[`.
+pub(crate) fn open_body(out: &mut BytesMut, model: &str) -> Result<(), ModelError> {
+    use bytes::BufMut;
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(out.writer(), model)?;
+    out.extend_from_slice(b",\"messages\":[");
+    Ok(())
+}
+
+/// The end of a request body's messages, and whether the answer streams: `],"stream":…`.
+pub(crate) fn end_messages(out: &mut BytesMut, stream: bool) {
+    out.extend_from_slice(if stream {
+        &b"],\"stream\":true"[..]
+    } else {
+        &b"],\"stream\":false"[..]
+    });
+}
+
 impl ModelError {
     /// Whether the error is the user's configuration rather than the model failing.
     pub(crate) fn is_config(&self) -> bool {
@@ -647,7 +665,25 @@ pub fn from_spec(
 
 #[cfg(test)]
 pub(crate) mod sample {
-    use super::{Message, ToolCall, ToolResult};
+    use serde_json::json;
+
+    use super::{Message, ToolCall, ToolResult, ToolSpec};
+
+    /// Two tools, one with a description that needs escaping.
+    pub(crate) fn tools() -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "read_file".into(),
+                description: "Read \"a\" file".into(),
+                input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            },
+            ToolSpec {
+                name: "run".into(),
+                description: "d".into(),
+                input_schema: json!({"type": "object"}),
+            },
+        ]
+    }
 
     /// A conversation of `turns` steps with every kind of message and field: system text
     /// (twice), user text, assistant text, tool calls with empty, invalid and valid
