@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::sse::{SseEvent, SseParser};
 use super::windows::{Overflow, overflow};
-use super::{ModelError, Wire, WireCache};
+use super::{ModelError, OnText, Wire, WireCache};
 
 /// Where and how to reach one provider.
 #[derive(Clone)]
@@ -150,11 +150,7 @@ pub trait Decoder: Send {
     /// Forget everything: a new attempt begins.
     fn reset(&mut self);
     /// One streamed event.
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        on_text: &(dyn Fn(&str) + Send + Sync),
-    ) -> Result<(), DecodeError>;
+    fn event(&mut self, event: &SseEvent, on_text: &OnText<'_>) -> Result<(), DecodeError>;
     /// A whole (unstreamed) answer.
     fn body(&mut self, body: Value) -> Result<(), DecodeError>;
     /// Whether any output (text or tool call) has arrived in this attempt.
@@ -322,7 +318,7 @@ impl Transport {
         cache: &WireCache<S>,
         (wire, body): (Wire<S>, bytes::Bytes),
         decoder: &mut dyn Decoder,
-        on_text: &(dyn Fn(&str) + Send + Sync),
+        on_text: &OnText<'_>,
     ) -> Result<(), ModelError> {
         let sent = self.exchange(&body, decoder, on_text).await;
         cache.put(wire, body);
@@ -334,7 +330,7 @@ impl Transport {
         &self,
         body: &bytes::Bytes,
         decoder: &mut dyn Decoder,
-        on_text: &(dyn Fn(&str) + Send + Sync),
+        on_text: &OnText<'_>,
     ) -> Result<(), ModelError> {
         let (ep, opts) = (&self.endpoint, &self.http);
         let started = Instant::now();
@@ -443,7 +439,7 @@ impl Transport {
         &self,
         body: &bytes::Bytes,
         decoder: &mut dyn Decoder,
-        on_text: &(dyn Fn(&str) + Send + Sync),
+        on_text: &OnText<'_>,
     ) -> Result<(), Failure> {
         let (client, ep, opts) = (&self.client, &self.endpoint, &self.http);
         let request = client

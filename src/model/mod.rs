@@ -136,12 +136,15 @@ pub struct ModelResponse {
     pub reasoning: Option<String>,
 }
 
+/// What is called with each piece of an answer's text as it arrives.
+pub type OnText<'a> = dyn Fn(&str) + Send + Sync + 'a;
+
 /// What one step sends: the conversation so far and the tools on offer.
 pub struct ModelRequest<'a> {
     pub messages: &'a Conversation,
     pub tools: &'a [ToolSpec],
     /// Called with each piece of text as it arrives (streaming providers).
-    pub on_text: &'a (dyn Fn(&str) + Send + Sync),
+    pub on_text: &'a OnText<'a>,
     /// Ask for the answer as one JSON object of this schema where the protocol offers it
     /// (Chat Completions `response_format`; Anthropic a prefilled `{`); `None` for agent turns.
     pub json_schema: Option<&'a Value>,
