@@ -258,7 +258,8 @@ impl Db {
         identity(Path::new(&self.path)) != self.file
     }
 
-    fn err(&self, source: rusqlite::Error) -> DbError {
+    /// A SQLite error of this store, naming its file.
+    pub(crate) fn err(&self, source: rusqlite::Error) -> DbError {
         DbError::Sqlite {
             path: self.path.clone(),
             source,
