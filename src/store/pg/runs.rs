@@ -208,16 +208,12 @@ impl PgStore {
 
     /// A run's transcript events, in order.
     pub(crate) async fn transcript(&self, id: &str) -> Result<Vec<serde_json::Value>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        self.rows(
             "SELECT event FROM events WHERE run_id = $1 ORDER BY seq",
             &[&id],
+            |r| r.get(0),
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
     }
 
     /// The last run of `goal` that ended, other than `except`: what `previous.*` in a
@@ -227,19 +223,16 @@ impl PgStore {
         goal: &str,
         except: &str,
     ) -> Result<Option<FleetRun>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query_opt(
+        self.row(
             &select_runs(
                 " WHERE goal = $1 AND id <> $2
                      AND status <> 'running'
                  ORDER BY started_at DESC, id DESC LIMIT 1",
             ),
             &[&goal, &except],
+            run_of,
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .as_ref()
-        .map(run_of))
     }
 
     /// Whether `goal` is paused, and its last occurrence.
@@ -326,13 +319,10 @@ impl PgStore {
 
     /// The names of goals that have runs, sorted.
     pub(crate) async fn goal_names(&self) -> Result<Vec<String>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query("SELECT DISTINCT goal FROM runs ORDER BY goal", &[])
-            .await
-            .map_err(|e| self.err(&e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
+        self.rows("SELECT DISTINCT goal FROM runs ORDER BY goal", &[], |r| {
+            r.get(0)
+        })
+        .await
     }
 
     /// A run's transcript events from sequence number `from` on, each with its number.
@@ -341,16 +331,12 @@ impl PgStore {
         id: &str,
         from: i64,
     ) -> Result<Vec<(i64, serde_json::Value)>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        self.rows(
             "SELECT seq, event FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
             &[&id, &from],
+            |r| (r.get(0), r.get(1)),
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
     }
 
     /// What the goals page shows of a goal: paused, skipped and missed occurrences, the last
