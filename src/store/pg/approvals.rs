@@ -25,8 +25,7 @@ impl PgStore {
     }
 
     async fn insert_approval(&self, a: &ApprovalRow, daemon: Option<&str>) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline,
                  status, daemon_id)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9) ON CONFLICT (id) DO NOTHING",
@@ -42,8 +41,7 @@ impl PgStore {
                 &daemon,
             ],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
@@ -122,13 +120,11 @@ impl PgStore {
         id: &str,
         status: ApprovalStatus,
     ) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",
             &[&id, &status],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 }

@@ -367,13 +367,11 @@ impl PgStore {
 
     /// Forget a delivery whose run could not start, so that it may be delivered again.
     pub(crate) async fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "DELETE FROM webhook_deliveries WHERE goal = $1 AND delivery = $2",
             &[&goal, &delivery],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
@@ -384,13 +382,11 @@ impl PgStore {
         status: &str,
         run_id: Option<&str>,
     ) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE triggers SET status = $2, run_id = $3 WHERE id = $1",
             &[&id, &status, &run_id],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 

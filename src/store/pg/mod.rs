@@ -346,6 +346,16 @@ impl PgStore {
         server_error(&self.at, e)
     }
 
+    /// Run the statement `sql`; how many rows it changed.
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, PgError> {
+        let c = self.client().await?;
+        c.execute(sql, params).await.map_err(|e| self.err(&e))
+    }
+
     /// The rows `sql` selects, each read by `row`.
     async fn rows<T>(
         &self,

@@ -14,26 +14,22 @@ impl PgStore {
         workspace: &str,
         dir: &str,
     ) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE runs SET local_id = $2, model = $3, workspace = $4, dir = $5 WHERE id = $1",
             &[&id, &local_id, &model, &workspace, &dir],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
     /// The cost of a running run so far, so that the day's spending counts it while it
     /// runs and after its daemon is killed.
     pub(crate) async fn set_run_cost(&self, id: &str, cost: f64) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE runs SET cost = $2 WHERE id = $1 AND status = 'running'",
             &[&id, &cost],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
@@ -48,15 +44,13 @@ impl PgStore {
         }
         let seqs: Vec<i64> = events.iter().map(|(s, _)| *s).collect();
         let values: Vec<&serde_json::Value> = events.iter().map(|(_, v)| v).collect();
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "INSERT INTO events (run_id, seq, event)
              SELECT $1, s, e FROM unnest($2::bigint[], $3::jsonb[]) AS u(s, e)
              ON CONFLICT DO NOTHING",
             &[&id, &seqs, &values],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
