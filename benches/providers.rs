@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sup::model::http::{Decoder, Endpoint, HttpOptions};
+use sup::model::http::{Decoder, Endpoint, HttpOptions, Transport};
 use sup::model::openai::{ChatDecoder, ChatModel, Dialect};
 use sup::model::sse::SseParser;
 use sup::model::{Conversation, Message, Model, ModelRequest};
@@ -114,10 +114,12 @@ async fn overhead() {
     let model = ChatModel {
         name: "openai:bench".into(),
         model: "bench".into(),
-        endpoint: Endpoint::new("openai", endpoint_url.clone(), None, "OPENAI_BASE_URL"),
-        http: HttpOptions::default(),
+        transport: Transport::new(
+            Endpoint::new("openai", endpoint_url.clone(), None, "OPENAI_BASE_URL"),
+            HttpOptions::default(),
+        )
+        .unwrap(),
         dialect: Dialect::default(),
-        client: client.clone(),
         wire: Default::default(),
     };
     let messages = Conversation::from(vec![

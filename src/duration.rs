@@ -31,16 +31,22 @@ pub(crate) fn parse_timeout(s: &str) -> Result<Duration, String> {
 pub(crate) fn timeout<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Duration>, D::Error> {
-    Option::<String>::deserialize(d)?
-        .map(|s| parse_timeout(&s).map_err(serde::de::Error::custom))
-        .transpose()
+    field(d, parse_timeout)
 }
 
 /// A duration field of a file, through `parse_duration`.
 pub(crate) fn duration<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Duration>, D::Error> {
+    field(d, parse_duration)
+}
+
+/// An optional field of a file, its text through `parse`.
+fn field<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    parse: fn(&str) -> Result<Duration, String>,
+) -> Result<Option<Duration>, D::Error> {
     Option::<String>::deserialize(d)?
-        .map(|s| parse_duration(&s).map_err(serde::de::Error::custom))
+        .map(|s| parse(&s).map_err(serde::de::Error::custom))
         .transpose()
 }

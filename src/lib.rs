@@ -21,4 +21,5 @@ pub mod template;
 pub mod tools;
 pub mod trace;
 pub mod verify;
+mod words;
 pub mod work;

@@ -32,11 +32,11 @@ pub(crate) async fn continue_run(id: &str, o: Overrides, json: bool) -> Result<E
             .map_err(|e| Fail::usage(anyhow::anyhow!("run {id}: its command line: {e}")))?;
             match cli.command {
                 Command::Run(mut a) => {
-                    resume::overrides(&mut a.settings, o);
+                    resume::overrides(&mut a.common.settings, o);
                     (super::run::run_spec(a)?, false)
                 }
                 Command::Goal(mut a) => {
-                    resume::overrides(&mut a.settings, o);
+                    resume::overrides(&mut a.common.settings, o);
                     a.tries = o.tries.or(a.tries);
                     (super::run::goal_spec(a)?, true)
                 }

@@ -343,10 +343,9 @@ fn duration(s: &str) -> Result<Duration, String> {
     crate::config::parse_duration(s)
 }
 
+/// What `sup run` and `sup goal` share: how the run is shown, and every setting.
 #[derive(Args, Debug)]
-pub(crate) struct RunArgs {
-    /// What the agent should do.
-    pub(crate) prompt: String,
+pub(crate) struct CommonArgs {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
     pub(crate) json: bool,
@@ -359,6 +358,14 @@ pub(crate) struct RunArgs {
     pub(crate) print_config: bool,
     #[command(flatten)]
     pub(crate) settings: crate::config::Settings,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// What the agent should do.
+    pub(crate) prompt: String,
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
 }
 
 #[derive(Args, Debug)]
@@ -395,18 +402,8 @@ pub(crate) struct GoalArgs {
     /// The goal's name (default: the goal file's stem, or `goal`).
     #[arg(long)]
     pub(crate) name: Option<String>,
-    /// One JSON object per event on stdout instead of the human trace.
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Show no tool results in the trace, only a line per call and result (`sup show
-    /// RUN_ID` shows them afterwards).
-    #[arg(long, short)]
-    pub(crate) quiet: bool,
-    /// Print the effective settings and where each came from, then exit.
-    #[arg(long)]
-    pub(crate) print_config: bool,
     #[command(flatten)]
-    pub(crate) settings: crate::config::Settings,
+    pub(crate) common: CommonArgs,
 }
 
 /// `sup trigger --webhook`: the delivery's body, JSON on stdin (the console checked it).

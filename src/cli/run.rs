@@ -12,7 +12,8 @@ use crate::store::{self, TriggerKind};
 use crate::trace::{EventSink, HumanTrace, JsonLines, Results, Status};
 
 pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
-    let (json, quiet, print) = (args.json, args.quiet, args.print_config);
+    let c = &args.common;
+    let (json, quiet, print) = (c.json, c.quiet, c.print_config);
     let spec = run_spec(args)?;
     if print {
         return Ok(print_config(&spec, false));
@@ -22,7 +23,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<Ending, Fail> {
 
 /// The spec of `sup run`.
 pub(crate) fn run_spec(args: RunArgs) -> Result<RunSpec, Fail> {
-    let mut inv = invocation(args.settings)?;
+    let mut inv = invocation(args.common.settings)?;
     inv.flags.prompt = Some(args.prompt);
     let mut spec = RunSpec::build(&inv, None).map_err(Fail::from)?;
     spec.thread.origin = Some(run::resume::Origin::command_line());
@@ -30,7 +31,8 @@ pub(crate) fn run_spec(args: RunArgs) -> Result<RunSpec, Fail> {
 }
 
 pub(crate) async fn goal(args: GoalArgs) -> Result<Ending, Fail> {
-    let (json, quiet, print) = (args.json, args.quiet, args.print_config);
+    let c = &args.common;
+    let (json, quiet, print) = (c.json, c.quiet, c.print_config);
     let flag_checks =
         !(args.checks.is_empty() && args.check_cmds.is_empty() && args.check_judges.is_empty());
     let spec = goal_spec(args)?;
@@ -50,7 +52,7 @@ pub(crate) fn goal_spec(args: GoalArgs) -> Result<RunSpec, Fail> {
         ),
         None => None,
     };
-    let mut inv = invocation(args.settings)?;
+    let mut inv = invocation(args.common.settings)?;
     let flags = &mut inv.flags;
     flags.name = args
         .name

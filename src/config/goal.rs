@@ -559,50 +559,50 @@ mod tests {
         GoalFile::parse(Path::new("goals/x.toml"), text)
     }
 
+    /// `text`'s error starts with the file and `line`, and names each of `words`.
+    fn fails_at(text: &str, line: usize, words: &[&str]) {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("goals/x.toml:{line}:")), "{e}");
+        for w in words {
+            assert!(e.contains(w), "{e}");
+        }
+    }
+
     #[test]
     fn a_bad_rule_names_file_and_line() {
-        let e =
-            parse("prompt = \"hi\"\n[approval_rules]\nallow = [\"ok\",\n  \"run_command(x\"]\n")
-                .unwrap_err()
-                .to_string();
-        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
-        assert!(e.contains("approval_rules.allow"), "{e}");
+        fails_at(
+            "prompt = \"hi\"\n[approval_rules]\nallow = [\"ok\",\n  \"run_command(x\"]\n",
+            4,
+            &["approval_rules.allow"],
+        );
     }
 
     #[test]
     fn unknown_key_names_file_key_and_line() {
-        let e = parse("prompt = \"hi\"\ntrys = 3\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("goals/x.toml:2:"), "{e}");
-        assert!(e.contains("trys"), "{e}");
+        fails_at("prompt = \"hi\"\ntrys = 3\n", 2, &["trys"]);
     }
 
     #[test]
     fn wrong_type_names_key() {
-        let e = parse("prompt = \"hi\"\n\ntries = \"three\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("goals/x.toml:3:"), "{e}");
-        assert!(e.contains("tries"), "{e}");
+        fails_at("prompt = \"hi\"\n\ntries = \"three\"\n", 3, &["tries"]);
     }
 
     #[test]
     fn bad_duration_names_key_and_line() {
-        let e = parse("prompt = \"hi\"\n[[check]]\nrun = \"true\"\ntimeout = \"soon\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
-        assert!(e.contains("check.timeout"), "{e}");
+        fails_at(
+            "prompt = \"hi\"\n[[check]]\nrun = \"true\"\ntimeout = \"soon\"\n",
+            4,
+            &["check.timeout"],
+        );
     }
 
     #[test]
     fn an_empty_mcp_command_names_its_line() {
-        let e = parse("prompt = \"hi\"\n[[mcp]]\nname = \"m\"\ncommand = []\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("goals/x.toml:4:"), "{e}");
-        assert!(e.contains("mcp.command") && e.contains("empty"), "{e}");
+        fails_at(
+            "prompt = \"hi\"\n[[mcp]]\nname = \"m\"\ncommand = []\n",
+            4,
+            &["mcp.command", "empty"],
+        );
     }
 
     #[test]

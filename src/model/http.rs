@@ -12,9 +12,9 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use super::ModelError;
 use super::sse::{SseEvent, SseParser};
 use super::windows::{Overflow, overflow};
+use super::{ModelError, OnText, Wire, WireCache};
 
 /// Where and how to reach one provider.
 #[derive(Clone)]
@@ -67,7 +67,7 @@ impl Endpoint {
 /// The HTTP client for model calls. Redirects are followed only within the same origin
 /// (scheme, host and port): the key headers must never reach another server, whichever
 /// protocol's header carries them.
-pub(crate) fn client() -> Result<reqwest::Client, ModelError> {
+fn client() -> Result<reqwest::Client, ModelError> {
     let policy = reqwest::redirect::Policy::custom(|attempt| {
         let same_origin = attempt.previous().first().is_some_and(|first| {
             let to = attempt.url();
@@ -150,11 +150,7 @@ pub trait Decoder: Send {
     /// Forget everything: a new attempt begins.
     fn reset(&mut self);
     /// One streamed event.
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        on_text: &(dyn Fn(&str) + Send + Sync),
-    ) -> Result<(), DecodeError>;
+    fn event(&mut self, event: &SseEvent, on_text: &OnText<'_>) -> Result<(), DecodeError>;
     /// A whole (unstreamed) answer.
     fn body(&mut self, body: Value) -> Result<(), DecodeError>;
     /// Whether any output (text or tool call) has arrived in this attempt.
@@ -298,282 +294,314 @@ fn shown_wait(wait: Duration) -> String {
     }
 }
 
-/// POST `body` (JSON) and decode the answer, retrying as the module doc says.
-pub(crate) async fn exchange(
-    client: &reqwest::Client,
-    ep: &Endpoint,
-    opts: &HttpOptions,
-    body: &bytes::Bytes,
-    decoder: &mut dyn Decoder,
-    on_text: &(dyn Fn(&str) + Send + Sync),
-) -> Result<(), ModelError> {
-    let started = Instant::now();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        decoder.reset();
-        // One deadline per attempt, streamed answer included: keep-alive comments reset the
-        // idle timeout but never this.
-        let limit = opts
-            .request_timeout
-            .min(opts.deadline.saturating_sub(started.elapsed()));
-        let once = attempt_once(client, ep, opts, body, decoder, on_text);
-        let failure = match tokio::time::timeout(limit, once).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(f)) => f,
-            Err(_) => Failure {
-                retryable: !decoder.had_output(),
-                message: format!(
-                    "the answer from {} did not finish within {}{}",
-                    ep.url,
-                    humantime::format_duration(limit),
-                    if decoder.had_output() {
-                        "; what arrived is kept in the transcript"
-                    } else {
-                        ""
-                    }
-                ),
-                ..Failure::default()
-            },
-        };
-        let wait = failure.wait.unwrap_or_else(|| backoff(attempt));
-        let in_time = started.elapsed().saturating_add(wait) <= opts.deadline;
-        if failure.retryable && failure.wait.is_some() && !in_time {
-            // The server asks for a wait past this request's deadline: give up now.
-            return Err(ModelError::Provider {
-                provider: ep.provider.clone(),
-                message: format!(
-                    "{} The server asks to wait {} before trying again, past the \
-                     deadline of this request ({}); gave up after {attempt} attempt(s).",
-                    sentence(&failure.what(ep)),
-                    shown_wait(wait),
-                    humantime::format_duration(opts.deadline)
-                ),
-            });
-        }
-        if failure.retryable && attempt < opts.max_attempts && in_time {
-            // Briefly: the status, the URL and the server's words; a connection's whole
-            // error is said once, when the last attempt fails.
-            let brief = match failure.status {
-                Some(_) => failure.what(ep).trim_end_matches('.').to_string(),
-                None => format!(
-                    "{} ({})",
-                    failure.message.split(": ").next().unwrap_or_default(),
-                    ep.url
-                ),
-            };
-            tracing::warn!(
-                "{}: {brief}; attempt {attempt} of {} failed, retrying in {:.1}s",
-                ep.provider,
-                opts.max_attempts,
-                wait.as_secs_f64()
-            );
-            tokio::time::sleep(wait).await;
-            continue;
-        }
-        let retry_after = failure.wait;
-        let kind = failure.status.map(|s| s.as_u16());
-        let overflow = failure.overflow;
-        let message = match failure.status {
-            Some(status) => format!(
-                "{} {}",
-                failure.what(ep),
-                advice(ep, status, overflow, attempt)
-            ),
-            None if failure.retryable => format!(
-                "{} (gave up after {attempt} attempts{})",
-                failure.message,
-                if in_time {
-                    ""
-                } else {
-                    " and the retry deadline"
-                }
-            ),
-            None => failure.message,
-        };
-        let provider = ep.provider.clone();
-        return Err(match kind {
-            Some(401 | 403) => ModelError::Authentication { provider, message },
-            Some(429) => ModelError::RateLimited {
-                provider,
-                message,
-                retry_after,
-            },
-            Some(400 | 413 | 422) if overflow.is_some() => ModelError::ContextOverflow {
-                provider,
-                message,
-                window: overflow.and_then(|o| o.window),
-            },
-            _ => ModelError::Provider { provider, message },
-        });
-    }
+/// How a model reaches its provider: the endpoint, the options and the client.
+pub struct Transport {
+    pub endpoint: Endpoint,
+    pub http: HttpOptions,
+    client: reqwest::Client,
 }
 
-async fn attempt_once(
-    client: &reqwest::Client,
-    ep: &Endpoint,
-    opts: &HttpOptions,
-    body: &bytes::Bytes,
-    decoder: &mut dyn Decoder,
-    on_text: &(dyn Fn(&str) + Send + Sync),
-) -> Result<(), Failure> {
-    let request = client
-        .post(&ep.url)
-        .headers(ep.headers.clone())
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body.clone());
-    let response = match tokio::time::timeout(opts.request_timeout, request.send()).await {
-        Err(_) => {
-            return Err(Failure::retry(format!(
-                "no answer from {} within {}",
-                ep.url,
-                humantime::format_duration(opts.request_timeout)
-            )));
-        }
-        Ok(Err(e)) if e.is_redirect() => {
-            return Err(Failure {
-                message: format!("{}: {}", ep.url, plain(&e)),
-                ..Failure::default()
+impl Transport {
+    /// A transport to `endpoint` through `client()`, which keeps redirects to its origin.
+    pub fn new(endpoint: Endpoint, http: HttpOptions) -> Result<Self, ModelError> {
+        Ok(Transport {
+            endpoint,
+            http,
+            client: client()?,
+        })
+    }
+
+    /// Send the body of `wire` (`exchange`), then give it back to `cache` for the next step,
+    /// whether it went through or not.
+    pub(crate) async fn send<S: Default>(
+        &self,
+        cache: &WireCache<S>,
+        (wire, body): (Wire<S>, bytes::Bytes),
+        decoder: &mut dyn Decoder,
+        on_text: &OnText<'_>,
+    ) -> Result<(), ModelError> {
+        let sent = self.exchange(&body, decoder, on_text).await;
+        cache.put(wire, body);
+        sent
+    }
+
+    /// POST `body` (JSON) and decode the answer, retrying as the module doc says.
+    async fn exchange(
+        &self,
+        body: &bytes::Bytes,
+        decoder: &mut dyn Decoder,
+        on_text: &OnText<'_>,
+    ) -> Result<(), ModelError> {
+        let (ep, opts) = (&self.endpoint, &self.http);
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            decoder.reset();
+            // One deadline per attempt, streamed answer included: keep-alive comments reset the
+            // idle timeout but never this.
+            let limit = opts
+                .request_timeout
+                .min(opts.deadline.saturating_sub(started.elapsed()));
+            let once = self.attempt_once(body, decoder, on_text);
+            let failure = match tokio::time::timeout(limit, once).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(f)) => f,
+                Err(_) => Failure {
+                    retryable: !decoder.had_output(),
+                    message: format!(
+                        "the answer from {} did not finish within {}{}",
+                        ep.url,
+                        humantime::format_duration(limit),
+                        if decoder.had_output() {
+                            "; what arrived is kept in the transcript"
+                        } else {
+                            ""
+                        }
+                    ),
+                    ..Failure::default()
+                },
+            };
+            let wait = failure.wait.unwrap_or_else(|| backoff(attempt));
+            let in_time = started.elapsed().saturating_add(wait) <= opts.deadline;
+            if failure.retryable && failure.wait.is_some() && !in_time {
+                // The server asks for a wait past this request's deadline: give up now.
+                return Err(ModelError::Provider {
+                    provider: ep.provider.clone(),
+                    message: format!(
+                        "{} The server asks to wait {} before trying again, past the \
+                     deadline of this request ({}); gave up after {attempt} attempt(s).",
+                        sentence(&failure.what(ep)),
+                        shown_wait(wait),
+                        humantime::format_duration(opts.deadline)
+                    ),
+                });
+            }
+            if failure.retryable && attempt < opts.max_attempts && in_time {
+                // Briefly: the status, the URL and the server's words; a connection's whole
+                // error is said once, when the last attempt fails.
+                let brief = match failure.status {
+                    Some(_) => failure.what(ep).trim_end_matches('.').to_string(),
+                    None => format!(
+                        "{} ({})",
+                        failure.message.split(": ").next().unwrap_or_default(),
+                        ep.url
+                    ),
+                };
+                tracing::warn!(
+                    "{}: {brief}; attempt {attempt} of {} failed, retrying in {:.1}s",
+                    ep.provider,
+                    opts.max_attempts,
+                    wait.as_secs_f64()
+                );
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            let retry_after = failure.wait;
+            let kind = failure.status.map(|s| s.as_u16());
+            let overflow = failure.overflow;
+            let message = match failure.status {
+                Some(status) => format!(
+                    "{} {}",
+                    failure.what(ep),
+                    advice(ep, status, overflow, attempt)
+                ),
+                None if failure.retryable => format!(
+                    "{} (gave up after {attempt} attempts{})",
+                    failure.message,
+                    if in_time {
+                        ""
+                    } else {
+                        " and the retry deadline"
+                    }
+                ),
+                None => failure.message,
+            };
+            let provider = ep.provider.clone();
+            return Err(match kind {
+                Some(401 | 403) => ModelError::Authentication { provider, message },
+                Some(429) => ModelError::RateLimited {
+                    provider,
+                    message,
+                    retry_after,
+                },
+                Some(400 | 413 | 422) if overflow.is_some() => ModelError::ContextOverflow {
+                    provider,
+                    message,
+                    window: overflow.and_then(|o| o.window),
+                },
+                _ => ModelError::Provider { provider, message },
             });
         }
-        Ok(Err(e)) => {
-            return Err(Failure::retry(format!(
-                "cannot reach {}: {}",
-                ep.url,
-                plain(&e)
-            )));
-        }
-        Ok(Ok(r)) => r,
-    };
-    let status = response.status();
-    if !status.is_success() {
-        let wait = retry_after(response.headers());
-        let text = error_body(response).await;
-        return Err(Failure {
-            retryable: retryable_status(status),
-            wait,
-            message: server_message(&text),
-            status: Some(status),
-            overflow: matches!(status.as_u16(), 400 | 413 | 422)
-                .then(|| overflow(&text))
-                .flatten(),
-        });
     }
-    let too_big = || Failure {
-        message: format!(
-            "the model's turn is larger than {} of text (the limit of one turn); the run \
-             stops here rather than hold a runaway answer",
-            shown_bytes(opts.max_turn_bytes)
-        ),
-        ..Failure::default()
-    };
-    if !opts.stream {
-        // JSON framing of a whole answer is small next to its text: twice the limit holds it.
-        let max_body = opts
-            .max_turn_bytes
-            .saturating_mul(2)
-            .saturating_add(64 * 1024);
-        let mut response = response;
-        let mut bytes = Vec::new();
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    if bytes.len().saturating_add(chunk.len()) > max_body {
-                        return Err(too_big());
-                    }
-                    bytes.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    return Err(Failure::retry(format!(
-                        "reading the answer from {} failed: {}",
-                        ep.url,
-                        plain(&e)
-                    )));
-                }
+
+    async fn attempt_once(
+        &self,
+        body: &bytes::Bytes,
+        decoder: &mut dyn Decoder,
+        on_text: &OnText<'_>,
+    ) -> Result<(), Failure> {
+        let (client, ep, opts) = (&self.client, &self.endpoint, &self.http);
+        let request = client
+            .post(&ep.url)
+            .headers(ep.headers.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        let response = match tokio::time::timeout(opts.request_timeout, request.send()).await {
+            Err(_) => {
+                return Err(Failure::retry(format!(
+                    "no answer from {} within {}",
+                    ep.url,
+                    humantime::format_duration(opts.request_timeout)
+                )));
             }
+            Ok(Err(e)) if e.is_redirect() => {
+                return Err(Failure {
+                    message: format!("{}: {}", ep.url, plain(&e)),
+                    ..Failure::default()
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(Failure::retry(format!(
+                    "cannot reach {}: {}",
+                    ep.url,
+                    plain(&e)
+                )));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        if !status.is_success() {
+            let wait = retry_after(response.headers());
+            let text = error_body(response).await;
+            return Err(Failure {
+                retryable: retryable_status(status),
+                wait,
+                message: server_message(&text),
+                status: Some(status),
+                overflow: matches!(status.as_u16(), 400 | 413 | 422)
+                    .then(|| overflow(&text))
+                    .flatten(),
+            });
         }
-        let text = String::from_utf8_lossy(&bytes);
-        let json: Value = serde_json::from_str(&text).map_err(|e| Failure {
+        let too_big = || Failure {
             message: format!(
-                "the answer from {} is not JSON ({e}): {}",
-                ep.url,
-                server_message(&text)
+                "the model's turn is larger than {} of text (the limit of one turn); the run \
+             stops here rather than hold a runaway answer",
+                shown_bytes(opts.max_turn_bytes)
             ),
             ..Failure::default()
-        })?;
-        decoder.body(json).map_err(|e| Failure {
-            retryable: e.retryable,
-            message: e.message,
-            ..Failure::default()
-        })?;
-        if decoder.size() > opts.max_turn_bytes {
-            return Err(too_big());
-        }
-        return Ok(());
-    }
-    let mut stream = response.bytes_stream();
-    let mut parser = SseParser::with_max_line(opts.max_turn_bytes.saturating_add(64 * 1024));
-    let mut events = Vec::new();
-    let broken = |decoder: &dyn Decoder, what: String| Failure {
-        retryable: !decoder.had_output(),
-        message: if decoder.had_output() {
-            format!("{what} in the middle of the answer; what arrived is kept in the transcript")
-        } else {
-            what
-        },
-        ..Failure::default()
-    };
-    loop {
-        let next = match tokio::time::timeout(opts.idle_timeout, stream.next()).await {
-            Err(_) => {
-                return Err(broken(
-                    decoder,
-                    format!(
-                        "the stream from {} sent nothing for {}",
-                        ep.url,
-                        humantime::format_duration(opts.idle_timeout)
-                    ),
-                ));
-            }
-            Ok(n) => n,
         };
-        let ended = next.is_none();
-        match next {
-            Some(Ok(bytes)) => {
-                if parser.feed(&bytes, &mut events).is_err() {
-                    return Err(too_big());
+        if !opts.stream {
+            // JSON framing of a whole answer is small next to its text: twice the limit holds it.
+            let max_body = opts
+                .max_turn_bytes
+                .saturating_mul(2)
+                .saturating_add(64 * 1024);
+            let mut response = response;
+            let mut bytes = Vec::new();
+            loop {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        if bytes.len().saturating_add(chunk.len()) > max_body {
+                            return Err(too_big());
+                        }
+                        bytes.extend_from_slice(&chunk);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(Failure::retry(format!(
+                            "reading the answer from {} failed: {}",
+                            ep.url,
+                            plain(&e)
+                        )));
+                    }
                 }
             }
-            Some(Err(e)) => {
-                return Err(broken(
-                    decoder,
-                    format!("the connection to {} dropped: {}", ep.url, plain(&e)),
-                ));
-            }
-            None => parser.finish(&mut events),
-        }
-        for event in events.drain(..) {
-            decoder.event(&event, on_text).map_err(|e| Failure {
-                retryable: e.retryable && !decoder.had_output(),
+            let text = String::from_utf8_lossy(&bytes);
+            let json: Value = serde_json::from_str(&text).map_err(|e| Failure {
+                message: format!(
+                    "the answer from {} is not JSON ({e}): {}",
+                    ep.url,
+                    server_message(&text)
+                ),
+                ..Failure::default()
+            })?;
+            decoder.body(json).map_err(|e| Failure {
+                retryable: e.retryable,
                 message: e.message,
                 ..Failure::default()
             })?;
             if decoder.size() > opts.max_turn_bytes {
                 return Err(too_big());
             }
-        }
-        if decoder.complete() {
             return Ok(());
         }
-        if ended {
-            return Err(broken(
-                decoder,
+        let mut stream = response.bytes_stream();
+        let mut parser = SseParser::with_max_line(opts.max_turn_bytes.saturating_add(64 * 1024));
+        let mut events = Vec::new();
+        let broken = |decoder: &dyn Decoder, what: String| Failure {
+            retryable: !decoder.had_output(),
+            message: if decoder.had_output() {
                 format!(
-                    "the stream from {} ended before the answer was complete",
-                    ep.url
-                ),
-            ));
+                    "{what} in the middle of the answer; what arrived is kept in the transcript"
+                )
+            } else {
+                what
+            },
+            ..Failure::default()
+        };
+        loop {
+            let next = match tokio::time::timeout(opts.idle_timeout, stream.next()).await {
+                Err(_) => {
+                    return Err(broken(
+                        decoder,
+                        format!(
+                            "the stream from {} sent nothing for {}",
+                            ep.url,
+                            humantime::format_duration(opts.idle_timeout)
+                        ),
+                    ));
+                }
+                Ok(n) => n,
+            };
+            let ended = next.is_none();
+            match next {
+                Some(Ok(bytes)) => {
+                    if parser.feed(&bytes, &mut events).is_err() {
+                        return Err(too_big());
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(broken(
+                        decoder,
+                        format!("the connection to {} dropped: {}", ep.url, plain(&e)),
+                    ));
+                }
+                None => parser.finish(&mut events),
+            }
+            for event in events.drain(..) {
+                decoder.event(&event, on_text).map_err(|e| Failure {
+                    retryable: e.retryable && !decoder.had_output(),
+                    message: e.message,
+                    ..Failure::default()
+                })?;
+                if decoder.size() > opts.max_turn_bytes {
+                    return Err(too_big());
+                }
+            }
+            if decoder.complete() {
+                return Ok(());
+            }
+            if ended {
+                return Err(broken(
+                    decoder,
+                    format!(
+                        "the stream from {} ended before the answer was complete",
+                        ep.url
+                    ),
+                ));
+            }
         }
     }
 }

@@ -136,12 +136,15 @@ pub struct ModelResponse {
     pub reasoning: Option<String>,
 }
 
+/// What is called with each piece of an answer's text as it arrives.
+pub type OnText<'a> = dyn Fn(&str) + Send + Sync + 'a;
+
 /// What one step sends: the conversation so far and the tools on offer.
 pub struct ModelRequest<'a> {
     pub messages: &'a Conversation,
     pub tools: &'a [ToolSpec],
     /// Called with each piece of text as it arrives (streaming providers).
-    pub on_text: &'a (dyn Fn(&str) + Send + Sync),
+    pub on_text: &'a OnText<'a>,
     /// Ask for the answer as one JSON object of this schema where the protocol offers it
     /// (Chat Completions `response_format`; Anthropic a prefilled `{`); `None` for agent turns.
     pub json_schema: Option<&'a Value>,
@@ -446,6 +449,24 @@ impl<S: Default> WireCache<S> {
     }
 }
 
+/// The start of a request body, the same in both protocols: `{"model":…,"messages":[`.
+pub(crate) fn open_body(out: &mut BytesMut, model: &str) -> Result<(), ModelError> {
+    use bytes::BufMut;
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(out.writer(), model)?;
+    out.extend_from_slice(b",\"messages\":[");
+    Ok(())
+}
+
+/// The end of a request body's messages, and whether the answer streams: `],"stream":…`.
+pub(crate) fn end_messages(out: &mut BytesMut, stream: bool) {
+    out.extend_from_slice(if stream {
+        &b"],\"stream\":true"[..]
+    } else {
+        &b"],\"stream\":false"[..]
+    });
+}
+
 impl ModelError {
     /// Whether the error is the user's configuration rather than the model failing.
     pub(crate) fn is_config(&self) -> bool {
@@ -526,7 +547,6 @@ pub fn from_spec(
             "model `{spec}` names no model after `{provider}:`"
         )));
     }
-    let client = http::client;
     let base = |var: &str, default: &str| {
         opts.base_url
             .clone()
@@ -553,10 +573,8 @@ pub fn from_spec(
         Ok(Box::new(openai::ChatModel {
             name: spec.to_string(),
             model: rest.to_string(),
-            endpoint,
-            http: opts.http.clone(),
+            transport: http::Transport::new(endpoint, opts.http.clone())?,
             dialect,
-            client: client()?,
             wire: WireCache::default(),
         }))
     };
@@ -638,9 +656,7 @@ pub fn from_spec(
                 name: spec.to_string(),
                 model: rest.to_string(),
                 max_tokens: opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-                endpoint,
-                http: opts.http.clone(),
-                client: client()?,
+                transport: http::Transport::new(endpoint, opts.http.clone())?,
                 wire: WireCache::default(),
             }))
         }
@@ -652,7 +668,25 @@ pub fn from_spec(
 
 #[cfg(test)]
 pub(crate) mod sample {
-    use super::{Message, ToolCall, ToolResult};
+    use serde_json::json;
+
+    use super::{Message, ToolCall, ToolResult, ToolSpec};
+
+    /// Two tools, one with a description that needs escaping.
+    pub(crate) fn tools() -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "read_file".into(),
+                description: "Read \"a\" file".into(),
+                input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            },
+            ToolSpec {
+                name: "run".into(),
+                description: "d".into(),
+                input_schema: json!({"type": "object"}),
+            },
+        ]
+    }
 
     /// A conversation of `turns` steps with every kind of message and field: system text
     /// (twice), user text, assistant text, tool calls with empty, invalid and valid

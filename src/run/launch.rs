@@ -514,29 +514,14 @@ pub(crate) async fn launch_in(
     // Whatever the agent left running ends with its run.
     jail.sweep();
     let thread = resume::ended(spec, &db, &run.id, tree, &outcome, &events);
-    let mut result = outcome.event(&run.id);
-    if let Event::Result { thread: t, .. } = &mut result {
-        *t = thread;
-    }
-    events.emit(result);
+    events.emit(outcome.event(&run.id, thread));
     crate::redact::tree(&run.dir, &["transcript.jsonl"]);
-    let ended = Ended {
-        status: outcome.status,
-        stop_reason: outcome.stop_reason,
-        tries: outcome.tries,
-        steps: outcome.steps,
-        usage: outcome.usage,
-        cost: outcome.cost,
-        answer: outcome.answer.as_deref(),
-        error: outcome.error.as_deref(),
-        checks: &outcome.checks,
-    };
     // The outcome first, beside the transcript: it is small, and whole or absent; the next
     // start records it if the store cannot take it now. When the disk is full, what the run
     // kept besides goes first, with a note, so that the outcome fits.
     let kept = KeptOutcome {
+        outcome: outcome.clone(),
         run: Some(kept_run),
-        ..KeptOutcome::of(&ended)
     };
     let mut dropped = false;
     let mut drop_kept = |events: &Events| {
@@ -575,9 +560,9 @@ pub(crate) async fn launch_in(
             }
         }
     }
-    let mut recorded = db.finish_run_patiently(&run.id, &ended, PATIENCE).await;
+    let mut recorded = db.finish_run_patiently(&run.id, &outcome, PATIENCE).await;
     if matches!(&recorded, Err(e) if crate::store::db::is_full(e)) && drop_kept(&events) {
-        recorded = db.finish_run_patiently(&run.id, &ended, PATIENCE).await;
+        recorded = db.finish_run_patiently(&run.id, &outcome, PATIENCE).await;
     }
     if recorded.is_err() && matches!(db.run(&run.id), Err(DbError::NoRun(_))) {
         match db.adopt(&run.id, &run.dir, &kept) {
@@ -675,19 +660,9 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> Outcome {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown cause".into());
-    Outcome {
-        status: crate::trace::Status::Error,
-        stop_reason: crate::trace::StopReason::Error,
-        tries: 0,
-        steps: 0,
-        usage: crate::model::Usage::default(),
-        cost: None,
-        answer: None,
-        error: Some(format!(
-            "sup hit a bug and stopped this run (a panic: {what}); please report it"
-        )),
-        checks: Vec::new(),
-    }
+    Outcome::error(Some(format!(
+        "sup hit a bug and stopped this run (a panic: {what}); please report it"
+    )))
 }
 
 #[cfg(test)]

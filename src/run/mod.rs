@@ -27,7 +27,7 @@ use crate::model::prices::{Price, Prices};
 use crate::model::record::Recorder;
 use crate::model::{self, ModelError, ProviderOptions, ToolSpec};
 use crate::notify::{Notice, Notifier, Notify};
-use crate::store::db::{Db, DbError, Ended, KeptOutcome, KeptRun, NewRun, PATIENCE};
+use crate::store::db::{Db, DbError, KeptOutcome, KeptRun, NewRun, PATIENCE};
 use crate::store::pg::{self, PgError, PgStore};
 use crate::store::{RunDir, StoreError, Transcript, TriggerKind};
 use crate::template::{self, Source as Template};

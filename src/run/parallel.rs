@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Launched, Recorded, RunError, RunSpec, Trigger, launch_in};
 use crate::model::Usage;
-use crate::store::db::{Db, Ended, NewRun, PATIENCE};
+use crate::store::db::{Db, NewRun, PATIENCE};
 use crate::store::lineage::Lineage;
 use crate::store::{RunDir, Transcript};
 use crate::trace::{AttemptReport, Event, EventSink, Events, Status, StopReason, Thread};
@@ -213,30 +213,18 @@ pub(crate) async fn launch(
     if let Err(e) = db.set_lineage(&run.id, &ours) {
         tracing::warn!("run {}: cannot record its attempts' branch: {e}", run.id);
     }
-    let mut result = outcome.event(&run.id);
-    if let Event::Result { thread, .. } = &mut result {
-        *thread = Thread {
+    events.emit(outcome.event(
+        &run.id,
+        Thread {
             branch: theirs.branch.filter(|_| kept),
             commit: theirs.commit,
             diff_stat: theirs.diff_stat,
             attempt: Some(k),
             attempts,
             ..Thread::default()
-        };
-    }
-    events.emit(result);
-    let end = Ended {
-        status: outcome.status,
-        stop_reason: outcome.stop_reason,
-        tries: outcome.tries,
-        steps: outcome.steps,
-        usage: outcome.usage,
-        cost: outcome.cost,
-        answer: outcome.answer.as_deref(),
-        error: outcome.error.as_deref(),
-        checks: &outcome.checks,
-    };
-    db.finish_run_patiently(&run.id, &end, PATIENCE).await?;
+        },
+    ));
+    db.finish_run_patiently(&run.id, &outcome, PATIENCE).await?;
     // The parallel run is told as one run, from what was recorded.
     if !spec.notify.is_empty()
         && let Ok(row) = db.run(&run.id)

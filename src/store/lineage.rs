@@ -46,13 +46,6 @@ pub(crate) fn update_sql(mark: char) -> String {
 }
 
 impl Db {
-    fn lineage_err(&self, source: rusqlite::Error) -> DbError {
-        DbError::Sqlite {
-            path: "sup.db".into(),
-            source,
-        }
-    }
-
     /// Record what `l` holds for run `id` (a part that is `None` is left as it was).
     pub(crate) fn set_lineage(&self, id: &str, l: &Lineage) -> Result<(), DbError> {
         self.conn()
@@ -70,7 +63,7 @@ impl Db {
                     l.repo
                 ],
             )
-            .map_err(|e| self.lineage_err(e))?;
+            .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -94,7 +87,7 @@ impl Db {
                 },
             )
             .optional()
-            .map_err(|e| self.lineage_err(e))?
+            .map_err(|e| self.err(e))?
             .ok_or_else(|| DbError::NoRun(id.to_string()))
     }
 
@@ -103,11 +96,11 @@ impl Db {
         let mut stmt = self
             .conn()
             .prepare("SELECT id, attempt FROM runs WHERE parent = ?1 ORDER BY attempt")
-            .map_err(|e| self.lineage_err(e))?;
+            .map_err(|e| self.err(e))?;
         let ids: Vec<(String, u32)> = stmt
             .query_map([parent], |r| Ok((r.get(0)?, r.get(1)?)))
             .and_then(Iterator::collect)
-            .map_err(|e| self.lineage_err(e))?;
+            .map_err(|e| self.err(e))?;
         ids.into_iter()
             .map(|(id, n)| Ok((n, self.run(&id)?)))
             .collect()
@@ -122,7 +115,7 @@ impl Db {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(|e| self.lineage_err(e))
+            .map_err(|e| self.err(e))
     }
 
     /// Say why an attempt of a parallel run was cancelled (another attempt won).
@@ -132,7 +125,7 @@ impl Db {
                 "UPDATE runs SET error = ?2 WHERE id = ?1 AND stop_reason = 'cancelled'",
                 params![id, why],
             )
-            .map_err(|e| self.lineage_err(e))?;
+            .map_err(|e| self.err(e))?;
         Ok(())
     }
 }

@@ -1,10 +1,11 @@
 //! The stored vocabulary: every state the store keeps as text (run status, stop reason,
-//! trigger kind, occurrence status, approval kind and status) as an enum, with its text, its JSON and its
+//! trigger kind, occurrence status, approval kind and status) as an enum (`words!`), with its
 //! SQL conversion written once, here.
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 
 use crate::trace::{Status, StopReason};
+use crate::words::words;
 
 /// The SQL conversions of a stored word (a type with `as_str` and `parse`), for SQLite and
 /// PostgreSQL: written as its text, read back checked.
@@ -67,54 +68,7 @@ macro_rules! sql_text {
     };
 }
 
-/// Declares an enum of stored words: `as_str`, `parse`, `Display`, serde and SQL. There is no
-/// equality with a `&str`: a comparison names a variant, so a misspelt word does not compile.
-macro_rules! vocabulary {
-    ($(#[$meta:meta])* pub enum $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-        pub enum $name {
-            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
-        }
-
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),*];
-
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text,)*
-                }
-            }
-
-            pub fn parse(s: &str) -> Option<$name> {
-                match s {
-                    $($text => Some($name::$variant),)*
-                    _ => None,
-                }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.pad(self.as_str())
-            }
-        }
-
-        impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                $name::parse(s).ok_or_else(|| {
-                    let all: Vec<&str> = $name::ALL.iter().map(|v| v.as_str()).collect();
-                    format!("`{s}` is not one of: {}", all.join(", "))
-                })
-            }
-        }
-
-        sql_text!($name);
-    };
-}
-
-vocabulary! {
+words! {
     /// A run's status in the store: `running` until it ends, then its outcome's.
     pub enum RunStatus {
         Running = "running",
@@ -138,9 +92,7 @@ impl From<Status> for RunStatus {
     }
 }
 
-sql_text!(StopReason);
-
-vocabulary! {
+words! {
     /// What started a run.
     pub enum TriggerKind {
         /// `sup run`, `sup goal`.
@@ -158,7 +110,7 @@ vocabulary! {
     }
 }
 
-vocabulary! {
+words! {
     /// What became of a claimed schedule occurrence.
     pub enum OccurrenceStatus {
         Claimed = "claimed",
@@ -174,7 +126,7 @@ vocabulary! {
     }
 }
 
-vocabulary! {
+words! {
     /// What an approval request asks about.
     pub enum ApprovalKind {
         /// A call waiting for a yes.
@@ -184,7 +136,7 @@ vocabulary! {
     }
 }
 
-vocabulary! {
+words! {
     /// Where an approval request stands.
     pub enum ApprovalStatus {
         Pending = "pending",
@@ -194,6 +146,13 @@ vocabulary! {
         Cancelled = "cancelled",
     }
 }
+
+sql_text!(RunStatus);
+sql_text!(StopReason);
+sql_text!(TriggerKind);
+sql_text!(OccurrenceStatus);
+sql_text!(ApprovalKind);
+sql_text!(ApprovalStatus);
 
 #[cfg(test)]
 mod tests {

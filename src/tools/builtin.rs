@@ -24,13 +24,92 @@ const MAX_MATCHES: usize = 500;
 
 /// Every built-in tool, ready to register.
 pub fn register_all(registry: &mut Registry) -> Result<(), RegistryError> {
-    registry.add(Arc::new(ReadFile::new()))?;
-    registry.add(Arc::new(WriteFile::new()))?;
-    registry.add(Arc::new(EditFile::new()))?;
-    registry.add(Arc::new(ListFiles::new()))?;
-    registry.add(Arc::new(SearchFiles::new()))?;
-    registry.add(Arc::new(RunCommand::new()))?;
+    for tool in [
+        read_file_tool(),
+        write_file_tool(),
+        edit_file_tool(),
+        list_files_tool(),
+        search_files_tool(),
+        run_command_tool(),
+    ] {
+        registry.add(Arc::new(tool))?;
+    }
     Ok(())
+}
+
+/// Which built-in tool a `Builtin` is.
+#[derive(Clone, Copy)]
+enum Kind {
+    ReadFile,
+    WriteFile,
+    EditFile,
+    ListFiles,
+    SearchFiles,
+    RunCommand,
+}
+
+/// A built-in tool: which one, what it risks, and its spec.
+struct Builtin {
+    kind: Kind,
+    risk: Risk,
+    spec: ToolSpec,
+}
+
+impl Builtin {
+    /// A tool whose input is an object of `properties`, those `required`, and no others.
+    fn new(
+        kind: Kind,
+        risk: Risk,
+        name: &str,
+        description: String,
+        properties: Value,
+        required: &[&str],
+    ) -> Self {
+        let mut input_schema = json!({"type": "object", "properties": properties});
+        if !required.is_empty() {
+            input_schema["required"] = json!(required);
+        }
+        input_schema["additionalProperties"] = json!(false);
+        Builtin {
+            kind,
+            risk,
+            spec: ToolSpec {
+                name: name.into(),
+                description,
+                input_schema,
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Builtin {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn risk(&self) -> Risk {
+        self.risk
+    }
+    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
+        match self.kind {
+            Kind::RunCommand => input
+                .get("command")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            _ => super::path_subject(input, workspace),
+        }
+    }
+    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        match self.kind {
+            Kind::ReadFile => read_file(parse(input)?, ctx).await,
+            Kind::WriteFile => write_file(parse(input)?, ctx),
+            Kind::EditFile => edit_file(parse(input)?, ctx),
+            Kind::ListFiles => list_files(parse(input)?, ctx).await,
+            Kind::SearchFiles => search_files(parse(input)?, ctx).await,
+            Kind::RunCommand => run_command(parse(input)?, ctx).await,
+        }
+    }
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(input: &Value) -> Result<T, ToolError> {
@@ -271,28 +350,22 @@ fn is_binary(bytes: &[u8]) -> bool {
     bytes[..bytes.len().min(8192)].contains(&0)
 }
 
-pub(crate) struct ReadFile(ToolSpec);
-
-impl ReadFile {
-    fn new() -> Self {
-        ReadFile(ToolSpec {
-            name: "read_file".into(),
-            description: format!(
-                "Read a text file of the workspace. Long files come in pages of {PAGE_LINES} \
-                 lines: pass `offset` (first line, from 1) and `limit` to read on."
-            ),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "Path relative to the workspace"},
-                    "offset": {"type": "integer", "minimum": 1},
-                    "limit": {"type": "integer", "minimum": 1}
-                },
-                "required": ["path"],
-                "additionalProperties": false
-            }),
-        })
-    }
+fn read_file_tool() -> Builtin {
+    Builtin::new(
+        Kind::ReadFile,
+        Risk::Read,
+        "read_file",
+        format!(
+            "Read a text file of the workspace. Long files come in pages of {PAGE_LINES} \
+             lines: pass `offset` (first line, from 1) and `limit` to read on."
+        ),
+        json!({
+            "path": {"type": "string", "description": "Path relative to the workspace"},
+            "offset": {"type": "integer", "minimum": 1},
+            "limit": {"type": "integer", "minimum": 1}
+        }),
+        &["path"],
+    )
 }
 
 #[derive(Deserialize)]
@@ -302,82 +375,63 @@ struct ReadInput {
     limit: Option<usize>,
 }
 
-#[async_trait]
-impl Tool for ReadFile {
-    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
-        super::path_subject(input, workspace)
+async fn read_file(input: ReadInput, ctx: &ToolContext) -> Result<String, ToolError> {
+    let file = open_beneath(ctx, "read_file", &input.path)?;
+    let first = input.offset.unwrap_or(1);
+    let limit = input.limit.unwrap_or(PAGE_LINES);
+    // Only the page is held, whatever the file's size.
+    let page = tokio::task::spawn_blocking(move || super::page::read_page(file, first, limit))
+        .await
+        .map_err(|e| ToolError::Failed(format!("reading {} failed: {e}", input.path)))?
+        .map_err(|e| io_error("read", &input.path, e))?;
+    if page.binary {
+        return Err(ToolError::Failed(format!(
+            "{} is a binary file ({} bytes); read_file reads text",
+            input.path, page.size
+        )));
     }
-    fn spec(&self) -> &ToolSpec {
-        &self.0
+    let lines = page.total;
+    if first > lines.max(1) {
+        return Err(ToolError::Invalid(format!(
+            "{} has {lines} lines; offset {first} is past its end",
+            input.path
+        )));
     }
-    fn risk(&self) -> Risk {
-        Risk::Read
-    }
-    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let input: ReadInput = parse(input)?;
-        let file = open_beneath(ctx, "read_file", &input.path)?;
-        let first = input.offset.unwrap_or(1);
-        let limit = input.limit.unwrap_or(PAGE_LINES);
-        // Only the page is held, whatever the file's size.
-        let page = tokio::task::spawn_blocking(move || super::page::read_page(file, first, limit))
-            .await
-            .map_err(|e| ToolError::Failed(format!("reading {} failed: {e}", input.path)))?
-            .map_err(|e| io_error("read", &input.path, e))?;
-        if page.binary {
-            return Err(ToolError::Failed(format!(
-                "{} is a binary file ({} bytes); read_file reads text",
-                input.path, page.size
-            )));
+    let last = first.saturating_sub(1).saturating_add(limit).min(lines);
+    let mut out = page.text;
+    if first > 1 || last < lines || page.cut {
+        if !out.ends_with('\n') {
+            out.push('\n');
         }
-        let lines = page.total;
-        if first > lines.max(1) {
-            return Err(ToolError::Invalid(format!(
-                "{} has {lines} lines; offset {first} is past its end",
-                input.path
-            )));
+        if page.cut {
+            out.push_str(&format!(
+                "[the page was cut at {} KB; read fewer lines with `limit`]\n",
+                super::page::MAX_PAGE_BYTES / 1024
+            ));
         }
-        let last = first.saturating_sub(1).saturating_add(limit).min(lines);
-        let mut out = page.text;
-        if first > 1 || last < lines || page.cut {
-            if !out.ends_with('\n') {
-                out.push('\n');
-            }
-            if page.cut {
-                out.push_str(&format!(
-                    "[the page was cut at {} KB; read fewer lines with `limit`]\n",
-                    super::page::MAX_PAGE_BYTES / 1024
-                ));
-            }
-            out.push_str(&format!("[lines {first}-{last} of {lines}"));
-            if last < lines {
-                out.push_str(&format!("; read on with offset={}", last + 1));
-            }
-            out.push(']');
+        out.push_str(&format!("[lines {first}-{last} of {lines}"));
+        if last < lines {
+            out.push_str(&format!("; read on with offset={}", last + 1));
         }
-        Ok(out)
+        out.push(']');
     }
+    Ok(out)
 }
 
-pub(crate) struct WriteFile(ToolSpec);
-
-impl WriteFile {
-    fn new() -> Self {
-        WriteFile(ToolSpec {
-            name: "write_file".into(),
-            description: "Create or overwrite a file of the workspace with the given content; \
-                          missing parent folders are created."
-                .into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "Path relative to the workspace"},
-                    "content": {"type": "string"}
-                },
-                "required": ["path", "content"],
-                "additionalProperties": false
-            }),
-        })
-    }
+fn write_file_tool() -> Builtin {
+    Builtin::new(
+        Kind::WriteFile,
+        Risk::Write,
+        "write_file",
+        "Create or overwrite a file of the workspace with the given content; missing parent \
+         folders are created."
+            .into(),
+        json!({
+            "path": {"type": "string", "description": "Path relative to the workspace"},
+            "content": {"type": "string"}
+        }),
+        &["path", "content"],
+    )
 }
 
 #[derive(Deserialize)]
@@ -386,51 +440,31 @@ struct WriteInput {
     content: String,
 }
 
-#[async_trait]
-impl Tool for WriteFile {
-    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
-        super::path_subject(input, workspace)
-    }
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn risk(&self) -> Risk {
-        Risk::Write
-    }
-    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let input: WriteInput = parse(input)?;
-        let (existed, rel) =
-            write_beneath(ctx, "write_file", &input.path, input.content.as_bytes())?;
-        Ok(format!(
-            "{} {rel} ({} bytes)",
-            if existed { "overwrote" } else { "created" },
-            input.content.len()
-        ))
-    }
+fn write_file(input: WriteInput, ctx: &ToolContext) -> Result<String, ToolError> {
+    let (existed, rel) = write_beneath(ctx, "write_file", &input.path, input.content.as_bytes())?;
+    Ok(format!(
+        "{} {rel} ({} bytes)",
+        if existed { "overwrote" } else { "created" },
+        input.content.len()
+    ))
 }
 
-pub(crate) struct EditFile(ToolSpec);
-
-impl EditFile {
-    fn new() -> Self {
-        EditFile(ToolSpec {
-            name: "edit_file".into(),
-            description: "Replace one exact occurrence of `old_string` in a file with \
-                          `new_string`. `old_string` must occur exactly once: include enough \
-                          surrounding text to make it unique."
-                .into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "old_string": {"type": "string", "minLength": 1},
-                    "new_string": {"type": "string"}
-                },
-                "required": ["path", "old_string", "new_string"],
-                "additionalProperties": false
-            }),
-        })
-    }
+fn edit_file_tool() -> Builtin {
+    Builtin::new(
+        Kind::EditFile,
+        Risk::Write,
+        "edit_file",
+        "Replace one exact occurrence of `old_string` in a file with `new_string`. \
+         `old_string` must occur exactly once: include enough surrounding text to make it \
+         unique."
+            .into(),
+        json!({
+            "path": {"type": "string"},
+            "old_string": {"type": "string", "minLength": 1},
+            "new_string": {"type": "string"}
+        }),
+        &["path", "old_string", "new_string"],
+    )
 }
 
 #[derive(Deserialize)]
@@ -444,65 +478,52 @@ fn line_of(text: &str, byte: usize) -> usize {
     text[..byte].matches('\n').count() + 1
 }
 
-#[async_trait]
-impl Tool for EditFile {
-    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
-        super::path_subject(input, workspace)
-    }
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn risk(&self) -> Risk {
-        Risk::Write
-    }
-    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let input: EditInput = parse(input)?;
-        let (path, _) = target(ctx, &input.path)?;
-        refuse_protected(ctx, &path, &input.path)?;
-        let bytes = read_beneath(ctx, "edit_file", &input.path)?;
-        let text = String::from_utf8(bytes).map_err(|_| {
-            ToolError::Failed(format!(
-                "{} is not UTF-8 text; edit_file edits text",
-                input.path
+fn edit_file(input: EditInput, ctx: &ToolContext) -> Result<String, ToolError> {
+    let (path, _) = target(ctx, &input.path)?;
+    refuse_protected(ctx, &path, &input.path)?;
+    let bytes = read_beneath(ctx, "edit_file", &input.path)?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        ToolError::Failed(format!(
+            "{} is not UTF-8 text; edit_file edits text",
+            input.path
+        ))
+    })?;
+    let at: Vec<usize> = text
+        .match_indices(&input.old_string)
+        .map(|(i, _)| i)
+        .collect();
+    match at.as_slice() {
+        [] => Err(ToolError::Failed(format!(
+            "old_string was not found in {}; read the file and copy the text exactly, \
+             whitespace included",
+            input.path
+        ))),
+        [one] => {
+            let edited = format!(
+                "{}{}{}",
+                &text[..*one],
+                input.new_string,
+                &text[one + input.old_string.len()..]
+            );
+            write_beneath(ctx, "edit_file", &input.path, edited.as_bytes())?;
+            Ok(format!(
+                "edited {} at line {}",
+                input.path,
+                line_of(&text, *one)
             ))
-        })?;
-        let at: Vec<usize> = text
-            .match_indices(&input.old_string)
-            .map(|(i, _)| i)
-            .collect();
-        match at.as_slice() {
-            [] => Err(ToolError::Failed(format!(
-                "old_string was not found in {}; read the file and copy the text exactly, \
-                 whitespace included",
-                input.path
-            ))),
-            [one] => {
-                let edited = format!(
-                    "{}{}{}",
-                    &text[..*one],
-                    input.new_string,
-                    &text[one + input.old_string.len()..]
-                );
-                write_beneath(ctx, "edit_file", &input.path, edited.as_bytes())?;
-                Ok(format!(
-                    "edited {} at line {}",
-                    input.path,
-                    line_of(&text, *one)
-                ))
-            }
-            many => {
-                let lines: Vec<String> = many
-                    .iter()
-                    .map(|i| line_of(&text, *i).to_string())
-                    .collect();
-                Err(ToolError::Failed(format!(
-                    "old_string occurs {} times in {} (lines {}); include more surrounding text \
-                     so that it matches exactly once",
-                    many.len(),
-                    input.path,
-                    lines.join(", ")
-                )))
-            }
+        }
+        many => {
+            let lines: Vec<String> = many
+                .iter()
+                .map(|i| line_of(&text, *i).to_string())
+                .collect();
+            Err(ToolError::Failed(format!(
+                "old_string occurs {} times in {} (lines {}); include more surrounding text \
+                 so that it matches exactly once",
+                many.len(),
+                input.path,
+                lines.join(", ")
+            )))
         }
     }
 }
@@ -544,26 +565,78 @@ fn glob_matcher(pattern: Option<&str>) -> Result<Option<globset::GlobMatcher>, T
         .transpose()
 }
 
-pub(crate) struct ListFiles(ToolSpec);
+/// Lines up to a cap, and how many more there were.
+#[derive(Default)]
+struct Capped {
+    lines: Vec<String>,
+    more: usize,
+}
 
-impl ListFiles {
-    fn new() -> Self {
-        ListFiles(ToolSpec {
-            name: "list_files".into(),
-            description: "List the workspace's files (paths relative to the workspace), \
-                          optionally under `path` and matching a glob `pattern` such as \
-                          `**/*.rs`. What .gitignore ignores is skipped."
-                .into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string"},
-                    "path": {"type": "string"}
-                },
-                "additionalProperties": false
-            }),
-        })
+impl Capped {
+    fn push(&mut self, cap: usize, line: impl FnOnce() -> String) {
+        if self.lines.len() < cap {
+            self.lines.push(line());
+        } else {
+            self.more += 1;
+        }
     }
+
+    /// The lines, or `none` when there are none; past the cap, how many `more` there were.
+    fn text(self, none: &str, more: &str) -> String {
+        if self.lines.is_empty() {
+            return none.into();
+        }
+        let mut text = self.lines.join("\n");
+        if self.more > 0 {
+            text.push_str(&format!("\n[… {} more {more}]", self.more));
+        }
+        text
+    }
+}
+
+/// Give `each` every file under `path` (default: the workspace) that the glob `pattern`
+/// matches and no rule denies `tool` to read, by its workspace-relative path, off the async
+/// threads; what it keeps, capped.
+async fn each_file(
+    ctx: &ToolContext,
+    tool: &'static str,
+    (path, pattern): (Option<&str>, Option<&str>),
+    mut each: impl FnMut(&ToolContext, &str, &mut Capped) + Send + 'static,
+) -> Result<Capped, ToolError> {
+    let root = resolve(&ctx.workspace, path.unwrap_or("."))?;
+    let matcher = glob_matcher(pattern)?;
+    let ctx = ctx.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut kept = Capped::default();
+        for p in walk(&ctx, &root) {
+            let rel = relative(&ctx.workspace, &p);
+            if matcher.as_ref().is_some_and(|m| !m.is_match(&rel)) || read_denied(&ctx, tool, &rel)
+            {
+                continue;
+            }
+            each(&ctx, &rel, &mut kept);
+        }
+        kept
+    })
+    .await
+    .map_err(|e| ToolError::Failed(format!("{tool} failed: {e}")))
+}
+
+fn list_files_tool() -> Builtin {
+    Builtin::new(
+        Kind::ListFiles,
+        Risk::Read,
+        "list_files",
+        "List the workspace's files (paths relative to the workspace), optionally under \
+         `path` and matching a glob `pattern` such as `**/*.rs`. What .gitignore ignores is \
+         skipped."
+            .into(),
+        json!({
+            "pattern": {"type": "string"},
+            "path": {"type": "string"}
+        }),
+        &[],
+    )
 }
 
 #[derive(Deserialize)]
@@ -572,79 +645,33 @@ struct ListInput {
     path: Option<String>,
 }
 
-#[async_trait]
-impl Tool for ListFiles {
-    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
-        super::path_subject(input, workspace)
-    }
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn risk(&self) -> Risk {
-        Risk::Read
-    }
-    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let input: ListInput = parse(input)?;
-        let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
-        let matcher = glob_matcher(input.pattern.as_deref())?;
-        let ws = ctx.workspace.clone();
-        let ctx = ctx.clone();
-        let listed = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            let mut more = 0usize;
-            for p in walk(&ctx, &root) {
-                let rel = relative(&ws, &p);
-                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel))
-                    || read_denied(&ctx, "list_files", &rel)
-                {
-                    continue;
-                }
-                if out.len() < MAX_LISTED {
-                    out.push(rel);
-                } else {
-                    more += 1;
-                }
-            }
-            (out, more)
-        })
-        .await
-        .map_err(|e| ToolError::Failed(format!("listing failed: {e}")))?;
-        let (files, more) = listed;
-        if files.is_empty() {
-            return Ok("no files match".into());
-        }
-        let mut text = files.join("\n");
-        if more > 0 {
-            text.push_str(&format!(
-                "\n[… {more} more files; narrow the pattern or path]"
-            ));
-        }
-        Ok(text)
-    }
+async fn list_files(input: ListInput, ctx: &ToolContext) -> Result<String, ToolError> {
+    let files = each_file(
+        ctx,
+        "list_files",
+        (input.path.as_deref(), input.pattern.as_deref()),
+        |_, rel, files| files.push(MAX_LISTED, || rel.to_string()),
+    )
+    .await?;
+    Ok(files.text("no files match", "files; narrow the pattern or path"))
 }
 
-pub(crate) struct SearchFiles(ToolSpec);
-
-impl SearchFiles {
-    fn new() -> Self {
-        SearchFiles(ToolSpec {
-            name: "search_files".into(),
-            description: "Search the workspace's text files for a regular expression; \
-                          answers `path:line: text` for each matching line. Optional `path` \
-                          (a folder or file) and `glob` narrow the search."
-                .into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string", "minLength": 1},
-                    "path": {"type": "string"},
-                    "glob": {"type": "string"}
-                },
-                "required": ["pattern"],
-                "additionalProperties": false
-            }),
-        })
-    }
+fn search_files_tool() -> Builtin {
+    Builtin::new(
+        Kind::SearchFiles,
+        Risk::Read,
+        "search_files",
+        "Search the workspace's text files for a regular expression; answers `path:line: \
+         text` for each matching line. Optional `path` (a folder or file) and `glob` narrow \
+         the search."
+            .into(),
+        json!({
+            "pattern": {"type": "string", "minLength": 1},
+            "path": {"type": "string"},
+            "glob": {"type": "string"}
+        }),
+        &["pattern"],
+    )
 }
 
 #[derive(Deserialize)]
@@ -654,99 +681,53 @@ struct SearchInput {
     glob: Option<String>,
 }
 
-#[async_trait]
-impl Tool for SearchFiles {
-    fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
-        super::path_subject(input, workspace)
-    }
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn risk(&self) -> Risk {
-        Risk::Read
-    }
-    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let input: SearchInput = parse(input)?;
-        let re = regex::Regex::new(&input.pattern)
-            .map_err(|e| ToolError::Invalid(format!("bad regular expression: {e}")))?;
-        let root = resolve(&ctx.workspace, input.path.as_deref().unwrap_or("."))?;
-        let matcher = glob_matcher(input.glob.as_deref())?;
-        let ws = ctx.workspace.clone();
-        ctx.root.dir()?;
-        let ctx = ctx.clone();
-        let found = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            let mut more = 0usize;
+async fn search_files(input: SearchInput, ctx: &ToolContext) -> Result<String, ToolError> {
+    let re = regex::Regex::new(&input.pattern)
+        .map_err(|e| ToolError::Invalid(format!("bad regular expression: {e}")))?;
+    ctx.root.dir()?;
+    let lines = each_file(
+        ctx,
+        "search_files",
+        (input.path.as_deref(), input.glob.as_deref()),
+        move |ctx, rel, lines| {
             let Ok(dir) = ctx.root.dir() else {
-                return (out, more);
+                return;
             };
-            for p in walk(&ctx, &root) {
-                let rel = relative(&ws, &p);
-                if matcher.as_ref().is_some_and(|m| !m.is_match(&rel))
-                    || read_denied(&ctx, "search_files", &rel)
-                {
-                    continue;
-                }
-                let mut bytes = Vec::new();
-                let read = open_regular(dir, &rel, cap_std::fs::OpenOptions::new().read(true))
-                    .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut bytes));
-                if read.is_err() {
-                    continue;
-                }
-                if is_binary(&bytes) {
-                    continue;
-                }
-                let text = String::from_utf8_lossy(&bytes);
-                for (n, line) in text.lines().enumerate() {
-                    if re.is_match(line) {
-                        if out.len() < MAX_MATCHES {
-                            let shown: String = line.chars().take(300).collect();
-                            out.push(format!("{rel}:{}: {shown}", n + 1));
-                        } else {
-                            more += 1;
-                        }
-                    }
+            let mut bytes = Vec::new();
+            let read = open_regular(dir, rel, cap_std::fs::OpenOptions::new().read(true))
+                .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut bytes));
+            if read.is_err() || is_binary(&bytes) {
+                return;
+            }
+            for (n, line) in String::from_utf8_lossy(&bytes).lines().enumerate() {
+                if re.is_match(line) {
+                    lines.push(MAX_MATCHES, || {
+                        let shown: String = line.chars().take(300).collect();
+                        format!("{rel}:{}: {shown}", n + 1)
+                    });
                 }
             }
-            (out, more)
-        })
-        .await
-        .map_err(|e| ToolError::Failed(format!("search failed: {e}")))?;
-        let (lines, more) = found;
-        if lines.is_empty() {
-            return Ok("no matches".into());
-        }
-        let mut text = lines.join("\n");
-        if more > 0 {
-            text.push_str(&format!(
-                "\n[… {more} more matches; narrow the pattern, path or glob]"
-            ));
-        }
-        Ok(text)
-    }
+        },
+    )
+    .await?;
+    Ok(lines.text("no matches", "matches; narrow the pattern, path or glob"))
 }
 
-pub(crate) struct RunCommand(ToolSpec);
-
-impl RunCommand {
-    fn new() -> Self {
-        RunCommand(ToolSpec {
-            name: "run_command".into(),
-            description: "Run a bash command line in the workspace and get its exit code, \
-                          stdout and stderr. Long outputs are cut in the middle. Optional \
-                          `timeout_secs` (at most the tool timeout)."
-                .into(),
-            input_schema: json!({
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "minLength": 1},
-                    "timeout_secs": {"type": "integer", "minimum": 1}
-                },
-                "required": ["command"],
-                "additionalProperties": false
-            }),
-        })
-    }
+fn run_command_tool() -> Builtin {
+    Builtin::new(
+        Kind::RunCommand,
+        Risk::Exec,
+        "run_command",
+        "Run a bash command line in the workspace and get its exit code, stdout and stderr. \
+         Long outputs are cut in the middle. Optional `timeout_secs` (at most the tool \
+         timeout)."
+            .into(),
+        json!({
+            "command": {"type": "string", "minLength": 1},
+            "timeout_secs": {"type": "integer", "minimum": 1}
+        }),
+        &["command"],
+    )
 }
 
 #[derive(Deserialize)]
@@ -795,55 +776,38 @@ pub(crate) async fn run_for_tool(
     Ok((finished.ending, stdout, stderr))
 }
 
-#[async_trait]
-impl Tool for RunCommand {
-    fn approval_subject(&self, input: &Value, _workspace: &Path) -> String {
-        input
-            .get("command")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
+async fn run_command(input: CommandInput, ctx: &ToolContext) -> Result<String, ToolError> {
+    let timeout = input
+        .timeout_secs
+        .map(std::time::Duration::from_secs)
+        .map_or(ctx.timeout, |t| t.min(ctx.timeout));
+    let spec = process::Spec {
+        program: "bash".into(),
+        args: vec!["-c".into(), input.command.clone()],
+        cwd: ctx.workspace.clone(),
+        env: ctx.env.as_ref().clone(),
+        stdin: None,
+        timeout,
+        stdout: PathBuf::new(),
+        stderr: PathBuf::new(),
+        jail: ctx.jail.clone(),
+    };
+    let (ending, stdout, stderr) = run_for_tool(spec, ctx).await?;
+    let mut text = ending.describe(timeout);
+    if ending == Ending::TimedOut {
+        text.push_str("; the process group was killed");
     }
-    fn spec(&self) -> &ToolSpec {
-        &self.0
+    if !stdout.is_empty() {
+        text.push_str("\n--- stdout ---\n");
+        text.push_str(&stdout);
     }
-    fn risk(&self) -> Risk {
-        Risk::Exec
+    if !stderr.is_empty() {
+        text.push_str("\n--- stderr ---\n");
+        text.push_str(&stderr);
     }
-    async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let input: CommandInput = parse(input)?;
-        let timeout = input
-            .timeout_secs
-            .map(std::time::Duration::from_secs)
-            .map_or(ctx.timeout, |t| t.min(ctx.timeout));
-        let spec = process::Spec {
-            program: "bash".into(),
-            args: vec!["-c".into(), input.command.clone()],
-            cwd: ctx.workspace.clone(),
-            env: ctx.env.as_ref().clone(),
-            stdin: None,
-            timeout,
-            stdout: PathBuf::new(),
-            stderr: PathBuf::new(),
-            jail: ctx.jail.clone(),
-        };
-        let (ending, stdout, stderr) = run_for_tool(spec, ctx).await?;
-        let mut text = ending.describe(timeout);
-        if ending == Ending::TimedOut {
-            text.push_str("; the process group was killed");
-        }
-        if !stdout.is_empty() {
-            text.push_str("\n--- stdout ---\n");
-            text.push_str(&stdout);
-        }
-        if !stderr.is_empty() {
-            text.push_str("\n--- stderr ---\n");
-            text.push_str(&stderr);
-        }
-        match ending {
-            Ending::Exited(0) => Ok(text),
-            Ending::Cancelled => Err(ToolError::Cancelled),
-            _ => Err(ToolError::Failed(text)),
-        }
+    match ending {
+        Ending::Exited(0) => Ok(text),
+        Ending::Cancelled => Err(ToolError::Cancelled),
+        _ => Err(ToolError::Failed(text)),
     }
 }

@@ -8,142 +8,127 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model::{Message, Usage};
+use crate::words::words;
 
-/// Why a work loop stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// The model answered without calling tools.
-    Final,
-    MaxSteps,
-    /// The token budget is spent.
-    Budget,
-    /// The next model call would pass the cost cap (`--max-cost`, `max_cost_per_day`).
-    Cost,
-    /// The same call with the same result again and again.
-    RepeatedCalls,
-    /// The model ran out of output tokens.
-    Length,
-    Cancelled,
-    Error,
-    /// Verify loop: the same failure report try after try.
-    NoProgress,
-    /// Verify loop: checks still fail after the last try.
-    ChecksFailed,
-    /// Verify loop: a check script was changed during the run.
-    CheckChanged,
-    /// Verify loop: a judge said the goal cannot be achieved.
-    Impossible,
-    /// The conversation no longer fits the model's context window: three compactions in a
-    /// row failed.
-    Context,
-}
-
-impl StopReason {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            StopReason::Final => "final",
-            StopReason::MaxSteps => "max_steps",
-            StopReason::Budget => "budget",
-            StopReason::Cost => "cost",
-            StopReason::RepeatedCalls => "repeated_calls",
-            StopReason::Length => "length",
-            StopReason::Cancelled => "cancelled",
-            StopReason::Error => "error",
-            StopReason::NoProgress => "no_progress",
-            StopReason::ChecksFailed => "checks_failed",
-            StopReason::CheckChanged => "check_changed",
-            StopReason::Impossible => "impossible",
-            StopReason::Context => "context",
-        }
-    }
-
-    pub(crate) const ALL: &'static [StopReason] = &[
-        StopReason::Final,
-        StopReason::MaxSteps,
-        StopReason::Budget,
-        StopReason::Cost,
-        StopReason::RepeatedCalls,
-        StopReason::Length,
-        StopReason::Cancelled,
-        StopReason::Error,
-        StopReason::NoProgress,
-        StopReason::ChecksFailed,
-        StopReason::CheckChanged,
-        StopReason::Impossible,
-        StopReason::Context,
-    ];
-
-    pub(crate) fn parse(s: &str) -> Option<StopReason> {
-        Self::ALL.iter().copied().find(|r| r.as_str() == s)
+words! {
+    /// Why a work loop stopped.
+    pub enum StopReason {
+        /// The model answered without calling tools.
+        Final = "final",
+        MaxSteps = "max_steps",
+        /// The token budget is spent.
+        Budget = "budget",
+        /// The next model call would pass the cost cap (`--max-cost`, `max_cost_per_day`).
+        Cost = "cost",
+        /// The same call with the same result again and again.
+        RepeatedCalls = "repeated_calls",
+        /// The model ran out of output tokens.
+        Length = "length",
+        Cancelled = "cancelled",
+        Error = "error",
+        /// Verify loop: the same failure report try after try.
+        NoProgress = "no_progress",
+        /// Verify loop: checks still fail after the last try.
+        ChecksFailed = "checks_failed",
+        /// Verify loop: a check script was changed during the run.
+        CheckChanged = "check_changed",
+        /// Verify loop: a judge said the goal cannot be achieved.
+        Impossible = "impossible",
+        /// The conversation no longer fits the model's context window: three compactions in a
+        /// row failed.
+        Context = "context",
     }
 }
 
-impl std::fmt::Display for StopReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
+words! {
+    /// How a decision about a call is reported in events.
+    pub enum Decided {
+        /// By a rule or the mode.
+        Allowed = "allowed",
+        /// By a person.
+        Approved = "approved",
+        Denied = "denied",
+        /// Nobody answered in time.
+        TimedOut = "timed_out",
     }
-}
-
-/// How a decision about a call is reported in events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decided {
-    /// By a rule or the mode.
-    Allowed,
-    /// By a person.
-    Approved,
-    Denied,
-    /// Nobody answered in time.
-    TimedOut,
 }
 
 impl Decided {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Decided::Allowed => "allowed",
-            Decided::Approved => "approved",
-            Decided::Denied => "denied",
-            Decided::TimedOut => "timed_out",
-        }
-    }
-
     /// Whether the call may run.
     pub(crate) fn granted(self) -> bool {
         matches!(self, Decided::Allowed | Decided::Approved)
     }
 }
 
-impl std::fmt::Display for Decided {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+words! {
+    /// How a whole run ended, as reported upward and in the `result` event.
+    pub enum Status {
+        /// The model answered (`sup run`) or every check passed (`sup goal`).
+        Achieved = "achieved",
+        /// Checks still fail after every try.
+        Failed = "failed",
+        /// A limit stopped the work: never success.
+        Unfinished = "unfinished",
+        /// The model, the provider or the setup failed.
+        Error = "error",
+        /// Cancelled by a person or a shutdown.
+        Interrupted = "interrupted",
     }
 }
 
-/// How a whole run ended, as reported upward and in the `result` event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// The model answered (`sup run`) or every check passed (`sup goal`).
-    Achieved,
-    /// Checks still fail after every try.
-    Failed,
-    /// A limit stopped the work: never success.
-    Unfinished,
-    /// The model, the provider or the setup failed.
-    Error,
-    /// Cancelled by a person or a shutdown.
-    Interrupted,
+/// How a goal run ended: reported upward by the verify loop, recorded by the store (kept in
+/// the run folder as JSON when the store cannot take it), told as the `result` event.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Outcome {
+    pub status: Status,
+    pub stop_reason: StopReason,
+    pub tries: u32,
+    pub steps: u32,
+    pub usage: Usage,
+    /// US dollars, when the model's price is known.
+    #[serde(default)]
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    /// Each try's check results.
+    pub checks: Vec<Vec<CheckReport>>,
 }
 
-impl Status {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Status::Achieved => "achieved",
-            Status::Failed => "failed",
-            Status::Unfinished => "unfinished",
-            Status::Error => "error",
-            Status::Interrupted => "interrupted",
+impl Outcome {
+    /// An error before any try, saying what went wrong.
+    pub(crate) fn error(error: Option<String>) -> Outcome {
+        Outcome {
+            status: Status::Error,
+            stop_reason: StopReason::Error,
+            tries: 0,
+            steps: 0,
+            usage: Usage::default(),
+            cost: None,
+            answer: None,
+            error,
+            checks: Vec::new(),
+        }
+    }
+
+    /// The `result` event of this outcome, with what ties the run to others.
+    pub(crate) fn event(&self, run_id: &str, thread: Thread) -> Event {
+        Event::Result {
+            status: self.status,
+            stop_reason: self.stop_reason,
+            tries: self.tries,
+            steps: self.steps,
+            usage: self.usage,
+            cost: self.cost,
+            run_id: run_id.to_string(),
+            answer: self.answer.clone(),
+            error: self.error.clone(),
+            checks: self.checks.clone(),
+            verified_by: match (self.status, self.checks.last()) {
+                (Status::Achieved, Some(last)) => verified_by(last),
+                _ => Vec::new(),
+            },
+            thread,
         }
     }
 }
@@ -151,16 +136,17 @@ impl Status {
 /// How a judge check's name begins: `judge: CRITERIA`.
 pub(crate) const JUDGE_PREFIX: &str = "judge: ";
 
-/// What kind of check gave a report: what its yes is worth.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CheckKind {
-    #[default]
-    Script,
-    Command,
-    Human,
-    /// A model that read the evidence: its yes is a judge's, never a script's.
-    Judge,
+words! {
+    /// What kind of check gave a report: what its yes is worth.
+    #[derive(Default)]
+    pub enum CheckKind {
+        #[default]
+        Script = "script",
+        Command = "command",
+        Human = "human",
+        /// A model that read the evidence: its yes is a judge's, never a script's.
+        Judge = "judge",
+    }
 }
 
 impl CheckKind {
@@ -173,15 +159,6 @@ impl CheckKind {
             CheckKind::Human
         } else {
             CheckKind::Script
-        }
-    }
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            CheckKind::Script => "script",
-            CheckKind::Command => "command",
-            CheckKind::Human => "human",
-            CheckKind::Judge => "judge",
         }
     }
 }

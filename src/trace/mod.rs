@@ -8,8 +8,8 @@ mod human;
 pub mod otel;
 
 pub use event::{
-    AttemptReport, CheckKind, CheckReport, Decided, Event, EventSink, Events, Status, StopReason,
-    Thread,
+    AttemptReport, CheckKind, CheckReport, Decided, Event, EventSink, Events, Outcome, Status,
+    StopReason, Thread,
 };
 pub(crate) use event::{JUDGE_PREFIX, verified_by};
 pub(crate) use human::{HumanTrace, Results, escape, has_hidden, notice, one_line, tokens, usd};

@@ -17,7 +17,8 @@ use crate::model::{Conversation, Message, Model, Usage};
 use crate::store::RunDir;
 use crate::tools::Registry;
 use crate::tools::sandbox::Jail;
-use crate::trace::{CheckReport, Event, Events, Status, StopReason};
+pub use crate::trace::Outcome;
+use crate::trace::{Event, Events, Status, StopReason};
 use crate::work::{self, Limits, Work};
 pub use check::Check;
 
@@ -64,45 +65,6 @@ pub struct Runtime<'a> {
     pub jail: Arc<Jail>,
     /// The run's MCP servers: ended before each try's checks, started again for the next.
     pub mcp: Option<&'a crate::tools::Servers>,
-}
-
-/// How a goal run ended.
-#[derive(Clone, Debug)]
-pub struct Outcome {
-    pub status: Status,
-    pub stop_reason: StopReason,
-    pub tries: u32,
-    pub steps: u32,
-    pub usage: Usage,
-    /// US dollars, when the model's price is known.
-    pub cost: Option<f64>,
-    pub answer: Option<String>,
-    pub error: Option<String>,
-    /// Each try's check results.
-    pub checks: Vec<Vec<CheckReport>>,
-}
-
-impl Outcome {
-    /// The `result` event of this outcome.
-    pub(crate) fn event(&self, run_id: &str) -> Event {
-        Event::Result {
-            status: self.status,
-            stop_reason: self.stop_reason,
-            tries: self.tries,
-            steps: self.steps,
-            usage: self.usage,
-            cost: self.cost,
-            run_id: run_id.to_string(),
-            answer: self.answer.clone(),
-            error: self.error.clone(),
-            checks: self.checks.clone(),
-            verified_by: match (self.status, self.checks.last()) {
-                (Status::Achieved, Some(last)) => crate::trace::verified_by(last),
-                _ => Vec::new(),
-            },
-            thread: Default::default(),
-        }
-    }
 }
 
 /// The status a work loop's stop gives when no check judges it.
@@ -165,17 +127,7 @@ pub(crate) async fn run_from(
         }
         None => begin(&mut messages, goal, goal.prompt.clone(), rt.events),
     }
-    let mut out = Outcome {
-        status: Status::Error,
-        stop_reason: StopReason::Error,
-        tries: 0,
-        steps: 0,
-        usage: Usage::default(),
-        cost: None,
-        answer: None,
-        error: None,
-        checks: Vec::new(),
-    };
+    let mut out = Outcome::error(None);
     let mut reports: Vec<String> = Vec::new();
     let guarded = &goal.protect;
     // Only checks compare it: a run without them takes none.

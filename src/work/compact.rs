@@ -91,16 +91,7 @@ impl Work<'_> {
             // Each failure asks for less.
             let scale = 1.0 / f64::from(state.failures + 1);
             if compact_results(messages, &self.output_dir) > 0 {
-                estimate.rewritten(messages.bytes() + room.tool_bytes);
-                let after = size(messages, estimate);
-                self.events.emit(Event::Compacted {
-                    step: room.step,
-                    how: How::Results.as_str().into(),
-                    before_tokens: before,
-                    after_tokens: after,
-                    usage: None,
-                    summary: None,
-                });
+                let after = self.compacted(room, messages, estimate, (How::Results, before), None);
                 if (after as f64) <= limit as f64 * 0.7 * scale {
                     state.fresh = true;
                     return Ok(());
@@ -134,16 +125,13 @@ impl Work<'_> {
                 Ok((summary, spent)) => {
                     *usage += spent;
                     rebuild(messages, &summary, tail_bytes);
-                    estimate.rewritten(messages.bytes() + room.tool_bytes);
-                    let after = size(messages, estimate);
-                    self.events.emit(Event::Compacted {
-                        step: room.step,
-                        how: How::Summary.as_str().into(),
-                        before_tokens: before,
-                        after_tokens: after,
-                        usage: Some(spent),
-                        summary: Some(summary),
-                    });
+                    let after = self.compacted(
+                        room,
+                        messages,
+                        estimate,
+                        (How::Summary, before),
+                        Some((summary, spent)),
+                    );
                     if after <= limit {
                         state.fresh = true;
                         return Ok(());
@@ -225,6 +213,31 @@ impl Work<'_> {
             ));
         }
         Ok((text, spent))
+    }
+
+    /// Tell that `how` rewrote the conversation of `before` tokens (with the summary and
+    /// what it cost, when one did it); the conversation's size now, in tokens.
+    fn compacted(
+        &self,
+        room: &Room,
+        messages: &Conversation,
+        estimate: &mut InputEstimate,
+        (how, before): (How, u64),
+        summary: Option<(String, Usage)>,
+    ) -> u64 {
+        let bytes = messages.bytes() + room.tool_bytes;
+        estimate.rewritten(bytes);
+        let after = estimate.scaled(bytes);
+        let (summary, usage) = summary.unzip();
+        self.events.emit(Event::Compacted {
+            step: room.step,
+            how: how.as_str().into(),
+            before_tokens: before,
+            after_tokens: after,
+            usage,
+            summary,
+        });
+        after
     }
 
     /// The end of a loop whose conversation cannot be made to fit.

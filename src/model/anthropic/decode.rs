@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::model::http::{DecodeError, Decoder};
 use crate::model::sse::SseEvent;
-use crate::model::{FinishReason, ModelError, ModelResponse, ToolCall, Usage};
+use crate::model::{FinishReason, ModelError, ModelResponse, OnText, ToolCall, Usage};
 
 #[derive(Debug, Clone)]
 enum Block {
@@ -156,11 +156,7 @@ impl MessagesDecoder {
     }
 
     /// One streamed event, by its JSON `type`.
-    pub(crate) fn handle(
-        &mut self,
-        v: &Value,
-        on_text: &(dyn Fn(&str) + Send + Sync),
-    ) -> Result<(), DecodeError> {
+    pub(crate) fn handle(&mut self, v: &Value, on_text: &OnText<'_>) -> Result<(), DecodeError> {
         let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
         match v["type"].as_str().unwrap_or("") {
             "message_start" => {
@@ -232,11 +228,7 @@ impl Decoder for MessagesDecoder {
         *self = MessagesDecoder::default();
     }
 
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        on_text: &(dyn Fn(&str) + Send + Sync),
-    ) -> Result<(), DecodeError> {
+    fn event(&mut self, event: &SseEvent, on_text: &OnText<'_>) -> Result<(), DecodeError> {
         if event.data.trim().is_empty() {
             return Ok(());
         }

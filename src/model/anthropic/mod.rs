@@ -12,7 +12,7 @@ pub(crate) use request::{Turns, cached_body};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::http::{Endpoint, HttpOptions, exchange};
+use super::http::Transport;
 use super::{KeepPartial, Model, ModelError, ModelRequest, ModelResponse, WireCache};
 
 /// `pause_turn` continuations at most in one step.
@@ -23,9 +23,7 @@ pub(crate) struct MessagesModel {
     pub(crate) name: String,
     pub(crate) model: String,
     pub(crate) max_tokens: u32,
-    pub(crate) endpoint: Endpoint,
-    pub(crate) http: HttpOptions,
-    pub(crate) client: reqwest::Client,
+    pub(crate) transport: Transport,
     /// The request body so far, extended by what each step adds.
     pub(crate) wire: WireCache<Turns>,
 }
@@ -48,27 +46,19 @@ impl Model for MessagesModel {
             let max_tokens = request
                 .max_output
                 .map_or(self.max_tokens, |room| self.max_tokens.min(room.max(1)));
-            let (wire, body) = cached_body(
+            let body = cached_body(
                 &self.wire,
                 (&self.model, max_tokens),
                 request.messages,
                 request.tools,
-                self.http.stream,
+                self.transport.http.stream,
                 &continuation,
             )?;
             let mut kept =
                 KeepPartial::new(MessagesDecoder::new(), request.partial, |d| d.partial());
-            let sent = exchange(
-                &self.client,
-                &self.endpoint,
-                &self.http,
-                &body,
-                &mut kept.decoder,
-                request.on_text,
-            )
-            .await;
-            self.wire.put(wire, body);
-            sent?;
+            self.transport
+                .send(&self.wire, body, &mut kept.decoder, request.on_text)
+                .await?;
             let decoder = kept.done();
             let part = decoder.response()?;
             let paused = decoder.stop_reason() == Some("pause_turn");
@@ -88,7 +78,7 @@ impl Model for MessagesModel {
             }
         }
         let mut merged = merged.ok_or_else(|| ModelError::Provider {
-            provider: self.endpoint.provider.clone(),
+            provider: self.transport.endpoint.provider.clone(),
             message: "no answer".into(),
         })?;
         if let Some(p) = prefill {

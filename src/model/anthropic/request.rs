@@ -6,7 +6,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::model::{Conversation, Message, ModelError, ToolSpec, Wire, WireCache};
+use crate::model::{
+    Conversation, Message, ModelError, ToolSpec, Wire, WireCache, end_messages, open_body,
+};
 
 fn cache_mark(block: &mut Value) {
     block["cache_control"] = json!({"type": "ephemeral"});
@@ -121,13 +123,12 @@ impl Turns {
     }
 }
 
-/// The body's start: `{"model":…,"messages":[`. The output limit is in the tail, since the
-/// room the window leaves changes from request to request.
-fn open(out: &mut BytesMut, model: &str) -> Result<(), ModelError> {
-    out.extend_from_slice(b"{\"model\":");
-    serde_json::to_writer(out.writer(), model)?;
-    out.extend_from_slice(b",\"messages\":[");
-    Ok(())
+/// A call's arguments as a `tool_use` input: an object, `{}` when they are none or invalid.
+fn tool_input(arguments: &str) -> Value {
+    serde_json::from_str::<Value>(arguments)
+        .ok()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}))
 }
 
 /// One message of ours as wire blocks at the end of the body: tool results are blocks of a
@@ -160,16 +161,12 @@ fn append(out: &mut BytesMut, turns: &mut Turns, m: &Message) -> Result<(), Mode
                 turns.block(out, &WireBlock::Text { text })?;
             }
             for c in tool_calls {
-                let input = serde_json::from_str::<Value>(&c.arguments)
-                    .ok()
-                    .filter(Value::is_object)
-                    .unwrap_or_else(|| json!({}));
                 turns.block(
                     out,
                     &WireBlock::ToolUse {
                         id: &c.id,
                         name: &c.name,
-                        input,
+                        input: tool_input(&c.arguments),
                     },
                 )?;
             }
@@ -245,11 +242,7 @@ fn tail(
     if role.is_some() {
         out.extend_from_slice(b"]}");
     }
-    out.extend_from_slice(if stream {
-        &b"],\"stream\":true"[..]
-    } else {
-        &b"],\"stream\":false"[..]
-    });
+    end_messages(out, stream);
     out.extend_from_slice(b",\"max_tokens\":");
     serde_json::to_writer(out.writer(), &max_tokens)?;
     if let Some(system) = &turns.system {
@@ -291,7 +284,7 @@ pub(crate) fn cached_body(
     stream: bool,
     continuation: &[Value],
 ) -> Result<(Wire<Turns>, Bytes), ModelError> {
-    let mut wire = cache.take(messages, |out| open(out, model), append)?;
+    let mut wire = cache.take(messages, |out| open_body(out, model), append)?;
     let body =
         wire.body(|out, turns| tail(out, turns, continuation, tools, (stream, max_tokens)))?;
     Ok((wire, body))
@@ -300,7 +293,7 @@ pub(crate) fn cached_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ToolCall, ToolResult};
+    use crate::model::{ToolCall, ToolResult, sample};
 
     /// The request body of a whole conversation, written from nothing.
     fn request_body(
@@ -312,7 +305,7 @@ mod tests {
         continuation: &[Value],
     ) -> Result<Bytes, ModelError> {
         let messages = Conversation::from(messages.to_vec());
-        let mut wire = Wire::new(&messages, |out| open(out, model), append)?;
+        let mut wire = Wire::new(&messages, |out| open_body(out, model), append)?;
         wire.body(|out, turns| tail(out, turns, continuation, tools, (stream, max_tokens)))
     }
 
@@ -350,10 +343,7 @@ mod tests {
                         blocks.push(json!({"type": "text", "text": text}));
                     }
                     for c in tool_calls {
-                        let input = serde_json::from_str::<Value>(&c.arguments)
-                            .ok()
-                            .filter(Value::is_object)
-                            .unwrap_or_else(|| json!({}));
+                        let input = tool_input(&c.arguments);
                         blocks.push(
                             json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
                         );
@@ -409,21 +399,6 @@ mod tests {
         body
     }
 
-    fn tools() -> Vec<ToolSpec> {
-        vec![
-            ToolSpec {
-                name: "read_file".into(),
-                description: "Read \"a\" file".into(),
-                input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
-            },
-            ToolSpec {
-                name: "run".into(),
-                description: "d".into(),
-                input_schema: json!({"type": "object"}),
-            },
-        ]
-    }
-
     /// Step by step, the body kept and extended is byte for byte the body written from
     /// nothing, and the old full serialization, for every prefix of a conversation: the cache
     /// breakpoint moves to the latest block each step and the block it left is sent without
@@ -443,10 +418,10 @@ mod tests {
                 messages.push(all[n - 1].clone());
             }
             for (tools, stream, continuation) in [
-                (tools(), true, &[][..]),
+                (sample::tools(), true, &[][..]),
                 (vec![], false, &[][..]),
-                (tools(), true, &paused[..]),
-                (tools(), true, &paused[..1]),
+                (sample::tools(), true, &paused[..]),
+                (sample::tools(), true, &paused[..1]),
             ] {
                 let (wire, body) = cached_body(
                     &cache,

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::model::http::{DecodeError, Decoder};
 use crate::model::sse::SseEvent;
-use crate::model::{FinishReason, ModelError, ModelResponse, ToolCall, Usage};
+use crate::model::{FinishReason, ModelError, ModelResponse, OnText, ToolCall, Usage};
 
 fn usage_of(u: &Value) -> Usage {
     let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
@@ -92,11 +92,7 @@ impl ChatDecoder {
     }
 
     /// One streamed chunk (a `data:` JSON object).
-    pub(crate) fn chunk(
-        &mut self,
-        v: &Value,
-        on_text: &(dyn Fn(&str) + Send + Sync),
-    ) -> Result<(), DecodeError> {
+    pub(crate) fn chunk(&mut self, v: &Value, on_text: &OnText<'_>) -> Result<(), DecodeError> {
         if let Some(err) = v.get("error") {
             let message = err
                 .get("message")
@@ -189,11 +185,7 @@ impl Decoder for ChatDecoder {
         *self = ChatDecoder::default();
     }
 
-    fn event(
-        &mut self,
-        event: &SseEvent,
-        on_text: &(dyn Fn(&str) + Send + Sync),
-    ) -> Result<(), DecodeError> {
+    fn event(&mut self, event: &SseEvent, on_text: &OnText<'_>) -> Result<(), DecodeError> {
         let data = event.data.trim();
         if data == "[DONE]" {
             self.done = true;

@@ -11,17 +11,15 @@ pub(crate) use request::{Written, cached_body, with_response_format};
 
 use async_trait::async_trait;
 
-use super::http::{Endpoint, HttpOptions, exchange};
+use super::http::Transport;
 use super::{KeepPartial, Model, ModelError, ModelRequest, ModelResponse, WireCache};
 
 /// A Chat Completions model.
 pub struct ChatModel {
     pub name: String,
     pub model: String,
-    pub endpoint: Endpoint,
-    pub http: HttpOptions,
+    pub transport: Transport,
     pub dialect: Dialect,
-    pub client: reqwest::Client,
     /// The request body so far, extended by what each step adds.
     pub wire: WireCache<Written>,
 }
@@ -42,7 +40,7 @@ impl Model for ChatModel {
             &self.model,
             request.messages,
             request.tools,
-            self.http.stream,
+            self.transport.http.stream,
             &dialect,
         )?;
         let body = match request.json_schema {
@@ -50,17 +48,9 @@ impl Model for ChatModel {
             None => body,
         };
         let mut kept = KeepPartial::new(ChatDecoder::new(), request.partial, ChatDecoder::partial);
-        let sent = exchange(
-            &self.client,
-            &self.endpoint,
-            &self.http,
-            &body,
-            &mut kept.decoder,
-            request.on_text,
-        )
-        .await;
-        self.wire.put(wire, body);
-        sent?;
+        self.transport
+            .send(&self.wire, (wire, body), &mut kept.decoder, request.on_text)
+            .await?;
         kept.done().response()
     }
 }

@@ -8,7 +8,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::model::{Conversation, Message, ModelError, ToolSpec, Wire, WireCache};
+use crate::model::{
+    Conversation, Message, ModelError, ToolSpec, Wire, WireCache, end_messages, open_body,
+};
 
 /// Settings of the request body that vary by server.
 #[derive(Clone, Debug, Default)]
@@ -70,14 +72,6 @@ impl<'a> WireMessage<'a> {
             reasoning_content: None,
         }
     }
-}
-
-/// The body's start: `{"model":…,"messages":[`.
-fn open(out: &mut BytesMut, model: &str) -> Result<(), ModelError> {
-    out.extend_from_slice(b"{\"model\":");
-    serde_json::to_writer(out.writer(), model)?;
-    out.extend_from_slice(b",\"messages\":[");
-    Ok(())
 }
 
 /// Whether the body holds a wire message yet (the next one needs a comma).
@@ -162,11 +156,7 @@ fn tail(
     stream: bool,
     dialect: &Dialect,
 ) -> Result<(), ModelError> {
-    out.extend_from_slice(if stream {
-        &b"],\"stream\":true"[..]
-    } else {
-        &b"],\"stream\":false"[..]
-    });
+    end_messages(out, stream);
     if !tools.is_empty() {
         out.extend_from_slice(b",\"tools\":");
         let tools: Vec<WireTool> = tools
@@ -206,7 +196,7 @@ pub(crate) fn cached_body(
 ) -> Result<(Wire<Written>, Bytes), ModelError> {
     let mut wire = cache.take(
         messages,
-        |out| open(out, model),
+        |out| open_body(out, model),
         |out, written, m| append(out, written, m, dialect),
     )?;
     let body = wire.body(|out, _| tail(out, tools, stream, dialect))?;
@@ -233,7 +223,7 @@ pub(crate) fn with_response_format(body: Bytes, schema: &Value) -> Result<Bytes,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ToolCall, ToolResult};
+    use crate::model::{ToolCall, ToolResult, sample};
 
     /// The request body as it was built before the wire cache: the reference.
     fn old_request_body(
@@ -323,21 +313,14 @@ mod tests {
     ) -> Result<Bytes, ModelError> {
         let mut wire = Wire::new(
             &Conversation::from(messages.to_vec()),
-            |out| open(out, model),
+            |out| open_body(out, model),
             |out, written, m| append(out, written, m, dialect),
         )?;
         wire.body(|out, _| tail(out, tools, stream, dialect))
     }
 
-    fn body_value(
-        model: &str,
-        messages: &[Message],
-        tools: &[ToolSpec],
-        stream: bool,
-        dialect: &Dialect,
-    ) -> Value {
-        serde_json::from_slice(&request_body(model, messages, tools, stream, dialect).unwrap())
-            .unwrap()
+    fn json(body: Bytes) -> Value {
+        serde_json::from_slice(&body).unwrap()
     }
 
     #[test]
@@ -392,7 +375,7 @@ mod tests {
             max_tokens_field: "max_tokens",
             max_tokens: Some(100),
         };
-        let body = body_value("m", &messages, &tools, true, &dialect);
+        let body = json(request_body("m", &messages, &tools, true, &dialect).unwrap());
         assert_eq!(body["model"], "m");
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!(body["max_tokens"], 100);
@@ -406,24 +389,9 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "a", "content": "ok"})
         );
         assert_eq!(m[4]["content"], "Error: bad");
-        let plain = body_value("m", &messages, &tools, false, &Dialect::default());
+        let plain = json(request_body("m", &messages, &tools, false, &Dialect::default()).unwrap());
         assert!(plain["messages"][2].get("reasoning_content").is_none());
         assert!(plain.get("stream_options").is_none());
-    }
-
-    fn tools() -> Vec<ToolSpec> {
-        vec![
-            ToolSpec {
-                name: "read_file".into(),
-                description: "Read \"a\" file".into(),
-                input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
-            },
-            ToolSpec {
-                name: "run".into(),
-                description: "d".into(),
-                input_schema: json!({"type": "object"}),
-            },
-        ]
     }
 
     fn dialects() -> Vec<Dialect> {
@@ -456,7 +424,7 @@ mod tests {
                     messages.push(all[n - 1].clone());
                 }
                 for stream in [true, false] {
-                    for tools in [tools(), vec![]] {
+                    for tools in [sample::tools(), vec![]] {
                         let (wire, body) =
                             cached_body(&cache, "gpt \"x\"", &messages, &tools, stream, &dialect)
                                 .unwrap();

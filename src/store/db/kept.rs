@@ -7,17 +7,8 @@ use super::*;
 /// transcript; the next start records it (instead of calling the run interrupted).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeptOutcome {
-    pub(crate) status: Status,
-    pub(crate) stop_reason: StopReason,
-    pub(crate) tries: u32,
-    pub(crate) steps: u32,
-    pub(crate) usage: Usage,
-    #[serde(default)]
-    pub(crate) cost: Option<f64>,
-    #[serde(default)]
-    pub(crate) answer: Option<String>,
-    pub(crate) error: Option<String>,
-    pub(crate) checks: Vec<Vec<CheckReport>>,
+    #[serde(flatten)]
+    pub(crate) outcome: Outcome,
     /// The run as it was recorded at its start, so that a store made again (deleted or
     /// replaced under a running `sup`) can record a run it never saw start.
     #[serde(default)]
@@ -55,35 +46,6 @@ pub(crate) const OUTCOME_FILE: &str = "outcome.json";
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 impl KeptOutcome {
-    pub(crate) fn of(end: &Ended) -> Self {
-        KeptOutcome {
-            status: end.status,
-            stop_reason: end.stop_reason,
-            tries: end.tries,
-            steps: end.steps,
-            usage: end.usage,
-            cost: end.cost,
-            answer: end.answer.map(str::to_string),
-            error: end.error.map(str::to_string),
-            checks: end.checks.to_vec(),
-            run: None,
-        }
-    }
-
-    pub(crate) fn ended(&self) -> Ended<'_> {
-        Ended {
-            status: self.status,
-            stop_reason: self.stop_reason,
-            tries: self.tries,
-            steps: self.steps,
-            usage: self.usage,
-            cost: self.cost,
-            answer: self.answer.as_deref(),
-            error: self.error.as_deref(),
-            checks: &self.checks,
-        }
-    }
-
     /// Write it into `dir` (written to a temporary name, then renamed: whole or absent).
     pub(crate) fn keep(&self, dir: &Path) -> std::io::Result<std::path::PathBuf> {
         let path = dir.join(OUTCOME_FILE);
@@ -130,7 +92,7 @@ impl Db {
         if added == 0 {
             return Ok(false);
         }
-        Self::write_end(&tx, id, &kept.ended()).map_err(|e| self.err(e))?;
+        Self::write_end(&tx, id, &kept.outcome).map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(true)
     }
@@ -227,7 +189,7 @@ impl Db {
             return Ok(false);
         };
         let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
-        Self::write_end(&tx, id, &kept.ended()).map_err(|e| self.err(e))?;
+        Self::write_end(&tx, id, &kept.outcome).map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         if let Err(e) = std::fs::remove_file(dir.join(OUTCOME_FILE)) {
             tracing::warn!("recorded the kept outcome of run {id}, but cannot remove it: {e}");

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{ApprovalKind, ApprovalStatus, OccurrenceStatus, RunStatus, TriggerKind};
 use crate::model::Usage;
-use crate::trace::{CheckReport, Status, StopReason};
+use crate::trace::{CheckReport, Outcome, StopReason};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -99,19 +99,6 @@ pub(crate) struct NewRun<'a> {
     pub(crate) model: &'a str,
     pub(crate) workspace: &'a str,
     pub(crate) dir: &'a str,
-}
-
-/// How a run ended.
-pub(crate) struct Ended<'a> {
-    pub(crate) status: Status,
-    pub(crate) stop_reason: StopReason,
-    pub(crate) tries: u32,
-    pub(crate) steps: u32,
-    pub(crate) usage: Usage,
-    pub(crate) cost: Option<f64>,
-    pub(crate) answer: Option<&'a str>,
-    pub(crate) error: Option<&'a str>,
-    pub(crate) checks: &'a [Vec<CheckReport>],
 }
 
 /// One attempt to deliver a notification.
@@ -271,7 +258,8 @@ impl Db {
         identity(Path::new(&self.path)) != self.file
     }
 
-    fn err(&self, source: rusqlite::Error) -> DbError {
+    /// A SQLite error of this store, naming its file.
+    pub(crate) fn err(&self, source: rusqlite::Error) -> DbError {
         DbError::Sqlite {
             path: self.path.clone(),
             source,
@@ -367,16 +355,12 @@ mod tests {
             .unwrap();
             db.finish_run(
                 &id,
-                &Ended {
-                    status: Status::Achieved,
+                &Outcome {
+                    status: crate::trace::Status::Achieved,
                     stop_reason: StopReason::Final,
-                    tries: 1,
                     steps: 2,
-                    usage: Usage::default(),
-                    cost: None,
-                    answer: None,
-                    error: None,
-                    checks: &[],
+                    tries: 1,
+                    ..Outcome::error(None)
                 },
             )
             .unwrap();

@@ -68,7 +68,7 @@ impl Db {
     pub(crate) async fn finish_run_patiently(
         &mut self,
         id: &str,
-        end: &Ended<'_>,
+        end: &Outcome,
         patience: Duration,
     ) -> Result<(), DbError> {
         let started = std::time::Instant::now();
@@ -85,7 +85,7 @@ impl Db {
         }
     }
 
-    pub(crate) fn finish_run(&mut self, id: &str, end: &Ended) -> Result<(), DbError> {
+    pub(crate) fn finish_run(&mut self, id: &str, end: &Outcome) -> Result<(), DbError> {
         let path = self.path.clone();
         let err = |source| DbError::Sqlite {
             path: path.clone(),
@@ -99,7 +99,7 @@ impl Db {
     pub(super) fn write_end(
         tx: &rusqlite::Transaction,
         id: &str,
-        end: &Ended,
+        end: &Outcome,
     ) -> rusqlite::Result<()> {
         tx.execute(
             "UPDATE runs SET status = ?2, stop_reason = ?3, tries = ?4, steps = ?5,
@@ -117,9 +117,13 @@ impl Db {
                 clamp(end.usage.cache_read_tokens),
                 clamp(end.usage.cache_write_tokens),
                 stamp(Utc::now()),
-                end.error.map(|e| crate::redact::text(e).into_owned()),
+                end.error
+                    .as_deref()
+                    .map(|e| crate::redact::text(e).into_owned()),
                 end.cost,
-                end.answer.map(|a| crate::redact::text(a).into_owned())
+                end.answer
+                    .as_deref()
+                    .map(|a| crate::redact::text(a).into_owned())
             ],
         )
         .and_then(|n| {

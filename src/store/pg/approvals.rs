@@ -25,8 +25,7 @@ impl PgStore {
     }
 
     async fn insert_approval(&self, a: &ApprovalRow, daemon: Option<&str>) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline,
                  status, daemon_id)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9) ON CONFLICT (id) DO NOTHING",
@@ -42,22 +41,18 @@ impl PgStore {
                 &daemon,
             ],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
     pub(crate) async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query_opt(
+        self.row(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
                  reason, decided_by FROM approvals WHERE id = $1",
             &[&id],
+            approval_of,
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .as_ref()
-        .map(approval_of))
     }
 
     /// Requests of one status (`pending`: waiting), oldest first.
@@ -65,17 +60,13 @@ impl PgStore {
         &self,
         status: ApprovalStatus,
     ) -> Result<Vec<ApprovalRow>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        self.rows(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
                  reason, decided_by FROM approvals WHERE status = $1 ORDER BY created_at, id",
             &[&status],
+            approval_of,
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(approval_of)
-        .collect())
     }
 
     /// Answered (or expired) requests, newest answer first, with when they were answered.
@@ -83,21 +74,17 @@ impl PgStore {
         &self,
         limit: u32,
     ) -> Result<Vec<(ApprovalRow, Option<String>)>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        self.rows(
             "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
                  reason, decided_by, decided_at FROM approvals WHERE status <> 'pending'
              ORDER BY decided_at DESC NULLS LAST, id LIMIT $1",
             &[&i64::from(limit)],
+            |r| {
+                let at: Option<DateTime<Utc>> = r.get(12);
+                (approval_of(r), at.map(stamp))
+            },
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| {
-            let at: Option<DateTime<Utc>> = r.get(12);
-            (approval_of(r), at.map(stamp))
-        })
-        .collect())
     }
 
     /// Answer a pending request and wake the daemon whose run waits; `false` when it is not
@@ -133,13 +120,11 @@ impl PgStore {
         id: &str,
         status: ApprovalStatus,
     ) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",
             &[&id, &status],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 }

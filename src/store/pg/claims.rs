@@ -227,16 +227,12 @@ impl PgStore {
 
     /// The latest claimed occurrence of each goal.
     pub(crate) async fn last_occurrences(&self) -> Result<HashMap<String, DateTime<Utc>>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        let rows = self.rows(
             "SELECT goal, last_occurrence FROM goal_state WHERE last_occurrence IS NOT NULL",
             &[],
-        )
-        .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
+            |r| (r.get(0), r.get(1)),
+        );
+        Ok(rows.await?.into_iter().collect())
     }
 
     /// After a run of `goal` ended: the oldest queued occurrence starts when nothing else of
@@ -337,25 +333,21 @@ impl PgStore {
         goals: &[String],
         limit: i64,
     ) -> Result<Vec<Taken>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        self.rows(
             "UPDATE triggers SET status = 'claimed', claimed_by = $3 WHERE id IN
                  (SELECT id FROM triggers WHERE status = 'pending' AND goal = ANY($1)
                   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
              RETURNING id, goal, kind, requested_at, payload",
             &[&goals, &limit, &me.id],
+            |r| Taken {
+                id: r.get(0),
+                goal: r.get(1),
+                kind: r.get(2),
+                at: r.get(3),
+                payload: r.get(4),
+            },
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| Taken {
-            id: r.get(0),
-            goal: r.get(1),
-            kind: r.get(2),
-            at: r.get(3),
-            payload: r.get(4),
-        })
-        .collect())
     }
 
     /// Record a webhook delivery of `goal`: whether it is new (one seen before, by any
@@ -394,13 +386,11 @@ impl PgStore {
 
     /// Forget a delivery whose run could not start, so that it may be delivered again.
     pub(crate) async fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "DELETE FROM webhook_deliveries WHERE goal = $1 AND delivery = $2",
             &[&goal, &delivery],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
@@ -411,13 +401,11 @@ impl PgStore {
         status: &str,
         run_id: Option<&str>,
     ) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE triggers SET status = $2, run_id = $3 WHERE id = $1",
             &[&id, &status, &run_id],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 

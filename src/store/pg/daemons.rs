@@ -62,13 +62,11 @@ impl PgStore {
     }
 
     pub(crate) async fn stop_daemon(&self, id: &str) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE daemons SET state = 'stopped', stopped_at = now() WHERE id = $1",
             &[&id],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 

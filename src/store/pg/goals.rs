@@ -4,14 +4,12 @@ use super::*;
 
 impl PgStore {
     pub(crate) async fn set_paused(&self, goal: &str, paused: bool) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "INSERT INTO goal_state (goal, paused) VALUES ($1, $2)
              ON CONFLICT (goal) DO UPDATE SET paused = excluded.paused",
             &[&goal, &paused],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 

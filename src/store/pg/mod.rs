@@ -346,6 +346,40 @@ impl PgStore {
         server_error(&self.at, e)
     }
 
+    /// Run the statement `sql`; how many rows it changed.
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, PgError> {
+        let c = self.client().await?;
+        c.execute(sql, params).await.map_err(|e| self.err(&e))
+    }
+
+    /// The rows `sql` selects, each read by `row`.
+    async fn rows<T>(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        row: impl FnMut(&tokio_postgres::Row) -> T,
+    ) -> Result<Vec<T>, PgError> {
+        let c = self.client().await?;
+        let rows = c.query(sql, params).await.map_err(|e| self.err(&e))?;
+        Ok(rows.iter().map(row).collect())
+    }
+
+    /// The row `sql` selects, if there is one, read by `row`.
+    async fn row<T>(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        row: impl FnOnce(&tokio_postgres::Row) -> T,
+    ) -> Result<Option<T>, PgError> {
+        let c = self.client().await?;
+        let found = c.query_opt(sql, params).await.map_err(|e| self.err(&e))?;
+        Ok(found.as_ref().map(row))
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
         self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e) => self.err(&e),

@@ -14,26 +14,22 @@ impl PgStore {
         workspace: &str,
         dir: &str,
     ) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE runs SET local_id = $2, model = $3, workspace = $4, dir = $5 WHERE id = $1",
             &[&id, &local_id, &model, &workspace, &dir],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
     /// The cost of a running run so far, so that the day's spending counts it while it
     /// runs and after its daemon is killed.
     pub(crate) async fn set_run_cost(&self, id: &str, cost: f64) -> Result<(), PgError> {
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "UPDATE runs SET cost = $2 WHERE id = $1 AND status = 'running'",
             &[&id, &cost],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
@@ -48,15 +44,13 @@ impl PgStore {
         }
         let seqs: Vec<i64> = events.iter().map(|(s, _)| *s).collect();
         let values: Vec<&serde_json::Value> = events.iter().map(|(_, v)| v).collect();
-        let c = self.client().await?;
-        c.execute(
+        self.execute(
             "INSERT INTO events (run_id, seq, event)
              SELECT $1, s, e FROM unnest($2::bigint[], $3::jsonb[]) AS u(s, e)
              ON CONFLICT DO NOTHING",
             &[&id, &seqs, &values],
         )
-        .await
-        .map_err(|e| self.err(&e))?;
+        .await?;
         Ok(())
     }
 
@@ -213,19 +207,16 @@ impl PgStore {
         goal: &str,
         except: &str,
     ) -> Result<Option<FleetRun>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query_opt(
+        self.row(
             &select_runs(
                 " WHERE goal = $1 AND id <> $2
                      AND status <> 'running'
                  ORDER BY started_at DESC, id DESC LIMIT 1",
             ),
             &[&goal, &except],
+            run_of,
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .as_ref()
-        .map(run_of))
     }
 
     /// Whether `goal` is paused, and its last occurrence.
@@ -312,13 +303,10 @@ impl PgStore {
 
     /// The names of goals that have runs, sorted.
     pub(crate) async fn goal_names(&self) -> Result<Vec<String>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query("SELECT DISTINCT goal FROM runs ORDER BY goal", &[])
-            .await
-            .map_err(|e| self.err(&e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
+        self.rows("SELECT DISTINCT goal FROM runs ORDER BY goal", &[], |r| {
+            r.get(0)
+        })
+        .await
     }
 
     /// A run's transcript events from sequence number `from` on, each with its number.
@@ -327,16 +315,12 @@ impl PgStore {
         id: &str,
         from: i64,
     ) -> Result<Vec<(i64, serde_json::Value)>, PgError> {
-        let c = self.client().await?;
-        Ok(c.query(
+        self.rows(
             "SELECT seq, event FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
             &[&id, &from],
+            |r| (r.get(0), r.get(1)),
         )
         .await
-        .map_err(|e| self.err(&e))?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
     }
 
     /// What the goals page shows of a goal: paused, skipped and missed occurrences, the last
