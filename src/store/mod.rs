@@ -131,17 +131,56 @@ impl RunDir {
 /// The transcript writer: a sink that appends each event as one JSON line with its time.
 /// Lines are written whole or not at all. Streamed text is not written piece by piece; when a
 /// turn fails after text arrived, that partial answer is written as the step's model text.
+///
+/// The lines of a step's events (`batched`) are held: they go out in one write with the next
+/// event that is not a step's, or when the stream is flushed, which the work loop does before
+/// every wait (a model request, the step's tools). So a step costs two writes, a killed run
+/// keeps every step it finished, and a watcher of the file waits on nothing held.
 pub struct Transcript {
     file: Mutex<Held>,
     partial: Mutex<Partial>,
 }
 
-/// The file, and the lines of `message` events not written yet: each goes out in the same
-/// write as the next event's line (another event always follows a message at once), so a
-/// step costs fewer system calls and a watcher of the file waits on nothing held.
+/// The file, and the lines not written yet.
 struct Held {
     file: File,
     lines: String,
+}
+
+/// Whether `event`'s line may wait for the next write: the events of a step, which another
+/// event or a flush follows before anything waits.
+fn batched(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::StepStarted { .. }
+            | Event::ModelText { .. }
+            | Event::Message { .. }
+            | Event::StepFinished { .. }
+            | Event::ToolCall { .. }
+            | Event::ToolResult { .. }
+    )
+}
+
+impl Held {
+    /// Write the held lines in one write. A batch that could not be written whole (a full
+    /// disk) is cut back off: the file's length less what of it went out (asked only then,
+    /// so a batch costs one system call). The transcript must not take the run down; the
+    /// failure is logged.
+    fn write_out(&mut self) {
+        if self.lines.is_empty() {
+            return;
+        }
+        let result = write_whole(&mut self.file, self.lines.as_bytes());
+        self.lines.clear();
+        if let Err((e, written)) = result {
+            tracing::warn!("transcript write failed: {e}");
+            if written > 0
+                && let Ok(meta) = self.file.metadata()
+            {
+                let _ = self.file.set_len(meta.len().saturating_sub(written as u64));
+            }
+        }
+    }
 }
 
 /// The text streamed in the current step, bounded.
@@ -213,7 +252,6 @@ impl Transcript {
     }
 
     fn write(&self, event: &Event) {
-        let hold = matches!(event, Event::Message { .. });
         let Ok(mut value) = serde_json::to_value(event) else {
             return;
         };
@@ -228,37 +266,19 @@ impl Transcript {
         let mut line = value.to_string();
         line.push('\n');
         if let Ok(mut held) = self.file.lock() {
-            let held = &mut *held;
             held.lines.push_str(&line);
-            if hold {
-                return;
-            }
-            let line = std::mem::take(&mut held.lines);
-            let file = &mut held.file;
-            // One write per line, so a killed run leaves whole lines; a line that could not be
-            // written whole (a full disk) is cut back off: the file's length less what of it
-            // went out (asked only then, so a line costs one system call). The transcript must
-            // not take the run down; the failure is logged.
-            if let Err((e, written)) = write_whole(file, line.as_bytes()) {
-                tracing::warn!("transcript write failed: {e}");
-                if written > 0
-                    && let Ok(meta) = file.metadata()
-                {
-                    let _ = file.set_len(meta.len().saturating_sub(written as u64));
-                }
+            if !batched(event) {
+                held.write_out();
             }
         }
     }
 }
 
 impl Drop for Transcript {
-    /// A message still held goes out when the run lets go of its transcript.
+    /// Lines still held go out when the run lets go of its transcript.
     fn drop(&mut self) {
-        if let Ok(held) = self.file.get_mut()
-            && !held.lines.is_empty()
-        {
-            let lines = std::mem::take(&mut held.lines);
-            let _ = write_whole(&mut held.file, lines.as_bytes());
+        if let Ok(held) = self.file.get_mut() {
+            held.write_out();
         }
     }
 }
@@ -284,5 +304,11 @@ impl EventSink for Transcript {
             return;
         }
         self.write(event);
+    }
+
+    fn flush(&self) {
+        if let Ok(mut held) = self.file.lock() {
+            held.write_out();
+        }
     }
 }

@@ -420,6 +420,10 @@ pub struct AttemptReport {
 /// Anything that takes events: a renderer, the transcript writer.
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: &Event);
+
+    /// Write out what the sink holds back: the stream is about to wait (a model request,
+    /// tools running, a person).
+    fn flush(&self) {}
 }
 
 /// The one stream of a run: every event goes to every sink, in order.
@@ -443,6 +447,13 @@ impl Events {
         let event = crate::redact::serde(&event).unwrap_or(event);
         for sink in &self.sinks {
             sink.emit(&event);
+        }
+    }
+
+    /// Tell every sink to write out what it holds: the caller is about to wait.
+    pub(crate) fn flush(&self) {
+        for sink in &self.sinks {
+            sink.flush();
         }
     }
 }
