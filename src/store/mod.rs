@@ -132,7 +132,7 @@ impl RunDir {
 /// Lines are written whole or not at all. Streamed text is not written piece by piece; when a
 /// turn fails after text arrived, that partial answer is written as the step's model text.
 ///
-/// The lines of a step's events (`batched`) are held: they go out in one write with the next
+/// The lines of a step's events (`Event::batched`) are held: they go out in one write with the next
 /// event that is not a step's, or when the stream is flushed, which the work loop does before
 /// every wait (a model request, the step's tools). So a step costs two writes, a killed run
 /// keeps every step it finished, and a watcher of the file waits on nothing held.
@@ -145,20 +145,6 @@ pub struct Transcript {
 struct Held {
     file: File,
     lines: String,
-}
-
-/// Whether `event`'s line may wait for the next write: the events of a step, which another
-/// event or a flush follows before anything waits.
-fn batched(event: &Event) -> bool {
-    matches!(
-        event,
-        Event::StepStarted { .. }
-            | Event::ModelText { .. }
-            | Event::Message { .. }
-            | Event::StepFinished { .. }
-            | Event::ToolCall { .. }
-            | Event::ToolResult { .. }
-    )
 }
 
 impl Held {
@@ -267,7 +253,7 @@ impl Transcript {
         line.push('\n');
         if let Ok(mut held) = self.file.lock() {
             held.lines.push_str(&line);
-            if !batched(event) {
+            if !event.batched() {
                 held.write_out();
             }
         }

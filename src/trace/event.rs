@@ -382,6 +382,22 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// Whether a sink may hold this event's output back for its next write: the events of
+    /// a step, which another event or a flush (`Events::flush`, before every wait) follows.
+    pub(crate) fn batched(&self) -> bool {
+        matches!(
+            self,
+            Event::StepStarted { .. }
+                | Event::ModelText { .. }
+                | Event::Message { .. }
+                | Event::StepFinished { .. }
+                | Event::ToolCall { .. }
+                | Event::ToolResult { .. }
+        )
+    }
+}
+
 /// The parts of a result that isolation, `sup continue` and `parallel` add.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Thread {

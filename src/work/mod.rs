@@ -521,6 +521,8 @@ impl Work<'_> {
         let mut results: Vec<Option<ToolResult>> = calls.iter().map(|_| None).collect();
         let mut i = 0;
         while i < calls.len() {
+            // What earlier calls gave is out before the next ones run.
+            self.events.flush();
             if self.cancel.is_cancelled() {
                 for j in i..calls.len() {
                     results[j] = Some(self.unrun(
