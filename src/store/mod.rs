@@ -238,21 +238,26 @@ impl Transcript {
     }
 
     fn write(&self, event: &Event) {
-        let Ok(mut value) = serde_json::to_value(event) else {
+        // The event's object, its time first: `{"at":"…",` and the rest of the object
+        // (events are tagged, so always an object), serialised once straight to text.
+        let Ok(json) = serde_json::to_string(event) else {
             return;
         };
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert(
-                "at".into(),
-                chrono::Utc::now()
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-                    .into(),
-            );
-        }
-        let mut line = value.to_string();
-        line.push('\n');
+        let Some(rest) = json.strip_prefix('{') else {
+            return;
+        };
+        let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         if let Ok(mut held) = self.file.lock() {
-            held.lines.push_str(&line);
+            let lines = &mut held.lines;
+            lines.reserve(json.len() + at.len() + 10);
+            lines.push_str("{\"at\":\"");
+            lines.push_str(&at);
+            lines.push('"');
+            if rest != "}" {
+                lines.push(',');
+            }
+            lines.push_str(rest);
+            lines.push('\n');
             if !event.batched() {
                 held.write_out();
             }
