@@ -541,6 +541,7 @@ pub fn from_spec(
                 base_var: &'static str,
                 dialect: openai::Dialect|
      -> Result<Box<dyn Model>, ModelError> {
+        let client = client(&url_base)?;
         let mut endpoint = http::Endpoint::new(
             name,
             format!("{url_base}/chat/completions"),
@@ -556,7 +557,7 @@ pub fn from_spec(
             endpoint,
             http: opts.http.clone(),
             dialect,
-            client: client()?,
+            client,
             wire: WireCache::default(),
         }))
     };
@@ -640,7 +641,7 @@ pub fn from_spec(
                 max_tokens: opts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 endpoint,
                 http: opts.http.clone(),
-                client: client()?,
+                client: client(&url)?,
                 wire: WireCache::default(),
             }))
         }
