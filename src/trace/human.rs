@@ -127,6 +127,13 @@ pub(crate) fn has_hidden(text: &str) -> bool {
 /// `text` safe for a terminal: control characters other than newline and tab, and invisible
 /// Unicode, written as escapes (`\r`, `\x1b`, `\u{202e}`).
 pub(crate) fn escape(text: &str) -> String {
+    // Printable ASCII, the most of what a trace shows, is told byte by byte.
+    if text
+        .bytes()
+        .all(|b| matches!(b, b' '..=b'~' | b'\n' | b'\t'))
+    {
+        return text.to_string();
+    }
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
