@@ -1,7 +1,7 @@
 //! The run history on disk under `SUP_HOME`: one folder per run (`runs/RUN_ID/`) holding the
-//! transcript (`transcript.jsonl`: every message and event, appended and flushed as it
-//! happens, so even a killed run leaves what it did), tool outputs that were cut, and check
-//! outputs. The states it stores are the enums of `vocab`.
+//! transcript (`transcript.jsonl`: every message and event, appended a step's worth at a
+//! time before every wait, so even a killed run leaves every step it finished), tool outputs
+//! that were cut, and check outputs. The states it stores are the enums of `vocab`.
 
 /// The lineage columns' DDL (`lineage`), the same in SQLite and PostgreSQL: a migration of
 /// each store.
