@@ -38,14 +38,20 @@ struct State {
     /// The model error the work loop's end showed, so the outcome need not say it again.
     error_shown: Option<String>,
     out: Box<dyn Write + Send>,
-    /// Lines of a step's events not written yet (`Event::batched`).
+    /// Lines of a step's events not written yet (`Event::batched`)…
     held: String,
+    /// …in the live trace only: a rendered transcript (`sup show`) is written as it goes.
+    batch: bool,
 }
 
 impl HumanTrace {
-    /// The live trace, on stderr.
+    /// The live trace, on stderr: a step's lines are written together (`Event::batched`).
     pub(crate) fn new(goal: bool) -> Self {
-        Self::to(goal, Box::new(std::io::stderr()))
+        let trace = Self::to(goal, Box::new(std::io::stderr()));
+        if let Ok(mut state) = trace.state.lock() {
+            state.batch = true;
+        }
+        trace
     }
 
     /// The trace on any writer (`sup show` renders a transcript on stdout).
@@ -58,6 +64,7 @@ impl HumanTrace {
                 error_shown: None,
                 out,
                 held: String::new(),
+                batch: false,
             }),
         }
     }
@@ -452,7 +459,7 @@ impl EventSink for HumanTrace {
             return;
         }
         self.show(state, event, &mut out);
-        if event.batched() {
+        if state.batch && event.batched() {
             state.held = out;
         } else if !out.is_empty() {
             let _ = state.out.write_all(out.as_bytes());
@@ -476,7 +483,7 @@ impl State {
 }
 
 impl Drop for HumanTrace {
-    /// Lines still held (a transcript `sup show` renders that ends mid-step) go out.
+    /// Lines still held (a live run that ends without a last event) go out.
     fn drop(&mut self) {
         if let Ok(state) = self.state.get_mut() {
             state.write_held();
