@@ -10,6 +10,8 @@ const MAX_STEP_US: f64 = 500.0;
 /// A judge check's own part, each of its two halves, at most: small beside the judge's
 /// model call.
 const MAX_JUDGE_MS: f64 = 100.0;
+/// What the evidence's headings and notes add to the cap's parts, at most.
+const HEADINGS: usize = 1024;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -169,9 +171,10 @@ fn judge_evidence(dir: &std::path::Path) {
     );
     println!(
         "  evidence                   {:>8} bytes of {} bytes of changes{}   (target: at most \
-         {EVIDENCE_CAP} bytes, the cap)",
+         {} bytes: the cap, {EVIDENCE_CAP}, and the headings)",
         text.len(),
         changes.len(),
-        if note.is_some() { " (cut)" } else { "" }
+        if note.is_some() { " (cut)" } else { "" },
+        EVIDENCE_CAP + HEADINGS
     );
 }
