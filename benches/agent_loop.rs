@@ -6,6 +6,8 @@
 //! bare client that replays the very same request bodies to the same server.
 //! Run: `cargo bench --bench agent_loop`. `SUP_BENCH_ROUNDS` (default 3) runs of each; the
 //! figures are their medians. `SUP_BENCH_BIN` measures another build of `sup`.
+//! `SUP_BENCH_CALLGRIND=DIR` counts instructions instead (one run of each, under valgrind's
+//! callgrind, its outputs kept in DIR): figures that hold on a loaded machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -358,22 +360,38 @@ fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64) {
     })
 }
 
-fn run(protocol: Protocol, steps: usize, streamed: bool) -> Figures {
-    let early = (10, 20);
-    let late = (steps - 10, steps);
-    let pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let server = serve(protocol, steps, vec![early, late], pid.clone());
-    let home = tempfile::tempdir().unwrap();
-    let ws = tempfile::tempdir().unwrap();
+/// The workspace of a run: the two 2 KB files the steps read.
+fn workspace(ws: &std::path::Path) {
     let page: String = (0..40)
         .map(|i| format!("line {i:02} of a two-kilobyte file: lorem ipsum dolor sit amet.\n"))
         .collect();
     assert!(page.len() >= 2000);
-    std::fs::write(ws.path().join("a.txt"), &page).unwrap();
-    std::fs::write(ws.path().join("b.txt"), page.replace("lorem", "LOREM")).unwrap();
+    std::fs::write(ws.join("a.txt"), &page).unwrap();
+    std::fs::write(ws.join("b.txt"), page.replace("lorem", "LOREM")).unwrap();
+}
+
+/// `sup run` of `steps` steps against the server at `url`; under `callgrind` (its output
+/// file) when given.
+fn sup(
+    protocol: Protocol,
+    steps: usize,
+    streamed: bool,
+    url: &str,
+    (home, ws): (&std::path::Path, &std::path::Path),
+    callgrind: Option<&std::path::Path>,
+) -> Command {
     // SUP_BENCH_BIN: another build of sup to measure (e.g. the one before a change).
     let bin = std::env::var("SUP_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sup").into());
-    let mut cmd = Command::new(bin);
+    let mut cmd = match callgrind {
+        Some(out) => {
+            let mut c = Command::new("valgrind");
+            c.args(["--tool=callgrind", "--quiet"])
+                .arg(format!("--callgrind-out-file={}", out.display()))
+                .arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.args(["run", "read the files", "--max-steps"])
         .arg(steps.to_string());
     if !streamed {
@@ -382,23 +400,107 @@ fn run(protocol: Protocol, steps: usize, streamed: bool) -> Figures {
     match protocol {
         Protocol::OpenAi => cmd
             .args(["--model", "openai:bench"])
-            .env("OPENAI_BASE_URL", format!("{}/v1", server.url)),
+            .env("OPENAI_BASE_URL", format!("{url}/v1")),
         Protocol::Anthropic => cmd
             .args(["--model", "anthropic:bench"])
-            .env("ANTHROPIC_BASE_URL", &server.url)
+            .env("ANTHROPIC_BASE_URL", url)
             .env("ANTHROPIC_API_KEY", "sk-ant-bench-key"),
     };
-    let mut child = cmd
-        .env("SUP_HOME", home.path())
-        .env("SUP_CONFIG", home.path().join("no-config.toml"))
+    cmd.env("SUP_HOME", home)
+        .env("SUP_CONFIG", home.join("no-config.toml"))
         .env_remove("SUP_MODEL")
         .env_remove("RUST_LOG")
-        .current_dir(ws.path())
+        .current_dir(ws)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// The instructions of a whole `sup run` of `steps` steps, counted by callgrind; its output
+/// is kept in `dir` (for `callgrind_annotate`).
+fn instructions(protocol: Protocol, steps: usize, streamed: bool, dir: &std::path::Path) -> u64 {
+    let pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let server = serve(protocol, steps, Vec::new(), pid);
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    workspace(ws.path());
+    let name = match protocol {
+        Protocol::OpenAi => "openai",
+        Protocol::Anthropic => "anthropic",
+    };
+    let how = if streamed { "streamed" } else { "whole" };
+    let out = dir.join(format!("callgrind.{name}.{how}.{steps}"));
+    let status = sup(
+        protocol,
+        steps,
+        streamed,
+        &server.url,
+        (home.path(), ws.path()),
+        Some(&out),
+    )
+    .status()
+    .expect("valgrind (apt-get install -y valgrind)");
+    assert!(status.success(), "sup run under callgrind failed: {status}");
+    assert_eq!(server.seen.lock().unwrap().arrived.len(), steps);
+    // The file's `summary:` line holds the instructions of every thread.
+    std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("summary:")?.trim().parse().ok())
+        .expect("a summary line in callgrind's output")
+}
+
+/// `SUP_BENCH_CALLGRIND=DIR`: instructions instead of time, repeatable on a loaded machine:
+/// a whole run's, and one more step's (the longest run less the shortest, over the steps
+/// between).
+fn grind(dir: &std::path::Path, counts: &[usize], protocols: &[(Protocol, &str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    println!(
+        "the work loop under callgrind: instructions of `sup run`, one read_file call per step; \
+         outputs in {}",
+        dir.display()
+    );
+    for &(protocol, _, title) in protocols {
+        for (streamed, how) in [(true, "streamed"), (false, "whole answers")] {
+            println!("{title}, {how}:");
+            let all: Vec<(usize, u64)> = counts
+                .iter()
+                .map(|&n| (n, instructions(protocol, n, streamed, dir)))
+                .collect();
+            for (n, i) in &all {
+                println!("  {n} steps: {:.1} M instructions", *i as f64 / 1e6);
+            }
+            if let (Some((a, ia)), Some((b, ib))) = (all.first(), all.last())
+                && b > a
+            {
+                println!(
+                    "  instructions per step, steps {a}–{b}: {:.0} k",
+                    (ib - ia) as f64 / (b - a) as f64 / 1e3
+                );
+            }
+        }
+    }
+}
+
+fn run(protocol: Protocol, steps: usize, streamed: bool) -> Figures {
+    let early = (10, 20);
+    let late = (steps - 10, steps);
+    let pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let server = serve(protocol, steps, vec![early, late], pid.clone());
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    workspace(ws.path());
+    let mut child = sup(
+        protocol,
+        steps,
+        streamed,
+        &server.url,
+        (home.path(), ws.path()),
+        None,
+    )
+    .spawn()
+    .unwrap();
     *pid.lock().unwrap() = Some(child.id().to_string());
     let cpu_before = children_cpu();
     let status = child.wait().unwrap();
@@ -449,18 +551,23 @@ fn main() {
         counts = vec![50, 200, 400];
     }
     let only = var("SUP_BENCH_PROTOCOLS");
-    let protocols = [
+    let protocols: Vec<(Protocol, &str, &str)> = [
         (Protocol::OpenAi, "openai", "Chat Completions"),
         (Protocol::Anthropic, "anthropic", "Anthropic Messages"),
-    ];
+    ]
+    .into_iter()
+    .filter(|(_, name, _)| only.is_empty() || only.contains(name))
+    .collect();
+    let callgrind = var("SUP_BENCH_CALLGRIND");
+    if !callgrind.is_empty() {
+        grind(std::path::Path::new(&callgrind), &counts, &protocols);
+        return;
+    }
     println!(
         "the work loop: `sup run` against a loopback server, one read_file call (2 KB result) \
          per step; medians of {rounds} runs"
     );
-    for (protocol, name, title) in protocols {
-        if !only.is_empty() && !only.contains(name) {
-            continue;
-        }
+    for (protocol, _, title) in protocols {
         for (streamed, how) in [(true, "streamed"), (false, "whole answers")] {
             println!("{title}, {how}:");
             for &steps in &counts {

@@ -5,6 +5,14 @@
 //! Run: `cargo bench --bench work_loop`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// The harness's part of a step, at most (issue 30's overhead per step).
+const MAX_STEP_US: f64 = 500.0;
+/// A judge check's own part, each of its two halves, at most: small beside the judge's
+/// model call.
+const MAX_JUDGE_MS: f64 = 100.0;
+/// What the evidence's headings and notes add to the cap's parts, at most.
+const HEADINGS: usize = 1024;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -103,7 +111,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    println!("work loop overhead per step (scripted model, no-op tool)");
+    println!(
+        "work loop overhead per step (scripted model, no-op tool; target: at most \
+         {MAX_STEP_US} µs)"
+    );
     println!(
         "{:>7} {:>16} {:>22}",
         "steps", "µs/step bare", "µs/step + transcript"
@@ -121,7 +132,10 @@ fn main() {
         println!("{steps:>7} {bare:>16.1} {with:>22.1}");
     }
     judge_evidence(dir.path());
-    println!("peak memory (VmHWM): {} KiB", peak_rss_kib());
+    println!(
+        "peak memory (VmHWM): {} KiB   (target: at most 20 MB)",
+        peak_rss_kib()
+    );
 }
 
 /// A judge's evidence for 2,000 files of 2 KiB, 50 of them changed and 10 created.
@@ -148,11 +162,19 @@ fn judge_evidence(dir: &std::path::Path) {
     let changes = before.changes(&ws);
     let (text, note) = evidence("done", &changes, &[], EVIDENCE_CAP);
     let evidence_ms = started.elapsed().as_secs_f64() * 1000.0;
+    println!("judge evidence (2,000 files, 50 changed, 10 created):");
     println!(
-        "judge evidence (2,000 files, 50 changed, 10 created): snapshot {snapshot_ms:.1} ms, \
-         changes + evidence {evidence_ms:.1} ms, {} bytes of {} bytes of changes{}",
+        "  snapshot at the start      {snapshot_ms:>8.1} ms   (target: at most {MAX_JUDGE_MS} ms)"
+    );
+    println!(
+        "  changes + evidence         {evidence_ms:>8.1} ms   (target: at most {MAX_JUDGE_MS} ms)"
+    );
+    println!(
+        "  evidence                   {:>8} bytes of {} bytes of changes{}   (target: at most \
+         {} bytes: the cap, {EVIDENCE_CAP}, and the headings)",
         text.len(),
         changes.len(),
-        if note.is_some() { " (cut)" } else { "" }
+        if note.is_some() { " (cut)" } else { "" },
+        EVIDENCE_CAP + HEADINGS
     );
 }

@@ -64,10 +64,12 @@ impl Endpoint {
     }
 }
 
-/// The HTTP client for model calls. Redirects are followed only within the same origin
-/// (scheme, host and port): the key headers must never reach another server, whichever
-/// protocol's header carries them.
-fn client() -> Result<reqwest::Client, ModelError> {
+/// The HTTP client for model calls to `url`. Redirects are followed only within the same
+/// origin (scheme, host and port): the key headers must never reach another server, whichever
+/// protocol's header carries them. So a client of a plain `http://` server never speaks TLS
+/// (unless through a proxy), and is built without the system's root certificates: reading
+/// them was a third of a run's start-up.
+pub(crate) fn client(url: &str) -> Result<reqwest::Client, ModelError> {
     let policy = reqwest::redirect::Policy::custom(|attempt| {
         let same_origin = attempt.previous().first().is_some_and(|first| {
             let to = attempt.url();
@@ -91,9 +93,21 @@ fn client() -> Result<reqwest::Client, ModelError> {
     // reqwest is built without a default TLS provider; ring is ours. Installing twice is
     // refused harmlessly.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    let plain = url
+        .get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+        && ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+            .iter()
+            .all(|v| std::env::var_os(v).is_none());
+    let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(15))
-        .redirect(policy)
+        .redirect(policy);
+    let builder = if plain {
+        builder.tls_certs_only(Vec::new())
+    } else {
+        builder
+    };
+    builder
         .build()
         .map_err(|e| ModelError::Config(format!("cannot set up the HTTP client: {e}")))
 }
@@ -305,9 +319,9 @@ impl Transport {
     /// A transport to `endpoint` through `client()`, which keeps redirects to its origin.
     pub fn new(endpoint: Endpoint, http: HttpOptions) -> Result<Self, ModelError> {
         Ok(Transport {
+            client: client(&endpoint.url)?,
             endpoint,
             http,
-            client: client()?,
         })
     }
 

@@ -342,13 +342,35 @@ impl std::ops::Deref for Conversation {
 /// lent to the transport and taken back after.
 pub struct WireCache<S> {
     kept: Mutex<Option<Wire<S>>>,
+    /// The tools as last written (a run's tools do not change from step to step).
+    tools: Mutex<Option<(Vec<ToolSpec>, Bytes)>>,
 }
 
 impl<S> Default for WireCache<S> {
     fn default() -> Self {
         WireCache {
             kept: Mutex::new(None),
+            tools: Mutex::new(None),
         }
+    }
+}
+
+impl<S> WireCache<S> {
+    /// `tools` as `write` writes them, kept for the next request with the same tools.
+    pub(crate) fn tools(
+        &self,
+        tools: &[ToolSpec],
+        write: impl FnOnce(&[ToolSpec]) -> Result<Vec<u8>, ModelError>,
+    ) -> Result<Bytes, ModelError> {
+        let mut kept = self.tools.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((same, json)) = kept.as_ref()
+            && same.as_slice() == tools
+        {
+            return Ok(json.clone());
+        }
+        let json = Bytes::from(write(tools)?);
+        *kept = Some((tools.to_vec(), json.clone()));
+        Ok(json)
     }
 }
 

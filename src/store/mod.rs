@@ -1,7 +1,7 @@
 //! The run history on disk under `SUP_HOME`: one folder per run (`runs/RUN_ID/`) holding the
-//! transcript (`transcript.jsonl`: every message and event, appended and flushed as it
-//! happens, so even a killed run leaves what it did), tool outputs that were cut, and check
-//! outputs. The states it stores are the enums of `vocab`.
+//! transcript (`transcript.jsonl`: every message and event, appended a step's worth at a
+//! time before every wait, so even a killed run leaves every step it finished), tool outputs
+//! that were cut, and check outputs. The states it stores are the enums of `vocab`.
 
 /// The lineage columns' DDL (`lineage`), the same in SQLite and PostgreSQL: a migration of
 /// each store.
@@ -139,17 +139,42 @@ impl RunDir {
 /// The transcript writer: a sink that appends each event as one JSON line with its time.
 /// Lines are written whole or not at all. Streamed text is not written piece by piece; when a
 /// turn fails after text arrived, that partial answer is written as the step's model text.
+///
+/// The lines of a step's events (`Event::batched`) are held: they go out in one write with the next
+/// event that is not a step's, or when the stream is flushed, which the work loop does before
+/// every wait (a model request, the step's tools). So a step costs two writes, a killed run
+/// keeps every step it finished, and a watcher of the file waits on nothing held.
 pub struct Transcript {
     file: Mutex<Held>,
     partial: Mutex<Partial>,
 }
 
-/// The file, and the lines of `message` events not written yet: each goes out in the same
-/// write as the next event's line (another event always follows a message at once), so a
-/// step costs fewer system calls and a watcher of the file waits on nothing held.
+/// The file, and the lines not written yet.
 struct Held {
     file: File,
     lines: String,
+}
+
+impl Held {
+    /// Write the held lines in one write. A batch that could not be written whole (a full
+    /// disk) is cut back off: the file's length less what of it went out (asked only then,
+    /// so a batch costs one system call). The transcript must not take the run down; the
+    /// failure is logged.
+    fn write_out(&mut self) {
+        if self.lines.is_empty() {
+            return;
+        }
+        let result = write_whole(&mut self.file, self.lines.as_bytes());
+        self.lines.clear();
+        if let Err((e, written)) = result {
+            tracing::warn!("transcript write failed: {e}");
+            if written > 0
+                && let Ok(meta) = self.file.metadata()
+            {
+                let _ = self.file.set_len(meta.len().saturating_sub(written as u64));
+            }
+        }
+    }
 }
 
 /// The text streamed in the current step, bounded.
@@ -221,52 +246,38 @@ impl Transcript {
     }
 
     fn write(&self, event: &Event) {
-        let hold = matches!(event, Event::Message { .. });
-        let Ok(mut value) = serde_json::to_value(event) else {
+        // The event's object, its time first: `{"at":"…",` and the rest of the object
+        // (events are tagged, so always an object), serialised once straight to text.
+        let Ok(json) = serde_json::to_string(event) else {
             return;
         };
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert(
-                "at".into(),
-                chrono::Utc::now()
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-                    .into(),
-            );
-        }
-        let mut line = value.to_string();
-        line.push('\n');
+        let Some(rest) = json.strip_prefix('{') else {
+            return;
+        };
+        let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         if let Ok(mut held) = self.file.lock() {
-            let held = &mut *held;
-            held.lines.push_str(&line);
-            if hold {
-                return;
+            let lines = &mut held.lines;
+            lines.reserve(json.len() + at.len() + 10);
+            lines.push_str("{\"at\":\"");
+            lines.push_str(&at);
+            lines.push('"');
+            if rest != "}" {
+                lines.push(',');
             }
-            let line = std::mem::take(&mut held.lines);
-            let file = &mut held.file;
-            // One write per line, so a killed run leaves whole lines; a line that could not be
-            // written whole (a full disk) is cut back off: the file's length less what of it
-            // went out (asked only then, so a line costs one system call). The transcript must
-            // not take the run down; the failure is logged.
-            if let Err((e, written)) = write_whole(file, line.as_bytes()) {
-                tracing::warn!("transcript write failed: {e}");
-                if written > 0
-                    && let Ok(meta) = file.metadata()
-                {
-                    let _ = file.set_len(meta.len().saturating_sub(written as u64));
-                }
+            lines.push_str(rest);
+            lines.push('\n');
+            if !event.batched() {
+                held.write_out();
             }
         }
     }
 }
 
 impl Drop for Transcript {
-    /// A message still held goes out when the run lets go of its transcript.
+    /// Lines still held go out when the run lets go of its transcript.
     fn drop(&mut self) {
-        if let Ok(held) = self.file.get_mut()
-            && !held.lines.is_empty()
-        {
-            let lines = std::mem::take(&mut held.lines);
-            let _ = write_whole(&mut held.file, lines.as_bytes());
+        if let Ok(held) = self.file.get_mut() {
+            held.write_out();
         }
     }
 }
@@ -292,5 +303,11 @@ impl EventSink for Transcript {
             return;
         }
         self.write(event);
+    }
+
+    fn flush(&self) {
+        if let Ok(mut held) = self.file.lock() {
+            held.write_out();
+        }
     }
 }

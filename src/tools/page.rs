@@ -37,7 +37,10 @@ pub(crate) fn read_page(
     let mut line = 1usize;
     let mut total = 0usize;
     let mut ends_open = false;
-    let mut buf = vec![0; CHUNK];
+    // A small file is read with a buffer its size (a 64 KB one zeroed per call was most
+    // of a small read's cost); one that says 0 (`/proc`) is read in small chunks.
+    let mut buf =
+        vec![0; usize::try_from(size).map_or(CHUNK, |s| s.saturating_add(1).clamp(512, CHUNK))];
     let mut seen = 0usize;
     loop {
         let n = match file.read(&mut buf) {

@@ -359,6 +359,22 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// Whether a sink may hold this event's output back for its next write: the events of
+    /// a step, which another event or a flush (`Events::flush`, before every wait) follows.
+    pub(crate) fn batched(&self) -> bool {
+        matches!(
+            self,
+            Event::StepStarted { .. }
+                | Event::ModelText { .. }
+                | Event::Message { .. }
+                | Event::StepFinished { .. }
+                | Event::ToolCall { .. }
+                | Event::ToolResult { .. }
+        )
+    }
+}
+
 /// The parts of a result that isolation, `sup continue` and `parallel` add.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Thread {
@@ -397,6 +413,10 @@ pub struct AttemptReport {
 /// Anything that takes events: a renderer, the transcript writer.
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: &Event);
+
+    /// Write out what the sink holds back: the stream is about to wait (a model request,
+    /// tools running, a person).
+    fn flush(&self) {}
 }
 
 /// The one stream of a run: every event goes to every sink, in order.
@@ -420,6 +440,13 @@ impl Events {
         let event = crate::redact::serde(&event).unwrap_or(event);
         for sink in &self.sinks {
             sink.emit(&event);
+        }
+    }
+
+    /// Tell every sink to write out what it holds: the caller is about to wait.
+    pub(crate) fn flush(&self) {
+        for sink in &self.sinks {
+            sink.flush();
         }
     }
 }

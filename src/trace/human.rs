@@ -38,12 +38,20 @@ struct State {
     /// The model error the work loop's end showed, so the outcome need not say it again.
     error_shown: Option<String>,
     out: Box<dyn Write + Send>,
+    /// Lines of a step's events not written yet (`Event::batched`)…
+    held: String,
+    /// …in the live trace only: a rendered transcript (`sup show`) is written as it goes.
+    batch: bool,
 }
 
 impl HumanTrace {
-    /// The live trace, on stderr.
+    /// The live trace, on stderr: a step's lines are written together (`Event::batched`).
     pub(crate) fn new(goal: bool) -> Self {
-        Self::to(goal, Box::new(std::io::stderr()))
+        let trace = Self::to(goal, Box::new(std::io::stderr()));
+        if let Ok(mut state) = trace.state.lock() {
+            state.batch = true;
+        }
+        trace
     }
 
     /// The trace on any writer (`sup show` renders a transcript on stdout).
@@ -55,6 +63,8 @@ impl HumanTrace {
                 streaming: false,
                 error_shown: None,
                 out,
+                held: String::new(),
+                batch: false,
             }),
         }
     }
@@ -124,6 +134,13 @@ pub(crate) fn has_hidden(text: &str) -> bool {
 /// `text` safe for a terminal: control characters other than newline and tab, and invisible
 /// Unicode, written as escapes (`\r`, `\x1b`, `\u{202e}`).
 pub(crate) fn escape(text: &str) -> String {
+    // Printable ASCII, the most of what a trace shows, is told byte by byte.
+    if text
+        .bytes()
+        .all(|b| matches!(b, b' '..=b'~' | b'\n' | b'\t'))
+    {
+        return text.to_string();
+    }
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -427,34 +444,74 @@ impl EventSink for HumanTrace {
             return;
         };
         let state = &mut *guard;
-        let err = &mut state.out;
+        // What this event shows, written with what is held in one write (stderr is
+        // unbuffered): a step's lines wait for the next other event or flush.
+        let mut out = std::mem::take(&mut state.held);
         if let Event::TextDelta { text } = event {
             if !state.streaming {
-                let _ = write!(err, "  ");
+                out.push_str("  ");
                 state.streaming = true;
             }
             LINE_OPEN.store(true, std::sync::atomic::Ordering::Relaxed);
-            let _ = write!(err, "{}", escape(text).replace('\n', "\n  "));
-            let _ = err.flush();
+            out.push_str(&escape(text).replace('\n', "\n  "));
+            let _ = state.out.write_all(out.as_bytes());
+            let _ = state.out.flush();
             return;
         }
+        self.show(state, event, &mut out);
+        if state.batch && event.batched() {
+            state.held = out;
+        } else if !out.is_empty() {
+            let _ = state.out.write_all(out.as_bytes());
+        }
+    }
+
+    fn flush(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.write_held();
+        }
+    }
+}
+
+impl State {
+    fn write_held(&mut self) {
+        if !self.held.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            let _ = self.out.write_all(held.as_bytes());
+        }
+    }
+}
+
+impl Drop for HumanTrace {
+    /// Lines still held (a live run that ends without a last event) go out.
+    fn drop(&mut self) {
+        if let Ok(state) = self.state.get_mut() {
+            state.write_held();
+        }
+    }
+}
+
+impl HumanTrace {
+    /// Add what `event` shows to `out`.
+    fn show(&self, state: &mut State, event: &Event, out: &mut String) {
         // A partial answer not streamed here (`sup show`) shows its text.
         if let Event::Partial { text, .. } = event
             && !state.streaming
             && !text.is_empty()
         {
             let lines: Vec<String> = text.lines().map(|l| format!("  {l}")).collect();
-            let _ = writeln!(err, "{}", escape(&lines.join("\n")));
+            out.push_str(&escape(&lines.join("\n")));
+            out.push('\n');
         }
         if let Event::ModelText { .. } = event {
             if state.streaming {
                 state.streaming = false;
-                let _ = writeln!(err);
+                out.push('\n');
                 return;
             }
         } else if state.streaming && !matches!(event, Event::Message { .. }) {
             state.streaming = false;
-            let _ = writeln!(err);
+            out.push('\n');
         }
         LINE_OPEN.store(state.streaming, std::sync::atomic::Ordering::Relaxed);
         if let Some(mut line) = self.line(event) {
@@ -473,21 +530,14 @@ impl EventSink for HumanTrace {
                 }
                 _ => {}
             }
-            // Each event's lines go out in one write: stderr is unbuffered, and `writeln!`
-            // would write the text and the newline apart.
-            let mut out = escape(&line);
+            out.push_str(&escape(&line));
             out.push('\n');
-            if let Event::ToolResult { content, .. } = event
-                && let Some(lines) = self.result_lines(content)
-            {
-                out.push_str(&escape(&lines));
-                out.push('\n');
-            }
-            let _ = err.write_all(out.as_bytes());
-        } else if let Event::ToolResult { content, .. } = event
+        }
+        if let Event::ToolResult { content, .. } = event
             && let Some(lines) = self.result_lines(content)
         {
-            let _ = err.write_all(format!("{}\n", escape(&lines)).as_bytes());
+            out.push_str(&escape(&lines));
+            out.push('\n');
         }
     }
 }

@@ -179,6 +179,8 @@ impl Work<'_> {
             max_output: Some(u32::try_from(max_tokens).unwrap_or(u32::MAX)),
             partial: None,
         };
+        // The steps done are on disk before the wait.
+        self.events.flush();
         let answer = tokio::select! {
             r = self.model.step(request) => r,
             _ = self.cancel.cancelled() => return Err(Failed::Cancelled(Usage::default())),

@@ -294,6 +294,8 @@ impl Work<'_> {
                     max_output,
                     partial: Some(&partial),
                 };
+                // What the step has said so far is on disk before the wait.
+                events.flush();
                 let response = tokio::select! {
                     r = self.model.step(request) => r,
                     _ = self.cancel.cancelled() => {
@@ -425,6 +427,7 @@ impl Work<'_> {
                 }
                 return self.finish(reason, step, usage);
             }
+            events.flush();
             let results = self.execute(step, &calls).await;
             let repeated = results
                 .iter()
@@ -518,6 +521,8 @@ impl Work<'_> {
         let mut results: Vec<Option<ToolResult>> = calls.iter().map(|_| None).collect();
         let mut i = 0;
         while i < calls.len() {
+            // What earlier calls gave is out before the next ones run.
+            self.events.flush();
             if self.cancel.is_cancelled() {
                 for j in i..calls.len() {
                     results[j] = Some(self.unrun(

@@ -669,3 +669,54 @@ fn retry_warnings_name_status_and_url_and_server_words_are_a_sentence() {
         "{error}"
     );
 }
+
+/// `kill -9` while the model is asked for the third step: both finished steps are in the
+/// transcript, every line whole, their tool results given to the model too (a step's lines
+/// are written in one batch, before each wait).
+#[test]
+fn a_run_killed_while_the_model_thinks_keeps_every_finished_step() {
+    let env = Env::new();
+    env.write("a.txt", "alpha\n");
+    let script = env.script(json!([
+        {"tool_calls": [{"id": "r1", "name": "read_file", "input": {"path": "a.txt"}}]},
+        {"tool_calls": [{"id": "r2", "name": "list_files", "input": {}}]},
+        {"delay_ms": 600_000, "text": "never"}
+    ]));
+    let mut child = env
+        .sup()
+        .args(["run", "read the file", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn_killed();
+    eventually(Duration::from_secs(30), "the third step to start", || {
+        let dir = env.run_dirs().pop()?;
+        let t = std::fs::read_to_string(dir.join("transcript.jsonl")).ok()?;
+        t.contains(r#""step":3"#).then_some(())
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let t = env.transcript();
+    let told = crate::common::tool_messages(&t);
+    for (step, id) in [(1, "r1"), (2, "r2")] {
+        assert!(
+            t.iter()
+                .any(|e| e["type"] == "tool_result" && e["id"] == id && e["step"] == step),
+            "no result of {id}: {t:?}"
+        );
+        assert!(
+            told.iter()
+                .any(|m| m["results"][0]["call_id"] == id || m.to_string().contains(id)),
+            "{id} not told to the model: {told:?}"
+        );
+    }
+    assert!(
+        t.iter()
+            .any(|e| e["type"] == "step_started" && e["step"] == 3),
+        "{t:?}"
+    );
+}

@@ -197,13 +197,13 @@ fn append(out: &mut BytesMut, turns: &mut Turns, m: &Message) -> Result<(), Mode
 
 /// The body's end, after the messages: the latest block closed with the cache mark, or the
 /// paused assistant turn's blocks (`continuation`) with the mark on their last; then the
-/// stream flag, the output limit, the system text and the tools, each marked as a breakpoint
-/// too.
+/// stream flag, the output limit, the system text and the tools (`tools_json`, empty for none),
+/// each marked as a breakpoint too.
 fn tail(
     out: &mut BytesMut,
     turns: &Turns,
     continuation: &[Value],
-    tools: &[ToolSpec],
+    tools: &[u8],
     (stream, max_tokens): (bool, u32),
 ) -> Result<(), ModelError> {
     let mut role = turns.role;
@@ -258,20 +258,25 @@ fn tail(
     }
     if !tools.is_empty() {
         out.extend_from_slice(b",\"tools\":");
-        let list: Vec<WireTool> = tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| WireTool {
-                name: &t.name,
-                description: &t.description,
-                input_schema: &t.input_schema,
-                cache_control: (i + 1 == tools.len()).then_some(EPHEMERAL),
-            })
-            .collect();
-        serde_json::to_writer(out.writer(), &list)?;
+        out.extend_from_slice(tools);
     }
     out.extend_from_slice(b"}");
     Ok(())
+}
+
+/// The tools' JSON list, as `tail` writes it: the last marked as a breakpoint.
+fn tools_json(tools: &[ToolSpec]) -> Result<Vec<u8>, ModelError> {
+    let list: Vec<WireTool> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| WireTool {
+            name: &t.name,
+            description: &t.description,
+            input_schema: &t.input_schema,
+            cache_control: (i + 1 == tools.len()).then_some(EPHEMERAL),
+        })
+        .collect();
+    Ok(serde_json::to_vec(&list)?)
 }
 
 /// The request body of `messages`, kept in `cache` and extended by what is new.
@@ -285,8 +290,12 @@ pub(crate) fn cached_body(
     continuation: &[Value],
 ) -> Result<(Wire<Turns>, Bytes), ModelError> {
     let mut wire = cache.take(messages, |out| open_body(out, model), append)?;
+    let tools = match tools {
+        [] => Bytes::new(),
+        _ => cache.tools(tools, tools_json)?,
+    };
     let body =
-        wire.body(|out, turns| tail(out, turns, continuation, tools, (stream, max_tokens)))?;
+        wire.body(|out, turns| tail(out, turns, continuation, &tools, (stream, max_tokens)))?;
     Ok((wire, body))
 }
 
@@ -306,7 +315,12 @@ mod tests {
     ) -> Result<Bytes, ModelError> {
         let messages = Conversation::from(messages.to_vec());
         let mut wire = Wire::new(&messages, |out| open_body(out, model), append)?;
-        wire.body(|out, turns| tail(out, turns, continuation, tools, (stream, max_tokens)))
+        let tools = if tools.is_empty() {
+            Vec::new()
+        } else {
+            tools_json(tools)?
+        };
+        wire.body(|out, turns| tail(out, turns, continuation, &tools, (stream, max_tokens)))
     }
 
     /// The request body as it was built before the wire cache: the reference.

@@ -149,28 +149,34 @@ fn append(
     }
 }
 
-/// The body's end, after the messages: the stream flag, the tools, the output limit.
+/// The tools' JSON list, as `tail` writes it.
+fn tools_json(tools: &[ToolSpec]) -> Result<Vec<u8>, ModelError> {
+    let tools: Vec<WireTool> = tools
+        .iter()
+        .map(|t| WireTool {
+            kind: "function",
+            function: WireToolFunction {
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.input_schema,
+            },
+        })
+        .collect();
+    Ok(serde_json::to_vec(&tools)?)
+}
+
+/// The body's end, after the messages: the stream flag, the tools (`tools_json`, empty for
+/// none), the output limit.
 fn tail(
     out: &mut BytesMut,
-    tools: &[ToolSpec],
+    tools: &[u8],
     stream: bool,
     dialect: &Dialect,
 ) -> Result<(), ModelError> {
     end_messages(out, stream);
     if !tools.is_empty() {
         out.extend_from_slice(b",\"tools\":");
-        let tools: Vec<WireTool> = tools
-            .iter()
-            .map(|t| WireTool {
-                kind: "function",
-                function: WireToolFunction {
-                    name: &t.name,
-                    description: &t.description,
-                    parameters: &t.input_schema,
-                },
-            })
-            .collect();
-        serde_json::to_writer(out.writer(), &tools)?;
+        out.extend_from_slice(tools);
     }
     if stream {
         out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true}");
@@ -199,7 +205,11 @@ pub(crate) fn cached_body(
         |out| open_body(out, model),
         |out, written, m| append(out, written, m, dialect),
     )?;
-    let body = wire.body(|out, _| tail(out, tools, stream, dialect))?;
+    let tools = match tools {
+        [] => Bytes::new(),
+        _ => cache.tools(tools, tools_json)?,
+    };
+    let body = wire.body(|out, _| tail(out, &tools, stream, dialect))?;
     Ok((wire, body))
 }
 
@@ -316,7 +326,12 @@ mod tests {
             |out| open_body(out, model),
             |out, written, m| append(out, written, m, dialect),
         )?;
-        wire.body(|out, _| tail(out, tools, stream, dialect))
+        let tools = if tools.is_empty() {
+            Vec::new()
+        } else {
+            tools_json(tools)?
+        };
+        wire.body(|out, _| tail(out, &tools, stream, dialect))
     }
 
     fn json(body: Bytes) -> Value {
