@@ -127,9 +127,14 @@ fn an_achieved_worktree_run_leaves_the_tree_alone_and_its_work_on_a_branch() {
         git(&ws, &["rev-parse", &format!("{branch}~1")]),
         head_before
     );
-    // The worktree folder is gone, and git knows of no other worktree.
+    // The worktree folder is gone, and git knows of no other worktree; its files go soon
+    // after, in a process the run does not wait for.
     assert!(!env.home.path().join("worktrees").join(id).exists());
     assert_eq!(git(&ws, &["worktree", "list"]).lines().count(), 1);
+    let aside = env.home.path().join("worktrees/.removed");
+    crate::common::until("the folder's files removed", 20, || {
+        std::fs::read_dir(&aside).is_ok_and(|mut d| d.next().is_none())
+    });
     // `sup show --diff` prints the diff; `sup show` names the branch.
     let out = env.sup().args(["show", id, "--diff"]).output().unwrap();
     assert!(out.status.success());
@@ -857,4 +862,16 @@ fn the_next_start_removes_the_worktree_of_a_killed_run_and_keeps_its_work() {
         std::fs::read_to_string(ws.join("tracked.txt")).unwrap(),
         "one\nchanged by the person\n"
     );
+}
+
+#[test]
+fn a_removal_cut_short_is_finished_by_the_next_start() {
+    let env = Env::new();
+    // What a removal killed with its process left: a folder moved aside, part of it removed.
+    let left = env.home.path().join("worktrees/.removed/r-cut-short");
+    std::fs::create_dir_all(left.join("src/deep")).unwrap();
+    std::fs::write(left.join("src/deep/f.txt"), "left\n").unwrap();
+    let run = env.run_json(json!([{"text": "hi"}]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    crate::common::until("the folder left aside removed", 20, || !left.exists());
 }
