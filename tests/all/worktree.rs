@@ -269,17 +269,26 @@ fn three_attempts_the_one_whose_checks_pass_wins_and_the_others_are_cancelled() 
     repo(&env);
     let ws = env.ws();
     let marker = "sleep 41.731";
-    // Attempt 2 writes the right answer at once; attempts 1 and 3 wait in a long command.
+    // Attempt 2 writes the right answer once every attempt has asked (else it could win
+    // before a slow attempt's first request); attempts 1 and 3 wait in a long command.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
     let server = FakeServer::routed(move |body| {
         if last_role(body) == "tool" {
             return openai_json(&Turn::text("done"));
         }
-        match attempt_of(body) {
-            2 => openai_json(&Turn::text("").call(
-                "w",
-                "write_file",
-                r#"{"path": "answer.txt", "content": "right\n"}"#,
-            )),
+        let attempt = attempt_of(body);
+        seen.lock().unwrap().insert(attempt);
+        match attempt {
+            2 => {
+                crate::common::until("every attempt's first request", 60, || {
+                    seen.lock().unwrap().len() == 3
+                });
+                openai_json(&Turn::text("").call(
+                    "w",
+                    "write_file",
+                    r#"{"path": "answer.txt", "content": "right\n"}"#,
+                ))
+            }
             _ => openai_json(&Turn::text("").call(
                 "s",
                 "run_command",
