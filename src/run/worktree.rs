@@ -300,22 +300,20 @@ impl Worktree {
         self.done = true;
         let mut out = Finished::default();
         let message = format!("sup {goal}: {} · run {run_id}", status.as_str());
-        let committed = git(&self.path, &["reset", "-q", "--soft", &self.base])
-            .and_then(|_| git(&self.path, &["add", "-A"]))
-            .and_then(|_| {
-                git(
-                    &self.path,
-                    &[
-                        "commit",
-                        "-q",
-                        "--allow-empty",
-                        "--no-verify",
-                        "-m",
-                        &message,
-                    ],
-                )
-            })
-            .and_then(|_| git(&self.path, &["rev-parse", "HEAD"]));
+        let kept = match keep {
+            Keep::Always => true,
+            Keep::Never => false,
+            Keep::Achieved => status == Status::Achieved,
+        };
+        let committed = commit_work(&self.path, &message, &self.base).and_then(|sha| {
+            if kept {
+                let tip = format!("refs/heads/{}", self.branch);
+                git(&self.path, &["update-ref", &tip, &sha])?;
+            }
+            Ok(sha)
+        });
+        // The folder goes first: its files are removed while the rest is told.
+        self.remove_folder();
         match committed {
             Ok(sha) => {
                 out.diff_stat =
@@ -324,12 +322,6 @@ impl Worktree {
             }
             Err(e) => tracing::error!("run {run_id}: the agent's work was not committed: {e}"),
         }
-        let kept = match keep {
-            Keep::Always => true,
-            Keep::Never => false,
-            Keep::Achieved => status == Status::Achieved,
-        };
-        self.remove_folder();
         if kept && out.commit.is_some() {
             out.branch = Some(self.branch.clone());
         } else if let Err(e) = git(&self.top, &["branch", "-q", "-D", &self.branch]) {
@@ -426,6 +418,13 @@ pub(crate) fn sweep_dead(home: &Path, db: &crate::store::db::Db) -> usize {
     for entry in entries.flatten() {
         let path = entry.path();
         let id = entry.file_name().to_string_lossy().into_owned();
+        if id == REMOVED {
+            // Folders whose removal was cut short (the process that removed them was killed).
+            for gone in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                remove_later(&gone.path());
+            }
+            continue;
+        }
         // Held: a run works there. Not held but no row yet: a run is just starting.
         let Some(held) = lock(&path, FlockArg::LockExclusiveNonblock) else {
             continue;
@@ -446,22 +445,9 @@ pub(crate) fn sweep_dead(home: &Path, db: &crate::store::db::Db) -> usize {
             && path.join(".git").exists()
         {
             let message = format!("sup {}: {} · run {id}", row.goal, row.status.as_str());
-            let committed = git(&path, &["reset", "-q", "--soft", base])
-                .and_then(|_| git(&path, &["add", "-A"]))
-                .and_then(|_| {
-                    git(
-                        &path,
-                        &[
-                            "commit",
-                            "-q",
-                            "--allow-empty",
-                            "--no-verify",
-                            "-m",
-                            &message,
-                        ],
-                    )
-                })
-                .and_then(|_| git(&path, &["rev-parse", "HEAD"]));
+            let tip = format!("refs/heads/{branch}");
+            let committed = commit_work(&path, &message, base)
+                .and_then(|sha| git(&path, &["update-ref", &tip, &sha]).map(|_| sha));
             match committed {
                 Ok(sha) => {
                     let l = crate::store::lineage::Lineage {
@@ -494,11 +480,79 @@ pub(crate) fn sweep_dead(home: &Path, db: &crate::store::db::Db) -> usize {
     removed
 }
 
-/// Remove the worktree folder `path` of the repository `top`, and git's record of it.
+/// What is in worktree `path` now (tracked or not, but not ignored), as one commit on
+/// `base`, whatever the agent committed meanwhile; its id. The branch is not moved: the
+/// caller says whether it stays.
+fn commit_work(path: &Path, message: &str, base: &str) -> Result<String, WorktreeError> {
+    git(path, &["add", "-A"])?;
+    let tree = git(path, &["write-tree"])?;
+    git(path, &["commit-tree", &tree, "-p", base, "-m", message])
+}
+
+/// Where removed worktree folders wait for their files to go (`SUP_HOME/worktrees/.removed`).
+const REMOVED: &str = ".removed";
+
+/// Remove the worktree folder `path` of the repository `top`, and git's record of it: the
+/// folder is moved aside at once and git's record of it removed, then its files go in a
+/// process of their own (thousands of files take a while; nothing waits for them). Where
+/// that cannot be done, `git worktree remove` does it all.
 fn remove_worktree(top: &Path, path: &Path) {
-    if git(top, &["worktree", "remove", "--force", &s(path)]).is_err() {
+    let aside = path
+        .parent()
+        .zip(path.file_name())
+        .map(|(root, name)| root.join(REMOVED).join(name));
+    let record = record_of(path);
+    let moved = match (&aside, &record) {
+        (Some(aside), Some(_)) => {
+            aside
+                .parent()
+                .is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+                && std::fs::rename(path, aside).is_ok()
+        }
+        _ => false,
+    };
+    if let (true, Some(aside), Some(record)) = (moved, aside, record) {
+        if let Err(e) = std::fs::remove_dir_all(&record) {
+            tracing::warn!("cannot remove git's record {}: {e}", record.display());
+        }
+        remove_later(&aside);
+    } else if git(top, &["worktree", "remove", "--force", &s(path)]).is_err() {
         let _ = std::fs::remove_dir_all(path);
         let _ = git(top, &["worktree", "prune"]);
+    }
+}
+
+/// Git's record of worktree `path` (`.git/worktrees/NAME`), when it names `path` back.
+fn record_of(path: &Path) -> Option<PathBuf> {
+    let dot_git = std::fs::read_to_string(path.join(".git")).ok()?;
+    let record = PathBuf::from(dot_git.strip_prefix("gitdir:")?.trim());
+    let named = std::fs::read_to_string(record.join("gitdir")).ok()?;
+    let real = std::fs::canonicalize(path).ok()?;
+    (Path::new(named.trim()) == real.join(".git")).then_some(record)
+}
+
+/// Remove `dir` in an `rm -rf` of its own, in a process group of its own, not waited for
+/// (a thread reaps it in a process that lives on, as the daemon). A removal cut short
+/// is finished by the next start's sweep.
+fn remove_later(dir: &Path) {
+    use std::os::unix::process::CommandExt;
+    let child = Command::new("rm")
+        .arg("-rf")
+        .arg("--")
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+    match child {
+        Ok(mut c) => {
+            std::thread::spawn(move || c.wait());
+        }
+        Err(e) => {
+            tracing::warn!("cannot run rm: {e}; removing {} here", dir.display());
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

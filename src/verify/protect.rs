@@ -1,6 +1,6 @@
 //! Protected paths between tries: a snapshot of every path of the workspace the goal protects
-//! (`protect` globs, `.git` at any depth), taken when the goal starts and again after each
-//! try's checks ran, and the comparison before the checks of each try, whose differences fail
+//! (`protect` globs, `.git` at any depth; the files of a git object store listed with their
+//! `stat`, not read), taken when the goal starts and again after each try's checks ran, and the comparison before the checks of each try, whose differences fail
 //! the try as the check result `protected`. What matches is `crate::tools::Protected`'s.
 //! The snapshot is kept in the run's folder (`protected.json`), so that a continued run
 //! compares with what its first run started from, not with what that run left.
@@ -26,6 +26,7 @@ struct Entry {
     /// File, folder, symlink (its target in `hash`) or other.
     kind: u32,
     mode: u32,
+    #[serde(default, skip_serializing_if = "unhashed")]
     hash: [u8; 32],
     /// What a change of content always changes (a write moves `ctime`, which no one sets
     /// at will): while it is the same, the hash is not computed again.
@@ -60,13 +61,17 @@ impl Snapshot {
 /// Take the snapshot of `workspace` (canonical); `previous` spares hashing what did not change.
 pub(crate) fn take(workspace: &Path, guarded: &Protected, previous: &Snapshot) -> Snapshot {
     let mut out = BTreeMap::new();
-    walk(workspace, workspace, guarded, previous, &mut out);
+    walk(workspace, "", false, guarded, previous, &mut out);
     Snapshot(out)
 }
 
+/// `dir` (workspace-relative `prefix`) into `out`; `in_git` when it lies in a protected
+/// `.git`, where everything is protected and no glob needs asking. Only what is protected
+/// is `stat`ed, and only what is protected, changed and outside an object store is read.
 fn walk(
-    workspace: &Path,
     dir: &Path,
+    prefix: &str,
+    in_git: bool,
     guarded: &Protected,
     previous: &Snapshot,
     out: &mut BTreeMap<String, Entry>,
@@ -75,13 +80,22 @@ fn walk(
         return;
     };
     for e in entries.flatten() {
-        let path = e.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        let Ok(ft) = e.file_type() else {
             continue;
         };
-        let rel = crate::tools::paths::relative(workspace, &path);
-        let is_dir = meta.is_dir();
-        if guarded.matches(&rel, is_dir) {
+        let name = e.file_name();
+        let rel = if prefix.is_empty() {
+            name.to_string_lossy().into_owned()
+        } else {
+            format!("{prefix}/{}", name.to_string_lossy())
+        };
+        let is_dir = ft.is_dir();
+        let git = in_git || guarded.git_of(&rel).is_some();
+        if git || guarded.glob_matches(&rel, is_dir) {
+            // `DirEntry::metadata` does not follow a symlink.
+            let Ok(meta) = e.metadata() else {
+                continue;
+            };
             let stat = (
                 meta.dev(),
                 meta.ino(),
@@ -91,11 +105,12 @@ fn walk(
             );
             let kind = meta.mode() & libc::S_IFMT;
             let hash = match previous.0.get(&rel) {
+                _ if object_store(&rel) => UNHASHED,
                 Some(p) if p.stat == stat && p.kind == kind => p.hash,
-                _ => content_hash(&path, &meta),
+                _ => content_hash(&e.path(), &meta),
             };
             out.insert(
-                rel,
+                rel.clone(),
                 Entry {
                     kind,
                     mode: meta.mode() & 0o7777,
@@ -105,9 +120,16 @@ fn walk(
             );
         }
         if is_dir {
-            walk(workspace, &path, guarded, previous, out);
+            walk(&e.path(), &rel, git, guarded, previous, out);
         }
     }
+}
+
+/// The hash of what is only listed (an object store's files), and what is not kept of it.
+const UNHASHED: [u8; 32] = [0; 32];
+
+fn unhashed(hash: &[u8; 32]) -> bool {
+    *hash == UNHASHED
 }
 
 fn content_hash(path: &Path, meta: &std::fs::Metadata) -> [u8; 32] {
@@ -195,22 +217,39 @@ pub(crate) fn notices(goal: &super::Goal) -> Vec<String> {
     out
 }
 
-/// Whether `rel` is in a git object store, where git's own housekeeping (`gc --auto` after a
-/// person's commit, detached in the background) packs loose objects and prunes them: objects
-/// come and go there without any change to what the repository holds. An object whose bytes
-/// change is still told.
+/// Whether `rel` is in a git object store (`.git/objects/`, at any depth), whose files are
+/// listed, not read: tens of thousands of them in a big repository, written once by git and
+/// never again. Git's own housekeeping (`gc --auto` after a person's commit, detached in the
+/// background) packs loose objects and prunes them, so they come and go without any change
+/// to what the repository holds; a file that stays but whose `stat` moves (its bytes written
+/// over, or a file moved over it) is told. The alternates (other object stores git reads)
+/// are the repository's configuration, not objects: they are read and told as any file.
 fn object_store(rel: &str) -> bool {
-    rel.starts_with(".git/objects/") || rel.contains("/.git/objects/")
+    let tail = match rel.strip_prefix(".git/objects/") {
+        Some(t) => t,
+        None => match rel.split_once("/.git/objects/") {
+            Some((_, t)) => t,
+            None => return false,
+        },
+    };
+    !matches!(tail, "info/alternates" | "info/http-alternates")
 }
 
 /// What happened to each protected path between `before` and `after`, in path order.
 pub(crate) fn compare(before: &Snapshot, after: &Snapshot) -> Vec<(String, &'static str)> {
     let mut out = Vec::new();
     for (rel, b) in &before.0 {
+        let listed = object_store(rel);
         match after.0.get(rel) {
-            None if object_store(rel) => {}
+            None if listed => {}
             None => out.push((rel.clone(), "deleted")),
-            Some(a) if a.kind != b.kind || a.hash != b.hash => out.push((rel.clone(), "changed")),
+            Some(a) if a.kind != b.kind => out.push((rel.clone(), "changed")),
+            Some(a) if listed => {
+                if b.kind == libc::S_IFREG && a.stat != b.stat {
+                    out.push((rel.clone(), "changed"))
+                }
+            }
+            Some(a) if a.hash != b.hash => out.push((rel.clone(), "changed")),
             Some(a) if a.mode != b.mode => out.push((rel.clone(), "mode")),
             Some(_) => {}
         }
@@ -309,12 +348,20 @@ mod tests {
         assert!(compare(&before, &take(&ws, &g, &before)).is_empty());
         std::fs::write(ws.join(".git/objects/4e/e710"), "forged").unwrap();
         std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/other\n").unwrap();
+        // Other object stores git would read: configuration, told when made.
+        std::fs::create_dir_all(ws.join(".git/objects/info")).unwrap();
+        std::fs::write(ws.join(".git/objects/info/alternates"), "/elsewhere\n").unwrap();
+        let after = take(&ws, &g, &before);
         assert_eq!(
-            compare(&before, &take(&ws, &g, &before)),
+            compare(&before, &after),
             [
                 (".git/HEAD".to_string(), "changed"),
                 (".git/objects/4e/e710".to_string(), "changed"),
+                (".git/objects/info/alternates".to_string(), "created"),
             ]
         );
+        // Objects are listed, not read: their bytes are not kept.
+        assert!(unhashed(&after.0[".git/objects/4e/e710"].hash));
+        assert!(!unhashed(&after.0[".git/HEAD"].hash));
     }
 }

@@ -127,9 +127,14 @@ fn an_achieved_worktree_run_leaves_the_tree_alone_and_its_work_on_a_branch() {
         git(&ws, &["rev-parse", &format!("{branch}~1")]),
         head_before
     );
-    // The worktree folder is gone, and git knows of no other worktree.
+    // The worktree folder is gone, and git knows of no other worktree; its files go soon
+    // after, in a process the run does not wait for.
     assert!(!env.home.path().join("worktrees").join(id).exists());
     assert_eq!(git(&ws, &["worktree", "list"]).lines().count(), 1);
+    let aside = env.home.path().join("worktrees/.removed");
+    crate::common::until("the folder's files removed", 20, || {
+        std::fs::read_dir(&aside).is_ok_and(|mut d| d.next().is_none())
+    });
     // `sup show --diff` prints the diff; `sup show` names the branch.
     let out = env.sup().args(["show", id, "--diff"]).output().unwrap();
     assert!(out.status.success());
@@ -264,17 +269,26 @@ fn three_attempts_the_one_whose_checks_pass_wins_and_the_others_are_cancelled() 
     repo(&env);
     let ws = env.ws();
     let marker = "sleep 41.731";
-    // Attempt 2 writes the right answer at once; attempts 1 and 3 wait in a long command.
+    // Attempt 2 writes the right answer once every attempt has asked (else it could win
+    // before a slow attempt's first request); attempts 1 and 3 wait in a long command.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
     let server = FakeServer::routed(move |body| {
         if last_role(body) == "tool" {
             return openai_json(&Turn::text("done"));
         }
-        match attempt_of(body) {
-            2 => openai_json(&Turn::text("").call(
-                "w",
-                "write_file",
-                r#"{"path": "answer.txt", "content": "right\n"}"#,
-            )),
+        let attempt = attempt_of(body);
+        seen.lock().unwrap().insert(attempt);
+        match attempt {
+            2 => {
+                crate::common::until("every attempt's first request", 60, || {
+                    seen.lock().unwrap().len() == 3
+                });
+                openai_json(&Turn::text("").call(
+                    "w",
+                    "write_file",
+                    r#"{"path": "answer.txt", "content": "right\n"}"#,
+                ))
+            }
             _ => openai_json(&Turn::text("").call(
                 "s",
                 "run_command",
@@ -970,4 +984,16 @@ fn a_parallel_attempt_cannot_write_into_a_siblings_worktree() {
     let run = Run::new(out);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     assert_eq!(run.result()["status"], "failed", "{}", run.stdout);
+}
+
+#[test]
+fn a_removal_cut_short_is_finished_by_the_next_start() {
+    let env = Env::new();
+    // What a removal killed with its process left: a folder moved aside, part of it removed.
+    let left = env.home.path().join("worktrees/.removed/r-cut-short");
+    std::fs::create_dir_all(left.join("src/deep")).unwrap();
+    std::fs::write(left.join("src/deep/f.txt"), "left\n").unwrap();
+    let run = env.run_json(json!([{"text": "hi"}]), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    crate::common::until("the folder left aside removed", 20, || !left.exists());
 }
