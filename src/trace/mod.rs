@@ -1,11 +1,12 @@
 //! The event stream every layer reports through, and its renderers: the human trace on
 //! stderr (one line per event, icons ▶ ⚙ ✓ ✗ ◆) and JSON lines on stdout (`--json`).
 //! The transcript writer in `store` is one more sink on the same stream, and so are the
-//! OpenTelemetry spans (`otel`).
+//! OpenTelemetry spans (`otel`, on the OTLP wire of `otlp`).
 
 mod event;
 mod human;
 pub mod otel;
+mod otlp;
 
 pub use event::{
     AttemptReport, CheckKind, CheckReport, Decided, Event, EventSink, Events, Outcome, Status,

@@ -13,12 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _};
-use opentelemetry::{Context, KeyValue, StringValue, Value};
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
-
+use super::otlp::{Exporter, Ids, Kind, Protocol, Span, Value};
 use super::{Event, EventSink};
 
 const ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -47,8 +42,7 @@ pub enum OtelError {
 }
 
 struct Exporting {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
+    exporter: Exporter,
     capture: bool,
 }
 
@@ -59,7 +53,7 @@ fn var(name: &str) -> Option<String> {
 }
 
 /// What the environment asks for: `None` when no endpoint is set.
-fn endpoint_and_protocol() -> Result<Option<(String, Protocol)>, OtelError> {
+fn endpoint_and_protocol() -> Result<Option<(reqwest::Url, Protocol)>, OtelError> {
     let endpoint = match (var(TRACES_ENDPOINT), var(ENDPOINT)) {
         (Some(url), _) => Some((TRACES_ENDPOINT, url.clone(), url)),
         (None, Some(base)) => {
@@ -71,21 +65,21 @@ fn endpoint_and_protocol() -> Result<Option<(String, Protocol)>, OtelError> {
     let Some((name, given, url)) = endpoint else {
         return Ok(None);
     };
-    let parsed = reqwest::Url::parse(&url).ok();
-    if !parsed.is_some_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()) {
-        return Err(OtelError::Endpoint {
+    let url = reqwest::Url::parse(&url)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+        .ok_or(OtelError::Endpoint {
             var: name,
             value: given,
-        });
-    }
+        })?;
     let (pvar, protocol) = match (var(TRACES_PROTOCOL), var(PROTOCOL)) {
         (Some(p), _) => (TRACES_PROTOCOL, p),
         (None, Some(p)) => (PROTOCOL, p),
         (None, None) => (PROTOCOL, "http/protobuf".to_string()),
     };
     let protocol = match protocol.trim() {
-        "http/protobuf" => Protocol::HttpBinary,
-        "http/json" => Protocol::HttpJson,
+        "http/protobuf" => Protocol::Protobuf,
+        "http/json" => Protocol::Json,
         _ => {
             return Err(OtelError::Protocol {
                 var: pvar,
@@ -104,40 +98,20 @@ pub fn init() -> Result<(), OtelError> {
         let _ = EXPORTING.set(None);
         return Ok(());
     };
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(protocol)
-        .with_endpoint(url)
-        .with_timeout(EXPORT_TIMEOUT)
-        .build()
-        .map_err(|e| OtelError::Build(e.to_string()))?;
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name("sup").build())
-        .build();
-    let tracer = provider.tracer("sup");
+    let exporter = Exporter::start(url, protocol, EXPORT_TIMEOUT).map_err(OtelError::Build)?;
     let capture = var(CAPTURE).is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let _ = EXPORTING.set(Some(Exporting {
-        provider,
-        tracer,
-        capture,
-    }));
+    let _ = EXPORTING.set(Some(Exporting { exporter, capture }));
     Ok(())
 }
 
 /// Export what is left and stop, waiting at most the export timeout: at the end of the
 /// process, after the runtime is gone.
 pub fn shutdown() {
-    let Some(Some(exporting)) = EXPORTING.get() else {
-        return;
-    };
-    let provider = exporting.provider.clone();
-    let (done, wait) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = provider.shutdown_with_timeout(EXPORT_TIMEOUT);
-        let _ = done.send(());
-    });
-    let _ = wait.recv_timeout(EXPORT_TIMEOUT + Duration::from_millis(500));
+    if let Some(Some(exporting)) = EXPORTING.get() {
+        exporting
+            .exporter
+            .shutdown(EXPORT_TIMEOUT + Duration::from_millis(500));
+    }
 }
 
 /// The span sink of one run of `goal`, when a collector is configured.
@@ -145,8 +119,7 @@ pub(crate) fn sink(goal: &str) -> Option<Arc<dyn EventSink>> {
     let exporting = EXPORTING.get()?.as_ref()?;
     Some(Arc::new(RunSpans {
         goal: goal.to_string(),
-        tracer: exporting.tracer.clone(),
-        provider: exporting.provider.clone(),
+        exporter: exporting.exporter.clone(),
         capture: exporting.capture,
         state: Mutex::new(State::default()),
     }))
@@ -162,7 +135,7 @@ fn provider_and_model(model: &str) -> (String, String) {
 
 /// A model call whose span ends when the step's tool calls (if any) have been counted.
 struct Chat {
-    cx: Context,
+    span: Span,
     ended: SystemTime,
     tool_calls: usize,
 }
@@ -172,30 +145,42 @@ struct State {
     started: Option<SystemTime>,
     provider: String,
     model: String,
-    run: Option<Context>,
-    r#try: Option<Context>,
+    run: Option<Span>,
+    r#try: Option<Span>,
     chat: Option<Chat>,
     inputs: HashMap<String, String>,
 }
 
 impl State {
-    /// The span new children go under: the open try, else the run.
-    fn parent(&self) -> Context {
-        self.r#try
-            .clone()
-            .or_else(|| self.run.clone())
-            .unwrap_or_default()
+    /// Where new children go: under the open try, else the run.
+    fn parent(&self) -> Option<Ids> {
+        self.r#try.as_ref().or(self.run.as_ref()).map(|s| s.ids)
     }
 
     fn at(&self, ms: f64) -> SystemTime {
         let start = self.started.unwrap_or_else(SystemTime::now);
         start + Duration::from_secs_f64(ms.max(0.0) / 1000.0)
     }
+}
+
+/// Turns one run's events into spans.
+struct RunSpans {
+    goal: String,
+    exporter: Exporter,
+    capture: bool,
+    state: Mutex<State>,
+}
+
+impl RunSpans {
+    fn end(&self, mut span: Span, at: SystemTime) {
+        span.end = at;
+        self.exporter.export(span);
+    }
 
     /// End the pending model call, with the finish reason `length` when the work stopped
     /// on it.
-    fn end_chat(&mut self, length: bool) {
-        if let Some(chat) = self.chat.take() {
+    fn end_chat(&self, state: &mut State, length: bool) {
+        if let Some(mut chat) = state.chat.take() {
             let reason = if length {
                 "length"
             } else if chat.tool_calls > 0 {
@@ -203,34 +188,12 @@ impl State {
             } else {
                 "stop"
             };
-            let span = chat.cx.span();
-            span.set_attribute(KeyValue::new(
+            chat.span.set(
                 "gen_ai.response.finish_reasons",
-                Value::Array(vec![StringValue::from(reason)].into()),
-            ));
-            span.end_with_timestamp(chat.ended);
+                Value::Texts(vec![reason.to_string()]),
+            );
+            self.end(chat.span, chat.ended);
         }
-    }
-}
-
-/// Turns one run's events into spans.
-struct RunSpans {
-    goal: String,
-    tracer: SdkTracer,
-    provider: SdkTracerProvider,
-    capture: bool,
-    state: Mutex<State>,
-}
-
-impl RunSpans {
-    fn child(&self, parent: &Context, name: String, kind: SpanKind, start: SystemTime) -> Context {
-        let span = self
-            .tracer
-            .span_builder(name)
-            .with_kind(kind)
-            .with_start_time(start)
-            .start_with_context(&self.tracer, parent);
-        parent.with_span(span)
     }
 
     fn on(&self, state: &mut State, event: &Event) {
@@ -251,53 +214,39 @@ impl RunSpans {
                     ..
                 }
             );
-            state.end_chat(length);
+            self.end_chat(state, length);
         }
         match event {
             Event::RunStarted { run_id, model, .. } => {
                 let (provider, model) = provider_and_model(model);
                 state.started = Some(now);
-                let cx = self.child(
-                    &Context::new(),
-                    format!("invoke_agent {}", self.goal),
-                    SpanKind::Internal,
-                    now,
-                );
-                cx.span().set_attributes([
-                    KeyValue::new("gen_ai.operation.name", "invoke_agent"),
-                    KeyValue::new("gen_ai.agent.name", self.goal.clone()),
-                    KeyValue::new("gen_ai.provider.name", provider.clone()),
-                    KeyValue::new("gen_ai.request.model", model.clone()),
-                    KeyValue::new("sup.run_id", run_id.clone()),
-                ]);
+                let name = format!("invoke_agent {}", self.goal);
+                let mut span = Span::start(None, name, Kind::Internal, now);
+                span.set("gen_ai.operation.name", "invoke_agent");
+                span.set("gen_ai.agent.name", self.goal.clone());
+                span.set("gen_ai.provider.name", provider.clone());
+                span.set("gen_ai.request.model", model.clone());
+                span.set("sup.run_id", run_id.clone());
                 state.provider = provider;
                 state.model = model;
-                state.run = Some(cx);
+                state.run = Some(span);
             }
             Event::TryStarted { r#try, tries } => {
-                let parent = state.run.clone().unwrap_or_default();
-                let cx = self.child(&parent, format!("try {try}"), SpanKind::Internal, now);
-                cx.span().set_attributes([
-                    KeyValue::new("sup.try", i64::from(*r#try)),
-                    KeyValue::new("sup.tries", i64::from(*tries)),
-                ]);
-                state.r#try = Some(cx);
+                let parent = state.run.as_ref().map(|s| s.ids);
+                let mut span = Span::start(parent, format!("try {try}"), Kind::Internal, now);
+                span.set("sup.try", i64::from(*r#try));
+                span.set("sup.tries", i64::from(*tries));
+                state.r#try = Some(span);
             }
             Event::StepStarted { step } => {
-                let cx = self.child(
-                    &state.parent(),
-                    format!("chat {}", state.model),
-                    SpanKind::Client,
-                    now,
-                );
-                cx.span().set_attributes([
-                    KeyValue::new("gen_ai.operation.name", "chat"),
-                    KeyValue::new("gen_ai.provider.name", state.provider.clone()),
-                    KeyValue::new("gen_ai.request.model", state.model.clone()),
-                    KeyValue::new("sup.step", i64::from(*step)),
-                ]);
+                let name = format!("chat {}", state.model);
+                let mut span = Span::start(state.parent(), name, Kind::Client, now);
+                span.set("gen_ai.operation.name", "chat");
+                span.set("gen_ai.provider.name", state.provider.clone());
+                span.set("gen_ai.request.model", state.model.clone());
+                span.set("sup.step", i64::from(*step));
                 state.chat = Some(Chat {
-                    cx,
+                    span,
                     ended: now,
                     tool_calls: 0,
                 });
@@ -305,11 +254,9 @@ impl RunSpans {
             Event::ModelText { text, .. } => {
                 // The call's span is still open until the step finishes.
                 if self.capture
-                    && let Some(chat) = &state.chat
+                    && let Some(chat) = &mut state.chat
                 {
-                    chat.cx
-                        .span()
-                        .set_attribute(KeyValue::new("gen_ai.output.text", text.clone()));
+                    chat.span.set("gen_ai.output.text", text.clone());
                 }
             }
             Event::ToolCall { id, input, .. } => {
@@ -330,66 +277,49 @@ impl RunSpans {
                 ..
             } => {
                 let start = state.at(*started_ms);
-                let cx = self.child(
-                    &state.parent(),
-                    format!("execute_tool {name}"),
-                    SpanKind::Internal,
-                    start,
-                );
-                let span = cx.span();
-                span.set_attributes([
-                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
-                    KeyValue::new("gen_ai.tool.name", name.clone()),
-                    KeyValue::new("gen_ai.tool.call.id", id.clone()),
-                ]);
+                let span_name = format!("execute_tool {name}");
+                let mut span = Span::start(state.parent(), span_name, Kind::Internal, start);
+                span.set("gen_ai.operation.name", "execute_tool");
+                span.set("gen_ai.tool.name", name.clone());
+                span.set("gen_ai.tool.call.id", id.clone());
                 if let Some(input) = state.inputs.remove(id) {
-                    span.set_attribute(KeyValue::new("gen_ai.tool.call.arguments", input));
+                    span.set("gen_ai.tool.call.arguments", input);
                 }
                 if self.capture {
-                    span.set_attribute(KeyValue::new("gen_ai.tool.call.result", content.clone()));
+                    span.set("gen_ai.tool.call.result", content.clone());
                 }
                 if *is_error {
-                    span.set_attribute(KeyValue::new("error.type", "tool_error"));
-                    span.set_status(Status::error("the tool call failed"));
+                    span.set("error.type", "tool_error");
+                    span.error = Some("the tool call failed".into());
                 }
-                span.end_with_timestamp(state.at(*finished_ms).max(start));
+                self.end(span, state.at(*finished_ms).max(start));
             }
             Event::Check { report, .. } => {
                 let took = Duration::from_millis(report.duration_ms);
                 let start = now.checked_sub(took).unwrap_or(now);
-                let cx = self.child(
-                    &state.parent(),
-                    format!("check {}", report.name),
-                    SpanKind::Internal,
-                    start,
-                );
-                let span = cx.span();
-                span.set_attributes([
-                    KeyValue::new("sup.check.name", report.name.clone()),
-                    KeyValue::new("sup.check.kind", report.kind.as_str()),
-                    KeyValue::new("sup.check.passed", report.passed),
-                    KeyValue::new("sup.check.outcome", report.outcome.clone()),
-                ]);
+                let name = format!("check {}", report.name);
+                let mut span = Span::start(state.parent(), name, Kind::Internal, start);
+                span.set("sup.check.name", report.name.clone());
+                span.set("sup.check.kind", report.kind.as_str());
+                span.set("sup.check.passed", report.passed);
+                span.set("sup.check.outcome", report.outcome.clone());
                 if let Some(model) = &report.model {
-                    span.set_attribute(KeyValue::new("sup.check.model", model.clone()));
+                    span.set("sup.check.model", model.clone());
                 }
                 if !report.passed {
-                    span.set_status(Status::error(report.outcome.clone()));
+                    span.error = Some(report.outcome.clone());
                 }
-                span.end_with_timestamp(now);
+                self.end(span, now);
             }
             Event::TryFinished {
                 passed,
                 stop_reason,
                 ..
             } => {
-                if let Some(cx) = state.r#try.take() {
-                    let span = cx.span();
-                    span.set_attributes([
-                        KeyValue::new("sup.try.passed", *passed),
-                        KeyValue::new("sup.stop_reason", stop_reason.as_str()),
-                    ]);
-                    span.end_with_timestamp(now);
+                if let Some(mut span) = state.r#try.take() {
+                    span.set("sup.try.passed", *passed);
+                    span.set("sup.stop_reason", stop_reason.as_str());
+                    self.end(span, now);
                 }
             }
             Event::Result {
@@ -401,36 +331,30 @@ impl RunSpans {
                 error,
                 ..
             } => {
-                if let Some(cx) = state.r#try.take() {
-                    cx.span().end_with_timestamp(now);
+                if let Some(span) = state.r#try.take() {
+                    self.end(span, now);
                 }
-                if let Some(cx) = state.run.take() {
-                    let span = cx.span();
-                    span.set_attributes([
-                        KeyValue::new("sup.status", status.as_str()),
-                        KeyValue::new("sup.stop_reason", stop_reason.as_str()),
-                        KeyValue::new("gen_ai.usage.input_tokens", usage.input_tokens as i64),
-                        KeyValue::new("gen_ai.usage.output_tokens", usage.output_tokens as i64),
-                    ]);
+                if let Some(mut span) = state.run.take() {
+                    span.set("sup.status", status.as_str());
+                    span.set("sup.stop_reason", stop_reason.as_str());
+                    span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
+                    span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
                     if let Some(cost) = cost {
-                        span.set_attribute(KeyValue::new("sup.cost_usd", *cost));
+                        span.set("sup.cost_usd", *cost);
                     }
                     if self.capture
                         && let Some(answer) = answer
                     {
-                        span.set_attribute(KeyValue::new("gen_ai.output.text", answer.clone()));
+                        span.set("gen_ai.output.text", answer.clone());
                     }
                     if let Some(error) = error {
-                        span.set_attribute(KeyValue::new("error.type", "run_error"));
-                        span.set_status(Status::error(error.clone()));
+                        span.set("error.type", "run_error");
+                        span.error = Some(error.clone());
                     }
-                    span.end_with_timestamp(now);
+                    self.end(span, now);
                 }
                 // The daemon goes on: this run's spans leave now, off the run's path.
-                let provider = self.provider.clone();
-                std::thread::spawn(move || {
-                    let _ = provider.force_flush();
-                });
+                self.exporter.flush();
             }
             _ => {}
         }
@@ -447,12 +371,11 @@ impl EventSink for RunSpans {
         if let Event::StepFinished { usage, .. } = event {
             let model = state.model.clone();
             if let Some(chat) = &mut state.chat {
-                let span = chat.cx.span();
-                span.set_attributes([
-                    KeyValue::new("gen_ai.response.model", model),
-                    KeyValue::new("gen_ai.usage.input_tokens", usage.input_tokens as i64),
-                    KeyValue::new("gen_ai.usage.output_tokens", usage.output_tokens as i64),
-                ]);
+                chat.span.set("gen_ai.response.model", model);
+                chat.span
+                    .set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
+                chat.span
+                    .set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
                 chat.ended = SystemTime::now();
             }
             return;

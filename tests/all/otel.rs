@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 use serde_json::json;
 
-use crate::common::{Env, eventually};
+use crate::common::{Env, Killed, eventually, stop};
 
 /// One POST the collector took: its path, content type and body.
 #[derive(Clone)]
@@ -386,4 +386,38 @@ fn an_endpoint_that_is_not_a_url_or_a_grpc_protocol_is_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
         assert!(stderr.contains(says), "{stderr}");
     }
+}
+
+#[test]
+fn a_daemons_runs_are_exported_while_it_keeps_running() {
+    let collector = Collector::start();
+    let env = Env::new();
+    let goals = env.home.path().join("goals");
+    std::fs::create_dir_all(&goals).unwrap();
+    std::fs::write(goals.join("tick.json"), r#"[{"text": "done"}]"#).unwrap();
+    std::fs::write(
+        goals.join("tick.toml"),
+        "prompt = \"work\"\nmodel = \"script:tick.json\"\nworkspace = \"work-tick\"\n\
+         schedule = \"* * * * * *\"\ntimezone = \"UTC\"\n",
+    )
+    .unwrap();
+    let mut cmd = env.sup();
+    cmd.arg("daemon")
+        .arg("--goals")
+        .arg(&goals)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut daemon = Killed::spawn(&mut cmd);
+    eventually(Duration::from_secs(15), "a run's span", || {
+        named(&collector.spans(), "invoke_agent tick")
+            .first()
+            .map(|s| text(s, "sup.status"))
+    });
+    // Not the exit's flush: each run's spans leave as it ends.
+    assert!(
+        daemon.try_wait().unwrap().is_none(),
+        "the daemon still runs"
+    );
+    assert_eq!(stop(daemon), 0);
 }
