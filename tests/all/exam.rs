@@ -440,82 +440,19 @@ fn approve(env: &Env, nobody: bool, id: &str) {
     assert!(out.status.success(), "{out:?}");
 }
 
-fn approved_script_changes(nobody: bool) {
+/// The attack: a job of the agent's rewrites `file` (to what `rewrite`, a shell line,
+/// writes) after the person read it in the request for `line` and before it runs.
+fn approved_file_changes(file: &str, original: &str, rewrite: &str, line: &str, nobody: bool) {
     let env = Env::new();
-    env.write("fix.sh", "echo fixed > fixed.txt\n");
+    env.write(file, original);
     let script = env.script(json!([
-        // A job of the agent's that rewrites the script once the person has read it (`go`
-        // only times it: the test makes it after the request is shown).
+        // `go` only times the job: the test makes it after the request is shown.
         cmd(
             "job",
-            "nohup sh -c 'while [ ! -f go ]; do sleep 0.05; done; \
-             echo \"echo pwned > pwned.txt\" > fix.sh' >/dev/null 2>&1 &"
-        ),
-        cmd("run", "bash ./fix.sh"),
-        say("done")
-    ]));
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
-    let child = c
-        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let rows = pending(&env, nobody, 1);
-    approve(&env, nobody, rows[0]["id"].as_str().unwrap());
-    let rows = crate::common::eventually(
-        std::time::Duration::from_secs(30),
-        "the request for bash ./fix.sh",
-        || {
-            let rows = pending(&env, nobody, 1);
-            rows.into_iter()
-                .find(|r| r["input"].as_str().unwrap_or("").contains("bash ./fix.sh"))
-        },
-    );
-    // The person is shown what the file says.
-    let shown = rows["input"].as_str().unwrap();
-    assert!(
-        shown.contains("first_lines") && shown.contains("echo fixed > fixed.txt"),
-        "{shown}"
-    );
-    std::fs::write(env.ws().join("go"), "").unwrap();
-    crate::common::eventually(
-        std::time::Duration::from_secs(30),
-        "fix.sh rewritten",
-        || {
-            std::fs::read_to_string(env.ws().join("fix.sh"))
-                .ok()
-                .filter(|s| s.contains("pwned"))
-        },
-    );
-    approve(&env, nobody, rows["id"].as_str().unwrap());
-    let run = Run::new(child.wait_with_output().unwrap());
-    let result = run.tool_result("run");
-    assert_eq!(result["is_error"], true, "{}", run.stdout);
-    assert!(
-        text(result).contains("fix.sh changed since it was approved"),
-        "{result}"
-    );
-    assert!(!env.ws().join("pwned.txt").exists());
-    assert!(!env.ws().join("fixed.txt").exists());
-}
-
-/// The attack of `approved_script_changes` on what the approval did not take as the file
-/// run: a module `python3 -m fix` runs from the workspace, a script after an option's value
-/// (`python3 -W ignore fix.py`), a script on the interpreter's input (`cat fix.py | python3`).
-fn approved_module_changes(line: &str, nobody: bool) {
-    let env = Env::new();
-    env.write("fix.py", "open('fixed.txt', 'w').write('x')\n");
-    let script = env.script(json!([
-        cmd(
-            "job",
-            "nohup sh -c 'while [ ! -f go ]; do sleep 0.05; done; \
-             echo \"open(\\\"pwned.txt\\\", \\\"w\\\")\" > fix.py' >/dev/null 2>&1 &"
+            &format!(
+                "nohup sh -c 'while [ ! -f go ]; do sleep 0.05; done; {rewrite}' \
+                 >/dev/null 2>&1 &"
+            )
         ),
         cmd("run", line),
         say("done")
@@ -536,13 +473,14 @@ fn approved_module_changes(line: &str, nobody: bool) {
     approve(&env, nobody, rows[0]["id"].as_str().unwrap());
     let rows = crate::common::eventually(
         std::time::Duration::from_secs(30),
-        "the request for the module",
+        &format!("the request for {line}"),
         || {
             let rows = pending(&env, nobody, 1);
             rows.into_iter()
                 .find(|r| r["input"].as_str().unwrap_or("").contains(line))
         },
     );
+    // The person is shown what the file says.
     let shown = rows["input"].as_str().unwrap();
     assert!(
         shown.contains("first_lines") && shown.contains("fixed.txt"),
@@ -551,9 +489,9 @@ fn approved_module_changes(line: &str, nobody: bool) {
     std::fs::write(env.ws().join("go"), "").unwrap();
     crate::common::eventually(
         std::time::Duration::from_secs(30),
-        "fix.py rewritten",
+        &format!("{file} rewritten"),
         || {
-            std::fs::read_to_string(env.ws().join("fix.py"))
+            std::fs::read_to_string(env.ws().join(file))
                 .ok()
                 .filter(|s| s.contains("pwned"))
         },
@@ -563,10 +501,34 @@ fn approved_module_changes(line: &str, nobody: bool) {
     let result = run.tool_result("run");
     assert_eq!(result["is_error"], true, "{}", run.stdout);
     assert!(
-        text(result).contains("fix.py changed since it was approved"),
+        text(result).contains(&format!("{file} changed since it was approved")),
         "{result}"
     );
     assert!(!env.ws().join("pwned.txt").exists());
+    assert!(!env.ws().join("fixed.txt").exists());
+}
+
+fn approved_script_changes(nobody: bool) {
+    approved_file_changes(
+        "fix.sh",
+        "echo fixed > fixed.txt\n",
+        "echo \"echo pwned > pwned.txt\" > fix.sh",
+        "bash ./fix.sh",
+        nobody,
+    );
+}
+
+/// The same on what the approval did not take as the file run: a module `python3 -m fix`
+/// runs from the workspace, a script after an option's value (`python3 -W ignore fix.py`),
+/// a script on the interpreter's input (`cat fix.py | python3`).
+fn approved_module_changes(line: &str, nobody: bool) {
+    approved_file_changes(
+        "fix.py",
+        "open('fixed.txt', 'w').write('x')\n",
+        "echo \"open(\\\"pwned.txt\\\", \\\"w\\\")\" > fix.py",
+        line,
+        nobody,
+    );
 }
 
 #[test]
