@@ -52,60 +52,7 @@ fn python_project(env: &Env) {
 fn a_continued_run_still_sees_what_the_first_run_did_to_protected_paths() {
     let env = Env::new();
     python_project(&env);
-    let script = env.script(json!([
-        cmd("c", "printf 'import os\\nos._exit(0)\\n' > conftest.py"),
-        {"error": "the provider is down"}
-    ]));
-    let out = env
-        .sup()
-        .args(["goal", "make the tests pass", "--check-cmd", RUNNER])
-        .args([
-            "--protect",
-            "conftest.py",
-            "--protect",
-            "tests/**",
-            "--tries",
-            "1",
-        ])
-        .arg("--json")
-        .arg("--model")
-        .arg(format!("script:{}", script.display()))
-        .output()
-        .unwrap();
-    let first = Run::new(out);
-    assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
-    assert!(env.ws().join("conftest.py").exists(), "{}", first.stdout);
-    let id = first.result()["run_id"].as_str().unwrap().to_string();
-    // The same script file, now only claiming success (a continued `script:` model goes on
-    // after the turns its conversation holds: the first is played already).
-    std::fs::write(
-        &script,
-        json!([say("(played)"), say("the tests pass")]).to_string(),
-    )
-    .unwrap();
-    let out = env
-        .sup()
-        .args(["continue", &id, "--json"])
-        .output()
-        .unwrap();
-    let run = Run::new(out);
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    let r = run.result();
-    assert_eq!(r["status"], "failed", "{r}");
-    let last = r["checks"].as_array().unwrap().last().unwrap();
-    let p = last
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "protected")
-        .unwrap_or_else(|| panic!("no protected result: {r}"));
-    assert!(
-        p["output_tail"]
-            .as_str()
-            .unwrap()
-            .contains("conftest.py (created)"),
-        "{p}"
-    );
+    plant_then_continue(&env, &[]);
 }
 
 /// The attack: the agent adds a file the criteria forbid and a `.gitignore` that ignores
@@ -326,6 +273,13 @@ fn a_continued_worktree_run_still_sees_what_the_first_run_did_to_protected_paths
     git(&["init", "-q", "-b", "main"]);
     git(&["add", "."]);
     git(&["commit", "-q", "-m", "first"]);
+    plant_then_continue(&env, &["--isolation", "worktree", "--keep", "always"]);
+}
+
+/// The attack of the two continued-run tests: the first run (with `extra` flags) plants a
+/// `conftest.py` that passes by fiat, then ends in an error before any check ran; the
+/// continued run must still fail its try as `protected`, naming the planted file.
+fn plant_then_continue(env: &Env, extra: &[&str]) {
     let script = env.script(json!([
         cmd("c", "printf 'import os\\nos._exit(0)\\n' > conftest.py"),
         {"error": "the provider is down"}
@@ -333,15 +287,15 @@ fn a_continued_worktree_run_still_sees_what_the_first_run_did_to_protected_paths
     let out = env
         .sup()
         .args(["goal", "make the tests pass", "--check-cmd", RUNNER])
-        .args(["--protect", "conftest.py", "--protect", "tests/**"])
         .args([
+            "--protect",
+            "conftest.py",
+            "--protect",
+            "tests/**",
             "--tries",
             "1",
-            "--isolation",
-            "worktree",
-            "--keep",
-            "always",
         ])
+        .args(extra)
         .arg("--json")
         .arg("--model")
         .arg(format!("script:{}", script.display()))
@@ -350,6 +304,8 @@ fn a_continued_worktree_run_still_sees_what_the_first_run_did_to_protected_paths
     let first = Run::new(out);
     assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
     let id = first.result()["run_id"].as_str().unwrap().to_string();
+    // The same script file, now only claiming success (a continued `script:` model goes on
+    // after the turns its conversation holds: the first is played already).
     std::fs::write(
         &script,
         json!([say("(played)"), say("the tests pass")]).to_string(),
@@ -363,6 +319,7 @@ fn a_continued_worktree_run_still_sees_what_the_first_run_did_to_protected_paths
     let run = Run::new(out);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     let r = run.result();
+    assert_eq!(r["status"], "failed", "{r}");
     let last = r["checks"].as_array().unwrap().last().unwrap();
     let p = last
         .as_array()
