@@ -308,7 +308,14 @@ impl Daemon {
 
     /// Claim an occurrence (of the schedule, or of a watched change) and act on it.
     fn fire(&mut self, name: &str, at: DateTime<Utc>, kind: TriggerKind) {
-        match self.db.claim(name, at, OccurrenceStatus::Claimed, &self.id) {
+        let burst = self.slots.get(name).and_then(|s| s.watch.as_ref());
+        let claim = match burst {
+            Some(w) if kind == TriggerKind::Watch => {
+                self.db.claim_burst(name, at, w.debounce, &self.id)
+            }
+            _ => self.db.claim(name, at, OccurrenceStatus::Claimed, &self.id),
+        };
+        match claim {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!("goal {name} at {}: claimed by another daemon", stamp(at));

@@ -286,6 +286,22 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_is_claimed_once_by_the_daemons_that_share_a_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (Db::open(dir.path()).unwrap(), Db::open(dir.path()).unwrap());
+        let t = parse_stamp("2026-11-30T09:47:26Z").unwrap();
+        let window = std::time::Duration::from_secs(1);
+        let ms = chrono::Duration::milliseconds;
+        assert!(a.claim_burst("w", t, window, "a").unwrap());
+        // The other daemon saw the same burst come due a moment later, or earlier.
+        assert!(!b.claim_burst("w", t + ms(3), window, "b").unwrap());
+        assert!(!b.claim_burst("w", t - ms(900), window, "b").unwrap());
+        // Another goal, or a later burst, is claimed.
+        assert!(b.claim_burst("v", t, window, "b").unwrap());
+        assert!(b.claim_burst("w", t + ms(1500), window, "b").unwrap());
+    }
+
+    #[test]
     fn times_written_before_are_rewritten_with_a_fixed_width() {
         let dir = tempfile::tempdir().unwrap();
         {

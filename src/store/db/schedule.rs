@@ -22,6 +22,46 @@ impl Db {
             )
             .and_then(|mut st| st.execute(params![goal, stamp(at), status, by, stamp(Utc::now())]))
             .map_err(|e| self.err(e))?;
+        self.claimed(goal, at, n)
+    }
+
+    /// Claim a watch trigger's occurrence at `at`, unless the goal has one within `window`
+    /// of it: each daemon sharing the store sees the same burst of changes come due at its
+    /// own moment, and the first to claim runs it. One statement, so two daemons cannot
+    /// both find the window empty.
+    pub(crate) fn claim_burst(
+        &self,
+        goal: &str,
+        at: DateTime<Utc>,
+        window: std::time::Duration,
+        by: &str,
+    ) -> Result<bool, DbError> {
+        let window = chrono::Duration::from_std(window).unwrap_or_default();
+        let n = self
+            .conn
+            .prepare_cached(
+                "INSERT OR IGNORE INTO occurrences (goal, scheduled_for, status, claimed_by, claimed_at)
+                 SELECT ?1, ?2, ?3, ?4, ?5
+                 WHERE NOT EXISTS (SELECT 1 FROM occurrences
+                                   WHERE goal = ?1 AND scheduled_for BETWEEN ?6 AND ?7)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    goal,
+                    stamp(at),
+                    OccurrenceStatus::Claimed,
+                    by,
+                    stamp(Utc::now()),
+                    stamp(at - window),
+                    stamp(at + window)
+                ])
+            })
+            .map_err(|e| self.err(e))?;
+        self.claimed(goal, at, n)
+    }
+
+    /// After a claim's insert of `n` rows: the goal's last occurrence moves to `at`.
+    fn claimed(&self, goal: &str, at: DateTime<Utc>, n: usize) -> Result<bool, DbError> {
         if n == 1 {
             self.conn
                 .prepare_cached(
