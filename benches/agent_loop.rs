@@ -45,18 +45,16 @@ fn status_kib(pid: &str, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// CPU time of the waited-for children of this process (cutime + cstime), in seconds.
+/// CPU time of the waited-for children of this process, in seconds.
 fn children_cpu() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let f: Vec<u64> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // After the `)`: state is field 0, so utime is 11, stime 12, cutime 13, cstime 14.
-    (f[13] + f[14]) as f64 / 100.0
+    // getrusage, not /proc/self/stat's cutime: that counts in 10 ms ticks, a few per run.
+    // SAFETY: `getrusage` only writes the `rusage` it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
 }
 
 /// An HTTP response streaming `events`, each `(event name, data)`.
