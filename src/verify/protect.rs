@@ -90,7 +90,8 @@ fn walk(
             format!("{prefix}/{}", name.to_string_lossy())
         };
         let is_dir = ft.is_dir();
-        let git = in_git || guarded.git_of(&rel).is_some();
+        // Outside a `.git`, only a path whose own name is `.git` can be one.
+        let git = in_git || (name.eq_ignore_ascii_case(".git") && guarded.git_of(&rel).is_some());
         if git || guarded.glob_matches(&rel, is_dir) {
             // `DirEntry::metadata` does not follow a symlink.
             let Ok(meta) = e.metadata() else {
