@@ -44,11 +44,7 @@ fn goal_run(env: &Env, nobody: bool, turns: Value, args: &[&str]) -> Run {
     let script = env.script(turns);
     // The agent's git is pinned to the real repository, so its `git init` may fail: the
     // `.git` file itself is what the protection must catch.
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     c.args([
         "goal",
         "make the tests pass",
@@ -239,11 +235,7 @@ fn empty_repository(nobody: bool) {
         ),
         say("done")
     ]));
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     let out = c
         .args([
             "goal",
@@ -418,24 +410,11 @@ fn bad_protect_globs_are_exit_2_with_file_and_line() {
 
 /// The pending approval requests, once there are `n`.
 fn pending(env: &Env, nobody: bool, n: usize) -> Vec<Value> {
-    crate::common::pending_with(
-        || {
-            if nobody {
-                env.sup_as_nobody()
-            } else {
-                env.sup()
-            }
-        },
-        n,
-    )
+    crate::common::pending_with(|| env.sup_as(nobody), n)
 }
 
 fn approve(env: &Env, nobody: bool, id: &str) {
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     let out = c.args(["approve", id]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
 }
@@ -457,11 +436,7 @@ fn approved_file_changes(file: &str, original: &str, rewrite: &str, line: &str, 
         cmd("run", line),
         say("done")
     ]));
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     let child = c
         .args(["goal", "work", "--json", "--approval", "queue", "--model"])
         .arg(format!("script:{}", script.display()))
@@ -664,11 +639,7 @@ fn planted_mcp_package(nobody: bool) {
          chmod +x {pkg}/evil.js && ln -s ../@modelcontextprotocol/server-filesystem/evil.js node_modules/.bin/mcp-server-filesystem"
     );
     let script = env.script(json!([cmd("plant", &plant), say("planted")]));
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     let out = c
         .args(["run", "work", "--json", "--model"])
         .arg(format!("script:{}", script.display()))
@@ -702,11 +673,7 @@ fn planted_mcp_package(nobody: bool) {
         ),
     );
     let script = env.script(json!([say("done")]));
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     let out = c
         .args([
             "goal",
@@ -776,11 +743,7 @@ fn planted_bunx_package(nobody: bool) {
         {"tool_calls": [{"id": "lint", "name": "lint", "input": {}}]},
         say("done")
     ]));
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut c = env.sup_as(nobody);
     let path = format!(
         "{}:{}",
         bin.path().display(),

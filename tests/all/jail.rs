@@ -219,23 +219,8 @@ fn bad_jail_keys_are_exit_2_with_file_and_line() {
 
 /// As `goal`, with `vars` set in sup's environment.
 fn goal_env(env: &Env, nobody: bool, body: &str, turns: Value, vars: &[(&str, &str)]) -> Run {
-    let goal = env.write("goal.toml", body);
-    let script = env.script(turns);
-    let mut c = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
-    c.args([
-        "goal",
-        "--file",
-        goal.to_str().unwrap(),
-        "--json",
-        "--model",
-    ])
-    .arg(format!("script:{}", script.display()))
-    .envs(vars.iter().copied());
-    Run::new(c.output().unwrap())
+    let mut c = env.goal_cmd(nobody, "goal.toml", body, turns);
+    Run::new(c.envs(vars.iter().copied()).output().unwrap())
 }
 
 #[test]
@@ -490,11 +475,7 @@ fn a_byte_identical_copy_of_the_binary_cannot_approve_through_the_console() {
         std::fs::copy(env!("CARGO_BIN_EXE_sup"), &copy).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut serve = if nobody {
-            env.sup_as_nobody()
-        } else {
-            env.sup()
-        };
+        let mut serve = env.sup_as(nobody);
         serve
             .args(["serve", "--listen", "127.0.0.1:0", "--goals"])
             .arg(goals_dir(&env));
@@ -797,11 +778,7 @@ os.execv(sys.argv[2], sys.argv[2:])
 fn goal_without(env: &Env, nobody: bool, rules: &str, body: &str, turns: Value) -> Run {
     let goal = env.write("goal.toml", body);
     let script = env.script(turns);
-    let sup = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let sup = env.sup_as(nobody);
     let wrapper = env.home.path().join("without.py");
     std::fs::write(&wrapper, WITHOUT).unwrap();
     let mut c = if nobody {
@@ -950,11 +927,7 @@ fn after_kill_9_of_sup_nothing_of_its_run_lives_and_the_next_start_says_interrup
         );
         let goal_file = env.write("goal.toml", GOAL);
         let script = env.script(json!([cmd("spawn", &spawn), say("done")]));
-        let mut c = if nobody {
-            env.sup_as_nobody()
-        } else {
-            env.sup()
-        };
+        let mut c = env.sup_as(nobody);
         let mut first = c
             .args(["goal", "--file", goal_file.to_str().unwrap(), "--json"])
             .args(["--tool-timeout", "600s", "--model"])
@@ -988,11 +961,7 @@ fn after_kill_9_of_sup_nothing_of_its_run_lives_and_the_next_start_says_interrup
         sql("update runs set pid = 1");
         let run = env.goal_as(nobody, "goal.toml", GOAL, json!([say("done")]));
         assert_eq!(run.code, 0, "{}", run.stderr);
-        let mut runs = if nobody {
-            env.sup_as_nobody()
-        } else {
-            env.sup()
-        };
+        let mut runs = env.sup_as(nobody);
         assert!(
             runs.args(["runs", "--json"])
                 .output()

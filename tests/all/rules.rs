@@ -1264,11 +1264,7 @@ fn run_as(env: &Env, nobody: bool, lines: &[(String, String, Value)], rules: &[&
         .map(|(a, b, c)| (a.as_str(), b.as_str(), c.clone()))
         .collect();
     let script = env.script(calls(&list));
-    let mut cmd = if nobody {
-        env.sup_as_nobody()
-    } else {
-        env.sup()
-    };
+    let mut cmd = env.sup_as(nobody);
     let out = cmd
         .args(["run", "work", "--json", "--approval", "never"])
         .args(rules)
@@ -1577,11 +1573,7 @@ fn git_config_the_agent_wrote_runs_no_program() {
             ),
         )
         .unwrap();
-        let mut cmd = if nobody {
-            env.sup_as_nobody()
-        } else {
-            env.sup()
-        };
+        let mut cmd = env.sup_as(nobody);
         let out = cmd
             .env("XDG_CONFIG_HOME", &xdg)
             .args(["goal", "--json", "--file"])

@@ -1499,26 +1499,20 @@ fn as_an_ordinary_user_the_sandbox_misses_nothing_and_the_goal_file_stays_read_o
     // an ordinary user, and the goal file inside the workspace stayed writable.
     let env = Env::new();
     let original = "prompt = \"work\"\nworkspace = \".\"\napproval = \"auto\"\n";
-    let goal = env.write("goal.toml", original);
-    let script = env.script(json!([
-        cmd("append", "echo 'approval = \"never\"' >> goal.toml"),
-        cmd(
-            "caps",
-            "grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; ls /dev/pts"
-        ),
-        say("done")
-    ]));
-    let model = format!("script:{}", script.display());
-    let mut c = env.sup_as_nobody();
-    c.args([
-        "goal",
-        "--file",
-        goal.to_str().unwrap(),
-        "--json",
-        "--model",
-        &model,
-    ]);
-    let run = Run::new(c.output().unwrap());
+    let run = env.goal_as(
+        true,
+        "goal.toml",
+        original,
+        json!([
+            cmd("append", "echo 'approval = \"never\"' >> goal.toml"),
+            cmd(
+                "caps",
+                "grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; ls /dev/pts"
+            ),
+            say("done")
+        ]),
+    );
+    let goal = env.ws().join("goal.toml");
     let line = sandbox_line(&run);
     assert!(
         line.starts_with("sandbox: workspace-write") && !line.contains("MISSING"),

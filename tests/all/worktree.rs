@@ -258,6 +258,17 @@ fn last_role(body: &Value) -> String {
         .to_string()
 }
 
+/// `sup goal ARGS…` against the fake server `server` (Chat Completions, whole answers).
+fn goal_against(env: &Env, server: &FakeServer, args: &[&str]) -> Command {
+    let mut c = env.sup();
+    c.env("OPENAI_API_KEY", "sk-test")
+        .arg("goal")
+        .args(args)
+        .args(["--no-stream", "--model", "openai:gpt-4o-mini", "--base-url"])
+        .arg(format!("{}/v1", server.url));
+    c
+}
+
 fn no_process(marker: &str) -> bool {
     let out = Command::new("pgrep").args(["-f", marker]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().is_empty()
@@ -296,11 +307,10 @@ fn three_attempts_the_one_whose_checks_pass_wins_and_the_others_are_cancelled() 
             )),
         }
     });
-    let out = env
-        .sup()
-        .env("OPENAI_API_KEY", "sk-test")
-        .args([
-            "goal",
+    let out = goal_against(
+        &env,
+        &server,
+        &[
             "write answer.txt",
             "--check-cmd",
             "grep -q right answer.txt",
@@ -309,14 +319,10 @@ fn three_attempts_the_one_whose_checks_pass_wins_and_the_others_are_cancelled() 
             "--parallel",
             "3",
             "--json",
-            "--no-stream",
-            "--model",
-            "openai:gpt-4o-mini",
-            "--base-url",
-        ])
-        .arg(format!("{}/v1", server.url))
-        .output()
-        .unwrap();
+        ],
+    )
+    .output()
+    .unwrap();
     let run = Run::new(out);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let r = run.result();
@@ -400,26 +406,21 @@ fn a_run_killed_mid_way_is_continued_from_its_transcript() {
     let ws = env.ws();
     let marker = "sleep 43.219";
     let server = killable_server(marker);
-    let child = env
-        .sup()
-        .env("OPENAI_API_KEY", "sk-test")
-        .args([
-            "goal",
+    let child = goal_against(
+        &env,
+        &server,
+        &[
             "write part.txt",
             "--check-cmd",
             "grep -q 'part one' part.txt",
             "--isolation",
             "worktree",
-            "--no-stream",
-            "--model",
-            "openai:gpt-4o-mini",
-            "--base-url",
-        ])
-        .arg(format!("{}/v1", server.url))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let mut child = Killed(child);
     let dir = eventually(Duration::from_secs(20), "the long command", || {
         env.run_dirs()
@@ -591,11 +592,10 @@ fn the_token_budget_holds_over_all_attempts_together() {
     let server = FakeServer::routed(|_| {
         openai_json(&Turn::text("").call("t", "run_command", r#"{"command": "true"}"#))
     });
-    let out = env
-        .sup()
-        .env("OPENAI_API_KEY", "sk-test")
-        .args([
-            "goal",
+    let out = goal_against(
+        &env,
+        &server,
+        &[
             "work",
             "--check-cmd",
             "false",
@@ -606,14 +606,10 @@ fn the_token_budget_holds_over_all_attempts_together() {
             "--token-budget",
             "150",
             "--json",
-            "--no-stream",
-            "--model",
-            "openai:gpt-4o-mini",
-            "--base-url",
-        ])
-        .arg(format!("{}/v1", server.url))
-        .output()
-        .unwrap();
+        ],
+    )
+    .output()
+    .unwrap();
     let run = Run::new(out);
     assert_eq!(run.code, 3, "{}\n{}", run.stdout, run.stderr);
     let r = run.result();
@@ -960,11 +956,10 @@ fn a_parallel_attempt_cannot_write_into_a_siblings_worktree() {
             )),
         }
     });
-    let out = env
-        .sup()
-        .env("OPENAI_API_KEY", "sk-test")
-        .args([
-            "goal",
+    let out = goal_against(
+        &env,
+        &server,
+        &[
             "write answer.txt",
             "--check-cmd",
             "grep -q right answer.txt",
@@ -973,14 +968,10 @@ fn a_parallel_attempt_cannot_write_into_a_siblings_worktree() {
             "--parallel",
             "2",
             "--json",
-            "--no-stream",
-            "--model",
-            "openai:gpt-4o-mini",
-            "--base-url",
-        ])
-        .arg(format!("{}/v1", server.url))
-        .output()
-        .unwrap();
+        ],
+    )
+    .output()
+    .unwrap();
     let run = Run::new(out);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     assert_eq!(run.result()["status"], "failed", "{}", run.stdout);

@@ -110,13 +110,14 @@ impl Env {
     /// `sup goal --file FILE --json --model script:…` with `body` written to `file` (relative
     /// to the workspace), as 65534 when `nobody` (see `sup_as_nobody`).
     pub fn goal_as(&self, nobody: bool, file: &str, body: &str, turns: Value) -> Run {
+        Run::new(self.goal_cmd(nobody, file, body, turns).output().unwrap())
+    }
+
+    /// The command `goal_as` runs, for a test to add to.
+    pub fn goal_cmd(&self, nobody: bool, file: &str, body: &str, turns: Value) -> Command {
         let goal = self.write(file, body);
         let script = self.script(turns);
-        let mut c = if nobody {
-            self.sup_as_nobody()
-        } else {
-            self.sup()
-        };
+        let mut c = self.sup_as(nobody);
         c.args([
             "goal",
             "--file",
@@ -125,7 +126,16 @@ impl Env {
             "--model",
         ])
         .arg(format!("script:{}", script.display()));
-        Run::new(c.output().unwrap())
+        c
+    }
+
+    /// `sup_as_nobody()` when `nobody`, else `sup()`.
+    pub fn sup_as(&self, nobody: bool) -> Command {
+        if nobody {
+            self.sup_as_nobody()
+        } else {
+            self.sup()
+        }
     }
 
     /// The binary as `sup()` sets it up, but run as the unprivileged user 65534 (through
