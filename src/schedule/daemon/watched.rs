@@ -75,7 +75,7 @@ impl Daemon {
             })
             .collect();
         for (name, at, debounce) in due {
-            if let Some(other) = self.run_elsewhere(&name, debounce) {
+            if let Some(other) = self.run_elsewhere(&name, now, debounce) {
                 tracing::debug!(
                     "goal {name}: its change came while run {other} (of another process) \
                      worked in its workspace, or just after; left out"
@@ -91,10 +91,10 @@ impl Daemon {
     /// that worked in `name`'s workspace during its burst's last change or a debounce
     /// before it: the change is taken as that run's (see `Watched`). This daemon's own
     /// runs were left out as the changes came.
-    fn run_elsewhere(&self, name: &str, debounce: Duration) -> Option<String> {
+    fn run_elsewhere(&self, name: &str, now: DateTime<Utc>, debounce: Duration) -> Option<String> {
         let slot = self.slots.get(name)?;
         let window = chrono::Duration::from_std(debounce * 2).unwrap_or_default();
-        let rows = self.db.runs_going_since(Utc::now() - window);
+        let rows = self.db.runs_going_since(now - window);
         let rows = rows.map_err(|e| tracing::warn!("{e}")).ok()?;
         rows.into_iter()
             .find(|r| {
