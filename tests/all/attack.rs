@@ -305,7 +305,7 @@ fn plant_then_continue(env: &Env, extra: &[&str]) {
     let first = Run::new(out);
     assert_eq!(first.code, 4, "{}\n{}", first.stdout, first.stderr);
     let id = first.result()["run_id"].as_str().unwrap().to_string();
-    let out = continued(&env, &script, &id, "the tests pass")
+    let out = continued(env, &script, &id, "the tests pass")
         .output()
         .unwrap();
     let run = Run::new(out);
