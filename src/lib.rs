@@ -18,6 +18,8 @@ pub mod serve;
 mod startup;
 pub mod store;
 pub mod template;
+#[cfg(test)]
+mod testing;
 pub mod tools;
 pub mod trace;
 pub mod verify;

@@ -247,8 +247,7 @@ mod tests {
 
     #[test]
     fn the_files_a_line_runs() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let (_dir, ws) = crate::testing::workspace();
         for f in ["fix.sh", "x.py", "run.sh", "x.mk", "Makefile", "notes.txt"] {
             std::fs::write(ws.join(f), format!("# {f}\nline 2\n")).unwrap();
         }
@@ -272,8 +271,7 @@ mod tests {
         );
         // An option's value is not the script; a module of the workspace is what `-m` runs.
         assert_eq!(names("python3 -W ignore x.py"), ["x.py"]);
-        std::fs::create_dir_all(ws.join("pkg")).unwrap();
-        std::fs::write(ws.join("pkg/__main__.py"), "").unwrap();
+        crate::testing::write(&ws, &[("pkg/__main__.py", "")]);
         assert_eq!(names("python3 -m x"), ["x.py"]);
         assert_eq!(names("python3 -I -m pkg arg"), ["pkg/__main__.py"]);
         // A script on the interpreter's input.

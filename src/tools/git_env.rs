@@ -149,10 +149,8 @@ mod tests {
 
     #[test]
     fn a_workspace_below_a_repository_is_in_it() {
-        let top = tempfile::tempdir().unwrap();
-        let top = std::fs::canonicalize(top.path()).unwrap();
-        std::fs::create_dir_all(top.join(".git")).unwrap();
-        std::fs::write(top.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        let (_dir, top) = crate::testing::workspace();
+        crate::testing::write(&top, &[(".git/HEAD", "ref: refs/heads/main\n")]);
         std::fs::create_dir_all(top.join("a/b")).unwrap();
         let found = repository_of(&top.join("a/b")).unwrap();
         assert_eq!(found.git_dir, top.join(".git"));
@@ -161,11 +159,14 @@ mod tests {
 
     #[test]
     fn a_git_file_names_the_folder() {
-        let top = tempfile::tempdir().unwrap();
-        let top = std::fs::canonicalize(top.path()).unwrap();
-        std::fs::create_dir_all(top.join("gd")).unwrap();
-        std::fs::write(top.join("gd/HEAD"), "ref: refs/heads/main\n").unwrap();
-        std::fs::write(top.join(".git"), "gitdir: gd\n").unwrap();
+        let (_dir, top) = crate::testing::workspace();
+        crate::testing::write(
+            &top,
+            &[
+                ("gd/HEAD", "ref: refs/heads/main\n"),
+                (".git", "gitdir: gd\n"),
+            ],
+        );
         assert_eq!(repository_of(&top).unwrap().git_dir, top.join("gd"));
     }
 

@@ -320,8 +320,7 @@ mod tests {
 
     #[test]
     fn refuses_escapes() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let (_dir, ws) = crate::testing::workspace();
         std::fs::create_dir(ws.join("a")).unwrap();
         assert!(resolve(&ws, "../x").is_err());
         assert!(resolve(&ws, "a/../../x").is_err());

@@ -297,36 +297,53 @@ pub(crate) fn report(changes: &[(String, &'static str)], guarded: &Protected) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::write;
+
+    /// The workspace taken again after `before`, and what changed since, as `path how`.
+    fn again(ws: &Path, g: &Protected, before: &Snapshot) -> (Snapshot, Vec<String>) {
+        let after = take(ws, g, before);
+        let changes = compare(before, &after)
+            .into_iter()
+            .map(|(path, how)| format!("{path} {how}"))
+            .collect();
+        (after, changes)
+    }
 
     #[test]
     fn created_changed_deleted_and_mode_are_told_apart() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let (_dir, ws) = crate::testing::workspace();
         let g = Protected::new(&ws, &["tests/**".into(), "conftest.py".into()], &[]).unwrap();
-        std::fs::create_dir_all(ws.join("tests")).unwrap();
-        std::fs::write(ws.join("tests/a.py"), "a").unwrap();
-        std::fs::write(ws.join("tests/b.py"), "b").unwrap();
-        std::fs::write(ws.join("tests/c.py"), "c").unwrap();
-        std::fs::write(ws.join("src.py"), "s").unwrap();
+        write(
+            &ws,
+            &[
+                ("tests/a.py", "a"),
+                ("tests/b.py", "b"),
+                ("tests/c.py", "c"),
+                ("src.py", "s"),
+            ],
+        );
         let before = take(&ws, &g, &Snapshot::default());
-        assert!(compare(&before, &take(&ws, &g, &before)).is_empty());
-        std::fs::write(ws.join("tests/a.py"), "A").unwrap();
+        assert!(again(&ws, &g, &before).1.is_empty());
         std::fs::remove_file(ws.join("tests/b.py")).unwrap();
         std::fs::set_permissions(ws.join("tests/c.py"), PermissionsExt::from_mode(0o755)).unwrap();
-        std::fs::write(ws.join("conftest.py"), "x").unwrap();
-        std::fs::write(ws.join("src.py"), "changed freely").unwrap();
-        std::fs::create_dir(ws.join("app")).unwrap();
-        std::fs::write(ws.join("app/.git"), "gitdir: .g\n").unwrap();
-        let after = take(&ws, &g, &before);
+        write(
+            &ws,
+            &[
+                ("tests/a.py", "A"),
+                ("conftest.py", "x"),
+                ("src.py", "changed freely"),
+                ("app/.git", "gitdir: .g\n"),
+            ],
+        );
         assert_eq!(
-            compare(&before, &after),
+            again(&ws, &g, &before).1,
             [
-                ("app/.git".to_string(), "created"),
-                ("conftest.py".to_string(), "created"),
-                ("tests/a.py".to_string(), "changed"),
-                ("tests/b.py".to_string(), "deleted"),
-                ("tests/c.py".to_string(), "mode"),
+                "app/.git created",
+                "conftest.py created",
+                "tests/a.py changed",
+                "tests/b.py deleted",
+                "tests/c.py mode",
             ]
         );
         assert_eq!(roots(&ws, &g).len(), 4, "{:?}", roots(&ws, &g));
@@ -334,31 +351,38 @@ mod tests {
 
     #[test]
     fn objects_packed_or_pruned_by_git_are_no_change_but_an_objects_bytes_are() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let (_dir, ws) = crate::testing::workspace();
         let g = Protected::new(&ws, &[], &[]).unwrap();
-        std::fs::create_dir_all(ws.join(".git/objects/4e")).unwrap();
         std::fs::create_dir_all(ws.join(".git/objects/pack")).unwrap();
-        std::fs::write(ws.join(".git/objects/4e/e5c6"), "loose").unwrap();
-        std::fs::write(ws.join(".git/objects/4e/e710"), "kept").unwrap();
-        std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        write(
+            &ws,
+            &[
+                (".git/objects/4e/e5c6", "loose"),
+                (".git/objects/4e/e710", "kept"),
+                (".git/HEAD", "ref: refs/heads/main\n"),
+            ],
+        );
         let before = take(&ws, &g, &Snapshot::default());
         // What `git gc --auto` does: a pack made, the loose object pruned.
         std::fs::remove_file(ws.join(".git/objects/4e/e5c6")).unwrap();
-        std::fs::write(ws.join(".git/objects/pack/pack-1.pack"), "packed").unwrap();
-        assert!(compare(&before, &take(&ws, &g, &before)).is_empty());
-        std::fs::write(ws.join(".git/objects/4e/e710"), "forged").unwrap();
-        std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/other\n").unwrap();
-        // Other object stores git would read: configuration, told when made.
-        std::fs::create_dir_all(ws.join(".git/objects/info")).unwrap();
-        std::fs::write(ws.join(".git/objects/info/alternates"), "/elsewhere\n").unwrap();
-        let after = take(&ws, &g, &before);
+        write(&ws, &[(".git/objects/pack/pack-1.pack", "packed")]);
+        assert!(again(&ws, &g, &before).1.is_empty());
+        write(
+            &ws,
+            &[
+                (".git/objects/4e/e710", "forged"),
+                (".git/HEAD", "ref: refs/heads/other\n"),
+                // Other object stores git would read: configuration, told when made.
+                (".git/objects/info/alternates", "/elsewhere\n"),
+            ],
+        );
+        let (after, changes) = again(&ws, &g, &before);
         assert_eq!(
-            compare(&before, &after),
+            changes,
             [
-                (".git/HEAD".to_string(), "changed"),
-                (".git/objects/4e/e710".to_string(), "changed"),
-                (".git/objects/info/alternates".to_string(), "created"),
+                ".git/HEAD changed",
+                ".git/objects/4e/e710 changed",
+                ".git/objects/info/alternates created",
             ]
         );
         // Objects are listed, not read: their bytes are not kept.
