@@ -263,7 +263,7 @@ impl Work<'_> {
             {
                 return self.finish(StopReason::Cost, step - 1, usage);
             }
-            let room = Room {
+            let mut room = Room {
                 step,
                 tool_bytes,
                 forced: false,
@@ -324,11 +324,7 @@ impl Work<'_> {
                                 "the compacted conversation was still past the window".into();
                         }
                         compactions.server = message;
-                        let room = Room {
-                            step,
-                            tool_bytes,
-                            forced: true,
-                        };
+                        room.forced = true;
                         if let Err(stop) = self
                             .make_room(&room, messages, &mut estimate, &mut usage, &mut compactions)
                             .await

@@ -124,6 +124,11 @@ impl Jail {
     /// No sandbox, but the scrubbed environment (library use and tests).
     pub fn unconfined() -> Jail {
         let (env, withheld) = scrubbed_env(&[]);
+        Jail::bare(env, withheld)
+    }
+
+    /// A jail of `env` and nothing else: no policy, no run, nothing set up yet.
+    fn bare(env: Vec<(OsString, OsString)>, withheld: Vec<String>) -> Jail {
         Jail {
             policy: Policy::Off,
             network: Network::On,
@@ -173,54 +178,39 @@ impl Jail {
         let env = crate::tools::git_env::pin(env, workspace);
         let policy = s.policy.unwrap_or_default();
         let held = lock(run_dir)?;
-        let mut jail = Jail {
-            policy,
-            network: s.network.clone().unwrap_or_default(),
-            proxy: None,
-            keep_background: s.keep_background,
-            abi: landlock_abi(),
-            writable: Vec::new(),
-            binds: Vec::new(),
-            read_only: Vec::new(),
-            env,
-            withheld,
-            missing: PROBLEMS.get().cloned().unwrap_or_default(),
-            tmp: tmp.clone(),
-            run_id: run_id.to_string(),
-            ns: Mutex::new(None),
-            workspace: workspace.to_path_buf(),
-            run_dir: run_dir.to_path_buf(),
-            _lock: Some(held),
-            groups: std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(run_dir.join(GROUPS))
-                .ok()
-                .map(Mutex::new),
-            // The file tools write only beneath the workspace: a goals folder or SUP_HOME (whose
-            // runs hold the frozen checks) that holds the workspace, rather than is or lies in
-            // it, is out of their reach already.
-            protected: s
-                .protect
-                .iter()
-                .map(|p| lenient_canonical(p))
-                .chain(
-                    s.goals
-                        .iter()
-                        .chain(std::iter::once(&home.to_path_buf()))
-                        .map(|g| lenient_canonical(g))
-                        .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
-                )
-                .collect(),
-            pinned: Vec::new(),
-            goals: s.goals.as_deref().map(lenient_canonical),
-            own_pts: false,
-            seccomp: None,
-            hides: Vec::new(),
-            hidden: Vec::new(),
-            empty: CString::default(),
-            limits: None,
-        };
+        let mut jail = Jail::bare(env, withheld);
+        jail.policy = policy;
+        jail.network = s.network.clone().unwrap_or_default();
+        jail.keep_background = s.keep_background;
+        jail.abi = landlock_abi();
+        jail.missing = PROBLEMS.get().cloned().unwrap_or_default();
+        jail.tmp = tmp.clone();
+        jail.run_id = run_id.to_string();
+        jail.workspace = workspace.to_path_buf();
+        jail.run_dir = run_dir.to_path_buf();
+        jail._lock = Some(held);
+        jail.groups = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run_dir.join(GROUPS))
+            .ok()
+            .map(Mutex::new);
+        // The file tools write only beneath the workspace: a goals folder or SUP_HOME (whose
+        // runs hold the frozen checks) that holds the workspace, rather than is or lies in
+        // it, is out of their reach already.
+        jail.protected = s
+            .protect
+            .iter()
+            .map(|p| lenient_canonical(p))
+            .chain(
+                s.goals
+                    .iter()
+                    .chain(std::iter::once(&home.to_path_buf()))
+                    .map(|g| lenient_canonical(g))
+                    .filter(|g| !workspace.starts_with(g) || workspace == g.as_path()),
+            )
+            .collect();
+        jail.goals = s.goals.as_deref().map(lenient_canonical);
         if policy == Policy::Off {
             jail.missing
                 .push("sandbox off: commands can write and connect wherever you can".into());
