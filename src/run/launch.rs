@@ -170,14 +170,13 @@ pub(crate) struct Shared {
 /// How long a fleet's run waits for the store to answer before it does not start.
 const SHARED_PATIENCE: Duration = Duration::from_secs(30);
 
-/// The previous run of the goal and the goal as this run sees it, from the local store.
-fn prepare(
-    spec: &RunSpec,
-    db: &Db,
-    trigger: Trigger,
-) -> Result<(Option<crate::store::db::RunRow>, Goal), RunError> {
+/// What the store says of a goal before its run: its previous run, that run as templates
+/// see it, and what the goal spent on the day of the run's start.
+type Past = (Option<crate::store::db::RunRow>, template::Previous, f64);
+
+/// The goal's `Past` from the local store.
+fn past(spec: &RunSpec, db: &Db, now: DateTime<Utc>) -> Result<Past, RunError> {
     let name = &spec.goal.name;
-    let now = Utc::now();
     let previous = db.previous_run(name, "")?;
     let view = previous
         .as_ref()
@@ -186,30 +185,21 @@ fn prepare(
         Some(t) => db.cost_since(name, t)?,
         None => 0.0,
     };
-    let goal = this_run(spec, now, trigger, view.unwrap_or_default(), spent)?;
-    Ok((previous, goal))
+    Ok((previous, view.unwrap_or_default(), spent))
 }
 
-/// `prepare` for a fleet's run, from the shared store: the previous run and the day's
-/// spending of the goal on any daemon.
-async fn prepare_shared(
-    spec: &RunSpec,
-    sh: &Shared,
-    trigger: Trigger,
-) -> Result<(Option<crate::store::db::RunRow>, Goal), RunError> {
+/// The goal's `Past` for a fleet's run, from the shared store: its previous run and the
+/// day's spending on any daemon.
+async fn past_shared(spec: &RunSpec, sh: &Shared, now: DateTime<Utc>) -> Result<Past, RunError> {
     let name = &spec.goal.name;
-    let now = Utc::now();
     let previous = pg::retry("reading the previous run", SHARED_PATIENCE, || {
         sh.store.previous_run(name, &sh.run_id)
     })
     .await?
     .map(|f| f.run);
     let view = match &previous {
-        Some(p) => Some(previous_of(
-            p,
-            &sh.store.checks(&p.id).await.unwrap_or_default(),
-        )),
-        None => None,
+        Some(p) => previous_of(p, &sh.store.checks(&p.id).await.unwrap_or_default()),
+        None => Default::default(),
     };
     let spent = match day_start(spec, now) {
         Some(t) => {
@@ -220,8 +210,7 @@ async fn prepare_shared(
         }
         None => 0.0,
     };
-    let goal = this_run(spec, now, trigger, view.unwrap_or_default(), spent)?;
-    Ok((previous, goal))
+    Ok((previous, view, spent))
 }
 
 /// Set up and run `spec` to its end, recording it in the store under `home`.
@@ -346,10 +335,12 @@ pub(crate) async fn launch_in(
     crate::tools::sandbox::sweep_dead_runs(home);
     // Their worktree folders go too, their work committed on their branches.
     worktree::sweep_dead(home, &db);
-    let (previous, mut goal) = match shared {
-        None => prepare(spec, &db, trigger)?,
-        Some(sh) => prepare_shared(spec, sh, trigger).await?,
+    let now = Utc::now();
+    let (previous, view, spent) = match shared {
+        None => past(spec, &db, now)?,
+        Some(sh) => past_shared(spec, sh, now).await?,
     };
+    let mut goal = this_run(spec, now, trigger, view, spent)?;
     for c in &mut goal.checks {
         if let Some(j) = c.as_judge_mut() {
             j.bound = judges
