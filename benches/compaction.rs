@@ -19,21 +19,18 @@ use serde_json::{Value, json};
 use sup::model::{
     FinishReason, Model, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage,
 };
-use sup::tools::{Registry, Risk, Tool, ToolContext, ToolError};
+use sup::tools::{About, Registry, Risk, Tool, ToolContext, ToolError};
 use sup::trace::{Event, EventSink, Events};
 use sup::work::{Limits, Work};
 use tokio_util::sync::CancellationToken;
 
 /// Reads 8 KB of output.
-struct Big(ToolSpec);
+struct Big(About);
 
 #[async_trait]
 impl Tool for Big {
-    fn spec(&self) -> &ToolSpec {
+    fn about(&self) -> &About {
         &self.0
-    }
-    fn risk(&self) -> Risk {
-        Risk::Read
     }
     async fn call(&self, input: &Value, _: &ToolContext) -> Result<String, ToolError> {
         Ok(format!("{input}: {}\n", "x".repeat(8 * 1024)))
@@ -137,10 +134,13 @@ async fn run(steps: u32, dir: &std::path::Path) -> (Arc<Seen>, Duration) {
     };
     let mut tools = Registry::new();
     tools
-        .add(Arc::new(Big(ToolSpec {
-            name: "big".into(),
-            description: "reads a lot".into(),
-            input_schema: json!({"type": "object", "properties": {"i": {"type": "integer"}}}),
+        .add(Arc::new(Big(About {
+            spec: ToolSpec {
+                name: "big".into(),
+                description: "reads a lot".into(),
+                input_schema: json!({"type": "object", "properties": {"i": {"type": "integer"}}}),
+            },
+            risk: Risk::Read,
         })))
         .unwrap();
     let seen = Arc::new(Seen::default());

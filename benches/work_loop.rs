@@ -21,20 +21,17 @@ use serde_json::{Value, json};
 use sup::model::ToolSpec;
 use sup::model::script::ScriptModel;
 use sup::store::Transcript;
-use sup::tools::{Registry, Risk, Tool, ToolContext, ToolError};
+use sup::tools::{About, Registry, Risk, Tool, ToolContext, ToolError};
 use sup::trace::Events;
 use sup::work::{Limits, Work};
 use tokio_util::sync::CancellationToken;
 
-struct Noop(ToolSpec);
+struct Noop(About);
 
 #[async_trait]
 impl Tool for Noop {
-    fn spec(&self) -> &ToolSpec {
+    fn about(&self) -> &About {
         &self.0
-    }
-    fn risk(&self) -> Risk {
-        Risk::Read
     }
     async fn call(&self, _: &Value, _: &ToolContext) -> Result<String, ToolError> {
         Ok("ok".into())
@@ -64,10 +61,13 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
     let model = ScriptModel::load(&script).unwrap();
     let mut tools = Registry::new();
     tools
-        .add(Arc::new(Noop(ToolSpec {
-            name: "noop".into(),
-            description: "does nothing".into(),
-            input_schema: json!({"type": "object", "properties": {"i": {"type": "integer"}}}),
+        .add(Arc::new(Noop(About {
+            spec: ToolSpec {
+                name: "noop".into(),
+                description: "does nothing".into(),
+                input_schema: json!({"type": "object", "properties": {"i": {"type": "integer"}}}),
+            },
+            risk: Risk::Read,
         })))
         .unwrap();
     let mut events = Events::new();

@@ -34,7 +34,7 @@ use crate::template::{self, Source as Template};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::{McpError, ServerSpec, Servers};
 use crate::tools::sandbox::{Jail, Sandbox, SandboxError};
-use crate::tools::{Registry, RegistryError, builtin};
+use crate::tools::{About, Registry, RegistryError, builtin};
 use crate::trace::{CheckReport, Event, EventSink, Events};
 use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
 use crate::work::Limits;

@@ -470,13 +470,13 @@ pub(super) fn registry(defs: &[ToolDef]) -> Result<Registry, RunError> {
     let mut registry = Registry::new();
     builtin::register_all(&mut registry)?;
     for d in defs {
+        let spec = ToolSpec {
+            name: d.name.clone(),
+            description: d.description.clone(),
+            input_schema: d.input_schema.clone(),
+        };
         let tool = CommandTool::new(
-            ToolSpec {
-                name: d.name.clone(),
-                description: d.description.clone(),
-                input_schema: d.input_schema.clone(),
-            },
-            d.risk,
+            About { spec, risk: d.risk },
             d.program.clone(),
             d.args.clone(),
         );

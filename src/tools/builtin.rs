@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::paths::{in_git, real_path, relative, resolve};
 use super::process::{self, Ending, read_capped};
-use super::{Registry, RegistryError, Risk, Tool, ToolContext, ToolError};
+use super::{About, Registry, RegistryError, Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
 
 /// Lines `read_file` returns in one page unless asked for fewer.
@@ -48,11 +48,10 @@ enum Kind {
     RunCommand,
 }
 
-/// A built-in tool: which one, what it risks, and its spec.
+/// A built-in tool: which one, and what it is to the model and the gate.
 struct Builtin {
     kind: Kind,
-    risk: Risk,
-    spec: ToolSpec,
+    about: About,
 }
 
 impl Builtin {
@@ -70,25 +69,22 @@ impl Builtin {
             input_schema["required"] = json!(required);
         }
         input_schema["additionalProperties"] = json!(false);
+        let spec = ToolSpec {
+            name: name.into(),
+            description,
+            input_schema,
+        };
         Builtin {
             kind,
-            risk,
-            spec: ToolSpec {
-                name: name.into(),
-                description,
-                input_schema,
-            },
+            about: About { spec, risk },
         }
     }
 }
 
 #[async_trait]
 impl Tool for Builtin {
-    fn spec(&self) -> &ToolSpec {
-        &self.spec
-    }
-    fn risk(&self) -> Risk {
-        self.risk
+    fn about(&self) -> &About {
+        &self.about
     }
     fn approval_subject(&self, input: &Value, workspace: &Path) -> String {
         match self.kind {

@@ -12,8 +12,7 @@ use serde_json::Value;
 
 use super::builtin::run_for_tool;
 use super::process::{self, Ending};
-use super::{Risk, Tool, ToolContext, ToolError};
-use crate::model::ToolSpec;
+use super::{About, Tool, ToolContext, ToolError};
 
 /// How a package launcher is run so that, started for the workspace, it resolves nothing
 /// from it.
@@ -152,8 +151,7 @@ fn manager_pin(manager: &(&str, PathBuf), dir: &Path) -> Option<(String, String)
 }
 
 pub(crate) struct CommandTool {
-    spec: ToolSpec,
-    risk: Risk,
+    about: About,
     program: String,
     args: Vec<String>,
 }
@@ -161,10 +159,9 @@ pub(crate) struct CommandTool {
 impl CommandTool {
     /// `argv` is the program and its arguments (a script already turned into its interpreter
     /// line by the caller).
-    pub(crate) fn new(spec: ToolSpec, risk: Risk, program: String, args: Vec<String>) -> Self {
+    pub(crate) fn new(about: About, program: String, args: Vec<String>) -> Self {
         CommandTool {
-            spec,
-            risk,
+            about,
             program,
             args,
         }
@@ -173,11 +170,8 @@ impl CommandTool {
 
 #[async_trait]
 impl Tool for CommandTool {
-    fn spec(&self) -> &ToolSpec {
-        &self.spec
-    }
-    fn risk(&self) -> Risk {
-        self.risk
+    fn about(&self) -> &About {
+        &self.about
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let empty = ctx.output_dir.with_file_name("launch");
@@ -212,7 +206,7 @@ impl Tool for CommandTool {
             other => {
                 let mut text = format!(
                     "`{}` failed: {}",
-                    self.spec.name,
+                    self.about.spec.name,
                     other.describe(ctx.timeout)
                 );
                 if !stderr.trim().is_empty() {

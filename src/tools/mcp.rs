@@ -26,7 +26,7 @@ use rmcp::transport::TokioChildProcess;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use super::{Risk, Tool, ToolContext, ToolError};
+use super::{About, Risk, Tool, ToolContext, ToolError};
 use crate::model::ToolSpec;
 
 /// How long a server gets to start and answer `initialize` and `tools/list`.
@@ -197,19 +197,24 @@ impl Servers {
                             _ => Risk::Exec,
                         };
                         tools.push(Arc::new(McpTool {
-                            spec: ToolSpec {
-                                name: wire_name(&spec.name, &t.name),
-                                description: t
-                                    .description
-                                    .as_deref()
-                                    .map(str::to_string)
-                                    .unwrap_or_else(|| {
-                                        format!("`{}` from the MCP server `{}`", t.name, spec.name)
-                                    }),
-                                input_schema: Value::Object((*t.input_schema).clone()),
+                            about: About {
+                                spec: ToolSpec {
+                                    name: wire_name(&spec.name, &t.name),
+                                    description: t
+                                        .description
+                                        .as_deref()
+                                        .map(str::to_string)
+                                        .unwrap_or_else(|| {
+                                            format!(
+                                                "`{}` from the MCP server `{}`",
+                                                t.name, spec.name
+                                            )
+                                        }),
+                                    input_schema: Value::Object((*t.input_schema).clone()),
+                                },
+                                risk,
                             },
                             tool: t.name.to_string(),
-                            risk,
                             server: server.clone(),
                         }));
                     }
@@ -504,9 +509,8 @@ async fn start_http(
 
 /// One tool of one server.
 struct McpTool {
-    spec: ToolSpec,
+    about: About,
     tool: String,
-    risk: Risk,
     server: Arc<Server>,
 }
 
@@ -546,11 +550,8 @@ fn render(content: &[Value]) -> String {
 
 #[async_trait]
 impl Tool for McpTool {
-    fn spec(&self) -> &ToolSpec {
-        &self.spec
-    }
-    fn risk(&self) -> Risk {
-        self.risk
+    fn about(&self) -> &About {
+        &self.about
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let mut params = CallToolRequestParams::new(self.tool.clone());

@@ -108,10 +108,17 @@ pub enum ToolError {
     Cancelled,
 }
 
+/// What every tool is besides what it does: what the model is told of it, and what its calls
+/// risk.
+#[derive(Clone, Debug)]
+pub struct About {
+    pub spec: ToolSpec,
+    pub risk: Risk,
+}
+
 #[async_trait]
 pub trait Tool: Send + Sync {
-    fn spec(&self) -> &ToolSpec;
-    fn risk(&self) -> Risk;
+    fn about(&self) -> &About;
     /// What approval rules match of a call (`run_command(cargo test*)` matches the command
     /// line): by default the compact JSON input; built-in tools name their main argument.
     fn approval_subject(&self, input: &Value, _workspace: &std::path::Path) -> String {
@@ -169,7 +176,7 @@ impl Registry {
         tool: Arc<dyn Tool>,
         timeout: Option<Duration>,
     ) -> Result<(), RegistryError> {
-        let spec = tool.spec().clone();
+        let spec = tool.about().spec.clone();
         if self.by_name.contains_key(&spec.name) {
             return Err(RegistryError::Duplicate(spec.name));
         }

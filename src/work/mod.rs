@@ -493,7 +493,7 @@ impl Work<'_> {
                         let call = Call {
                             tool: &c.name,
                             subject: &subject,
-                            risk: p.tool.risk(),
+                            risk: p.tool.about().risk,
                         };
                         Some(
                             gate.check(&c.id, call, &p.input, self.events, self.cancel)
@@ -535,12 +535,12 @@ impl Work<'_> {
                     results[i] = Some(self.unrun(step, &calls[i], &why));
                     i += 1;
                 }
-                Some(Ok(p)) if p.tool.risk() == Risk::Read => {
+                Some(Ok(p)) if p.tool.about().risk == Risk::Read => {
                     let mut batch = vec![(i, p)];
                     let mut j = i + 1;
                     while j < calls.len() {
                         match &prepared[j] {
-                            Some(Ok(q)) if q.tool.risk() == Risk::Read => {
+                            Some(Ok(q)) if q.tool.about().risk == Risk::Read => {
                                 if let Some(Ok(q)) = prepared[j].take() {
                                     batch.push((j, q));
                                 }
