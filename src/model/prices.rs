@@ -125,8 +125,7 @@ impl Prices {
         Ok(Prices { user })
     }
 
-    /// The price of `provider:model`: the user's entry, else the built-in one; an exact name
-    /// first, else the longest entry the name starts with (`…-20250929`, `…-latest`).
+    /// The price of `provider:model`, the user's over the built-in table (`lookup`).
     pub(crate) fn get(&self, model: &str) -> Option<Price> {
         lookup(
             model,
@@ -137,8 +136,8 @@ impl Prices {
 }
 
 /// The entry of `provider:model` in `user` over `table`: an exact name first, the user's
-/// before the table's, else the longest entry the name starts with (`…-20250929`,
-/// `…-latest`). Prices and context windows are looked up so.
+/// before the table's; else the longest entry of either that the name starts with, then `-`
+/// or `@` (`…-20250929`, `…-latest`). Prices and context windows are looked up so.
 pub(crate) fn lookup<'a, T: Copy>(
     model: &str,
     user: impl Iterator<Item = (&'a str, T)> + Clone,

@@ -54,8 +54,7 @@ const TABLE: &[(&str, u64)] = &[
     ("deepseek:deepseek-reasoner", 128_000),
 ];
 
-/// The window of `provider:model`: the user's entry, else the built-in one; an exact name
-/// first, else the longest entry the name starts with (`…-20250929`, `…-latest`).
+/// The window of `provider:model`, the user's over the built-in table (`prices::lookup`).
 pub(crate) fn window(model: &str, user: &BTreeMap<String, ModelInfo>) -> Option<u64> {
     super::prices::lookup(
         model,
