@@ -690,9 +690,79 @@ pub fn from_spec(
 
 #[cfg(test)]
 pub(crate) mod sample {
-    use serde_json::json;
+    use bytes::Bytes;
+    use serde_json::{Value, json};
 
-    use super::{Message, ToolCall, ToolResult, ToolSpec};
+    use super::{Message, ModelError, ToolCall, ToolResult, ToolSpec, Wire, WireCache};
+
+    /// One step's body through `cache`: what a protocol's `cached_body` took from it
+    /// (`cached`) is byte for byte `fresh`, the body written from nothing. It goes back as a
+    /// step gives it back, a copy kept meanwhile when `held`, as by a transport that still
+    /// holds the body. The body as JSON.
+    #[track_caller]
+    pub(crate) fn step<S: Default>(
+        cache: &WireCache<S>,
+        cached: Result<(Wire<S>, Bytes), ModelError>,
+        fresh: Result<Bytes, ModelError>,
+        held: bool,
+    ) -> Value {
+        let (wire, body) = cached.unwrap();
+        assert_eq!(body, fresh.unwrap(), "the kept body is the fresh one");
+        let json = serde_json::from_slice(&body).unwrap();
+        let held = held.then(|| body.clone());
+        cache.put(wire, body);
+        drop(held);
+        json
+    }
+
+    /// A short exchange: system and user text; an assistant turn with no text, reasoning and
+    /// two calls, one without arguments and one with invalid ones; their results, the second
+    /// an error; then user text.
+    pub(crate) fn exchange() -> Vec<Message> {
+        vec![
+            Message::System {
+                content: "sys".into(),
+            },
+            Message::User {
+                content: "hi".into(),
+            },
+            Message::Assistant {
+                text: String::new(),
+                tool_calls: vec![
+                    ToolCall {
+                        id: "a".into(),
+                        name: "f".into(),
+                        arguments: "".into(),
+                    },
+                    ToolCall {
+                        id: "b".into(),
+                        name: "g".into(),
+                        arguments: "{bad".into(),
+                    },
+                ],
+                reasoning: Some("thought".into()),
+            },
+            Message::Tool {
+                results: vec![
+                    ToolResult {
+                        call_id: "a".into(),
+                        name: "f".into(),
+                        content: "ok".into(),
+                        is_error: false,
+                    },
+                    ToolResult {
+                        call_id: "b".into(),
+                        name: "g".into(),
+                        content: "bad".into(),
+                        is_error: true,
+                    },
+                ],
+            },
+            Message::User {
+                content: "checks failed".into(),
+            },
+        ]
+    }
 
     /// Two tools, one with a description that needs escaping.
     pub(crate) fn tools() -> Vec<ToolSpec> {

@@ -125,28 +125,40 @@ impl Prices {
         Ok(Prices { user })
     }
 
-    /// The price of `provider:model`: the user's entry, else the built-in one; an exact name
-    /// first, else the longest entry the name starts with (`…-20250929`, `…-latest`).
+    /// The price of `provider:model`, the user's over the built-in table (`lookup`).
     pub(crate) fn get(&self, model: &str) -> Option<Price> {
-        if let Some(p) = self.user.get(model) {
-            return Some(*p);
-        }
-        if let Some((_, p)) = TABLE.iter().find(|(m, _)| *m == model) {
-            return Some(*p);
-        }
-        let prefixed = |m: &str| {
-            model
-                .strip_prefix(m)
-                .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('@'))
-        };
-        self.user
-            .iter()
-            .map(|(m, p)| (m.as_str(), *p))
-            .chain(TABLE.iter().map(|(m, p)| (*m, *p)))
-            .filter(|(m, _)| prefixed(m))
-            .max_by_key(|(m, _)| m.len())
-            .map(|(_, p)| p)
+        lookup(
+            model,
+            self.user.iter().map(|(m, p)| (m.as_str(), *p)),
+            TABLE,
+        )
     }
+}
+
+/// The entry of `provider:model` in `user` over `table`: an exact name first, the user's
+/// before the table's; else the longest entry of either that the name starts with, then `-`
+/// or `@` (`…-20250929`, `…-latest`). Prices and context windows are looked up so.
+pub(crate) fn lookup<'a, T: Copy>(
+    model: &str,
+    user: impl Iterator<Item = (&'a str, T)> + Clone,
+    table: &'a [(&'a str, T)],
+) -> Option<T> {
+    let exact = |(m, _): &(&str, T)| *m == model;
+    if let Some((_, v)) = user.clone().find(exact) {
+        return Some(v);
+    }
+    if let Some((_, v)) = table.iter().copied().find(exact) {
+        return Some(v);
+    }
+    let prefixed = |(m, _): &(&str, T)| {
+        model
+            .strip_prefix(m)
+            .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('@'))
+    };
+    user.chain(table.iter().copied())
+        .filter(prefixed)
+        .max_by_key(|(m, _)| m.len())
+        .map(|(_, v)| v)
 }
 
 /// Bytes of the tool specs a provider is sent, roughly: names, descriptions, schemas. With

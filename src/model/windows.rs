@@ -54,26 +54,14 @@ const TABLE: &[(&str, u64)] = &[
     ("deepseek:deepseek-reasoner", 128_000),
 ];
 
-/// The window of `provider:model`: the user's entry, else the built-in one; an exact name
-/// first, else the longest entry the name starts with (`…-20250929`, `…-latest`).
+/// The window of `provider:model`, the user's over the built-in table (`prices::lookup`).
 pub(crate) fn window(model: &str, user: &BTreeMap<String, ModelInfo>) -> Option<u64> {
-    if let Some(n) = user.get(model).and_then(|m| m.context_window) {
-        return Some(n);
-    }
-    if let Some((_, n)) = TABLE.iter().find(|(m, _)| *m == model) {
-        return Some(*n);
-    }
-    let prefixed = |m: &str| {
-        model
-            .strip_prefix(m)
-            .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('@'))
-    };
-    user.iter()
-        .filter_map(|(m, i)| Some((m.as_str(), i.context_window?)))
-        .chain(TABLE.iter().map(|(m, n)| (*m, *n)))
-        .filter(|(m, _)| prefixed(m))
-        .max_by_key(|(m, _)| m.len())
-        .map(|(_, n)| n)
+    super::prices::lookup(
+        model,
+        user.iter()
+            .filter_map(|(m, i)| Some((m.as_str(), i.context_window?))),
+        TABLE,
+    )
 }
 
 /// An error that says the request does not fit the model's context window.

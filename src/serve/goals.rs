@@ -285,22 +285,7 @@ pub(crate) async fn goal_action(
     if verb == "trigger" {
         // A run of its own process, as `sup trigger NAME` would start it: recorded as manual;
         // in a fleet, handed to a daemon that serves the goal.
-        let mut cmd = tokio::process::Command::new(&state.cfg.exe);
-        cmd.arg("trigger")
-            .arg(&name)
-            .arg("--goals")
-            .arg(&state.cfg.goals_dir)
-            // The environment sup started with: the run needs the provider keys.
-            .env_clear()
-            .envs(crate::startup::original_env());
-        if let Some((_, url)) = &state.cfg.fleet {
-            cmd.env("SUP_STORE", url);
-        }
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        // Held, so that no run's sweep ends it.
-        match crate::tools::sandbox::spawn_held(&mut cmd) {
+        match state.spawn_trigger(&name, &[], std::process::Stdio::null) {
             Ok((mut child, held)) => {
                 tokio::spawn(async move {
                     let _ = child.wait().await;

@@ -205,32 +205,16 @@ pub(crate) async fn hook(
 /// `sup trigger NAME --webhook --json` with the body on stdin; answered with the run's id
 /// when it shows.
 async fn start(state: &State, name: &str, body: Vec<u8>) -> Response {
-    let mut cmd = tokio::process::Command::new(&state.cfg.exe);
-    cmd.arg("trigger")
-        .arg(name)
-        .arg("--goals")
-        .arg(&state.cfg.goals_dir)
-        .arg("--json")
-        .arg("--webhook")
-        // The environment sup started with: the run needs the provider keys.
-        .env_clear()
-        .envs(crate::startup::original_env());
-    if let Some((_, url)) = &state.cfg.fleet {
-        cmd.env("SUP_STORE", url);
-    }
-    cmd.stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    // Held, so that no run's sweep ends it.
-    let (mut child, held) = match crate::tools::sandbox::spawn_held(&mut cmd) {
-        Ok(c) => c,
-        Err(e) => {
-            return refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot start `sup trigger {name}`: {e}"),
-            );
-        }
-    };
+    let (mut child, held) =
+        match state.spawn_trigger(name, &["--json", "--webhook"], std::process::Stdio::piped) {
+            Ok(c) => c,
+            Err(e) => {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot start `sup trigger {name}`: {e}"),
+                );
+            }
+        };
     let (Some(mut stdin), Some(stdout), Some(mut stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

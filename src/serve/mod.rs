@@ -83,6 +83,33 @@ pub(crate) struct State {
     pub(crate) history: crate::store::history::History,
 }
 
+impl State {
+    /// Start `sup trigger NAME --goals DIR`, then `args`, as a process of its own with `stdio`
+    /// (`Stdio::null` or `Stdio::piped`) for its standard streams: in the environment sup
+    /// started with (the run needs the provider keys) and, in a fleet, with the store's URL,
+    /// handed to a daemon that serves the goal. Held, so that no run's sweep ends it.
+    pub(crate) fn spawn_trigger(
+        &self,
+        name: &str,
+        args: &[&str],
+        stdio: fn() -> std::process::Stdio,
+    ) -> std::io::Result<(tokio::process::Child, Option<crate::tools::sandbox::Held>)> {
+        let mut cmd = tokio::process::Command::new(&self.cfg.exe);
+        cmd.arg("trigger")
+            .arg(name)
+            .arg("--goals")
+            .arg(&self.cfg.goals_dir)
+            .args(args)
+            .env_clear()
+            .envs(crate::startup::original_env());
+        if let Some((_, url)) = &self.cfg.fleet {
+            cmd.env("SUP_STORE", url);
+        }
+        cmd.stdin(stdio()).stdout(stdio()).stderr(stdio());
+        crate::tools::sandbox::spawn_held(&mut cmd)
+    }
+}
+
 /// A bound console, ready to run.
 pub(crate) struct Server {
     listener: tokio::net::TcpListener,

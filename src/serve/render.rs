@@ -136,14 +136,18 @@ pub(crate) fn events(text: &str) -> impl Iterator<Item = Event> + '_ {
 mod tests {
     use super::*;
 
+    /// `e` as the console shows it.
+    fn html(e: &Event) -> String {
+        let trace = HumanTrace::to(false, Box::new(std::io::sink()));
+        event(&trace, e).unwrap().into_string()
+    }
+
     #[test]
     fn markup_and_control_characters_from_a_run_are_escaped() {
-        let trace = HumanTrace::to(false, Box::new(std::io::sink()));
-        let e = Event::ModelText {
+        let html = html(&Event::ModelText {
             step: 1,
             text: "<script>alert(1)</script>\u{1b}[2J".into(),
-        };
-        let html = event(&trace, &e).unwrap().into_string();
+        });
         assert!(!html.contains("<script>"), "{html}");
         assert!(html.contains("&lt;script&gt;"), "{html}");
         assert!(!html.contains('\u{1b}'), "{html}");
@@ -153,8 +157,7 @@ mod tests {
 
     #[test]
     fn a_file_tools_diff_shows_its_lines_marked_and_escaped() {
-        let trace = HumanTrace::to(false, Box::new(std::io::sink()));
-        let e = Event::ToolResult {
+        let html = html(&Event::ToolResult {
             step: 1,
             id: "w".into(),
             name: "write_file".into(),
@@ -163,8 +166,7 @@ mod tests {
             started_ms: 0.0,
             finished_ms: 1.0,
             diff: Some("--- a.txt\n+++ a.txt\n@@ -1 +1 @@\n-old\n+<b>new</b>\n".into()),
-        };
-        let html = event(&trace, &e).unwrap().into_string();
+        });
         assert!(html.contains(r#"<span class="del">-old</span>"#), "{html}");
         assert!(
             html.contains(r#"<span class="add">+&lt;b&gt;new&lt;/b&gt;</span>"#),

@@ -51,29 +51,18 @@ impl From<&str> for Value {
     }
 }
 
-impl From<String> for Value {
-    fn from(v: String) -> Self {
-        Value::Text(v)
-    }
+/// `From` each type for the variant that holds it.
+macro_rules! value_from {
+    ($($t:ty => $variant:ident),*) => {
+        $(impl From<$t> for Value {
+            fn from(v: $t) -> Self {
+                Value::$variant(v)
+            }
+        })*
+    };
 }
 
-impl From<i64> for Value {
-    fn from(v: i64) -> Self {
-        Value::Int(v)
-    }
-}
-
-impl From<bool> for Value {
-    fn from(v: bool) -> Self {
-        Value::Bool(v)
-    }
-}
-
-impl From<f64> for Value {
-    fn from(v: f64) -> Self {
-        Value::Double(v)
-    }
-}
+value_from!(String => Text, i64 => Int, bool => Bool, f64 => Double);
 
 /// Where a span is: its trace and its own id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

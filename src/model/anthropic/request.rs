@@ -302,36 +302,74 @@ pub(crate) fn cached_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ToolCall, ToolResult, sample};
+    use crate::model::sample;
 
-    /// The request body of a whole conversation, written from nothing.
-    fn request_body(
-        model: &str,
-        max_tokens: u32,
-        messages: &[Message],
-        tools: &[ToolSpec],
+    /// One request: what `cached_body` takes besides the cache, for the three ways its body
+    /// is written.
+    struct Request<'a> {
+        model: (&'a str, u32),
+        messages: &'a Conversation,
+        tools: &'a [ToolSpec],
         stream: bool,
-        continuation: &[Value],
-    ) -> Result<Bytes, ModelError> {
-        let messages = Conversation::from(messages.to_vec());
-        let mut wire = Wire::new(&messages, |out| open_body(out, model), append)?;
-        let tools = if tools.is_empty() {
-            Vec::new()
-        } else {
-            tools_json(tools)?
-        };
-        wire.body(|out, turns| tail(out, turns, continuation, &tools, (stream, max_tokens)))
+        continuation: &'a [Value],
+    }
+
+    /// The request with the model `m`, the conversation alone, streamed.
+    fn plain(messages: &Conversation) -> Request<'_> {
+        Request {
+            model: ("m", 10),
+            messages,
+            tools: &[],
+            stream: true,
+            continuation: &[],
+        }
+    }
+
+    impl Request<'_> {
+        /// The body through the wire cache, checked against the one written from nothing
+        /// (`sample::step`), as JSON.
+        fn step(&self, cache: &WireCache<Turns>, held: bool) -> Value {
+            let cached = cached_body(
+                cache,
+                self.model,
+                self.messages,
+                self.tools,
+                self.stream,
+                self.continuation,
+            );
+            sample::step(cache, cached, self.fresh(), held)
+        }
+
+        /// The body of the whole conversation, written from nothing.
+        fn fresh(&self) -> Result<Bytes, ModelError> {
+            let (model, max_tokens) = self.model;
+            let mut wire = Wire::new(self.messages, |out| open_body(out, model), append)?;
+            let tools = if self.tools.is_empty() {
+                Vec::new()
+            } else {
+                tools_json(self.tools)?
+            };
+            wire.body(|out, turns| {
+                tail(
+                    out,
+                    turns,
+                    self.continuation,
+                    &tools,
+                    (self.stream, max_tokens),
+                )
+            })
+        }
     }
 
     /// The request body as it was built before the wire cache: the reference.
-    fn old_request_body(
-        model: &str,
-        max_tokens: u32,
-        messages: &[Message],
-        tools: &[ToolSpec],
-        stream: bool,
-        continuation: &[Value],
-    ) -> Value {
+    fn old_request_body(request: &Request) -> Value {
+        let Request {
+            model: (model, max_tokens),
+            messages,
+            tools,
+            stream,
+            continuation,
+        } = *request;
         let mut system = Vec::new();
         let mut out: Vec<Value> = Vec::new();
         let mut push = |role: &str, blocks: Vec<Value>| {
@@ -343,7 +381,7 @@ mod tests {
             }
             out.push(json!({"role": role, "content": blocks}));
         };
-        for m in messages {
+        for m in messages.iter() {
             match m {
                 Message::System { content } => system.push(content.clone()),
                 Message::User { content } => {
@@ -437,24 +475,17 @@ mod tests {
                 (sample::tools(), true, &paused[..]),
                 (sample::tools(), true, &paused[..1]),
             ] {
-                let (wire, body) = cached_body(
-                    &cache,
-                    ("claude", 1000),
-                    &messages,
-                    &tools,
+                let request = Request {
+                    model: ("claude", 1000),
+                    messages: &messages,
+                    tools: &tools,
                     stream,
                     continuation,
-                )
-                .unwrap();
-                let fresh =
-                    request_body("claude", 1000, &messages, &tools, stream, continuation).unwrap();
-                assert_eq!(body, fresh, "{n} messages");
-                let got: Value = serde_json::from_slice(&body).unwrap();
-                let want =
-                    old_request_body("claude", 1000, &messages, &tools, stream, continuation);
+                };
+                let got = request.step(&cache, n % 3 == 0);
                 assert_eq!(
                     got,
-                    want,
+                    old_request_body(&request),
                     "{n} messages, continuation {}",
                     continuation.len()
                 );
@@ -463,9 +494,6 @@ mod tests {
                     + usize::from(!tools.is_empty())
                     + usize::from(got["messages"].as_array().is_some_and(|m| !m.is_empty()));
                 assert_eq!(marks, expected, "one breakpoint on the latest block only");
-                let held = (n % 3 == 0).then(|| body.clone());
-                cache.put(wire, body);
-                drop(held);
             }
         }
     }
@@ -474,15 +502,7 @@ mod tests {
     #[test]
     fn a_rewritten_conversation_is_never_sent_stale() {
         let cache = WireCache::default();
-        let body = |messages: &Conversation| -> Value {
-            let (wire, body) = cached_body(&cache, ("m", 10), messages, &[], true, &[]).unwrap();
-            cache.put(wire, body.clone());
-            assert_eq!(
-                body,
-                request_body("m", 10, messages, &[], true, &[]).unwrap()
-            );
-            serde_json::from_slice(&body).unwrap()
-        };
+        let body = |messages: &Conversation| plain(messages).step(&cache, true);
         let mut messages = Conversation::from(crate::model::sample::conversation(5));
         body(&messages);
         messages.rewrite(|m| {
@@ -491,69 +511,28 @@ mod tests {
             }
         });
         let got = body(&messages);
-        assert_eq!(got, old_request_body("m", 10, &messages, &[], true, &[]));
+        assert_eq!(got, old_request_body(&plain(&messages)));
         assert!(got.to_string().contains("other.txt"));
         let fresh = Conversation::from(crate::model::sample::conversation(1));
-        assert_eq!(
-            body(&fresh),
-            old_request_body("m", 10, &fresh, &[], true, &[])
-        );
+        assert_eq!(body(&fresh), old_request_body(&plain(&fresh)));
     }
 
     #[test]
     fn request_puts_results_first_and_marks_cache_breakpoints() {
-        let messages = vec![
-            Message::System {
-                content: "sys".into(),
-            },
-            Message::User {
-                content: "hi".into(),
-            },
-            Message::Assistant {
-                text: "Looking.".into(),
-                tool_calls: vec![
-                    ToolCall {
-                        id: "t1".into(),
-                        name: "f".into(),
-                        arguments: "".into(),
-                    },
-                    ToolCall {
-                        id: "t2".into(),
-                        name: "f".into(),
-                        arguments: "{bad".into(),
-                    },
-                ],
-                reasoning: None,
-            },
-            Message::Tool {
-                results: vec![
-                    ToolResult {
-                        call_id: "t1".into(),
-                        name: "f".into(),
-                        content: "ok".into(),
-                        is_error: false,
-                    },
-                    ToolResult {
-                        call_id: "t2".into(),
-                        name: "f".into(),
-                        content: "no".into(),
-                        is_error: true,
-                    },
-                ],
-            },
-            Message::User {
-                content: "checks failed".into(),
-            },
-        ];
+        let messages = Conversation::from(sample::exchange());
         let tools = vec![ToolSpec {
             name: "f".into(),
             description: "d".into(),
             input_schema: json!({"type": "object"}),
         }];
-        let body: Value = serde_json::from_slice(
-            &request_body("claude", 1000, &messages, &tools, true, &[]).unwrap(),
-        )
-        .unwrap();
+        let request = Request {
+            model: ("claude", 1000),
+            messages: &messages,
+            tools: &tools,
+            stream: true,
+            continuation: &[],
+        };
+        let body: Value = serde_json::from_slice(&request.fresh().unwrap()).unwrap();
         assert_eq!(body["max_tokens"], 1000);
         assert_eq!(body["system"][0]["text"], "sys");
         assert_eq!(body["system"][0]["cache_control"]["type"], "ephemeral");
@@ -565,11 +544,11 @@ mod tests {
             3,
             "results and the next user text share one message"
         );
+        assert_eq!(m[1]["content"][0]["input"], json!({}));
         assert_eq!(m[1]["content"][1]["input"], json!({}));
-        assert_eq!(m[1]["content"][2]["input"], json!({}));
         let last = m[2]["content"].as_array().unwrap();
         assert_eq!(last[0]["type"], "tool_result");
-        assert_eq!(last[0]["tool_use_id"], "t1");
+        assert_eq!(last[0]["tool_use_id"], "a");
         assert!(last[0].get("is_error").is_none());
         assert_eq!(last[1]["is_error"], true);
         assert_eq!(last[2]["type"], "text");

@@ -233,7 +233,7 @@ pub(crate) fn with_response_format(body: Bytes, schema: &Value) -> Result<Bytes,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ToolCall, ToolResult, sample};
+    use crate::model::sample;
 
     /// The request body as it was built before the wire cache: the reference.
     fn old_request_body(
@@ -340,46 +340,7 @@ mod tests {
 
     #[test]
     fn request_carries_tools_calls_and_results_in_order() {
-        let messages = vec![
-            Message::System {
-                content: "sys".into(),
-            },
-            Message::User {
-                content: "hi".into(),
-            },
-            Message::Assistant {
-                text: String::new(),
-                tool_calls: vec![
-                    ToolCall {
-                        id: "a".into(),
-                        name: "f".into(),
-                        arguments: "".into(),
-                    },
-                    ToolCall {
-                        id: "b".into(),
-                        name: "g".into(),
-                        arguments: "{\"x\":1}".into(),
-                    },
-                ],
-                reasoning: Some("thought".into()),
-            },
-            Message::Tool {
-                results: vec![
-                    ToolResult {
-                        call_id: "a".into(),
-                        name: "f".into(),
-                        content: "ok".into(),
-                        is_error: false,
-                    },
-                    ToolResult {
-                        call_id: "b".into(),
-                        name: "g".into(),
-                        content: "bad".into(),
-                        is_error: true,
-                    },
-                ],
-            },
-        ];
+        let messages = sample::exchange();
         let tools = vec![ToolSpec {
             name: "f".into(),
             description: "d".into(),
@@ -398,6 +359,7 @@ mod tests {
         let m = body["messages"].as_array().unwrap();
         assert_eq!(m[2]["content"], Value::Null);
         assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], "{}");
+        assert_eq!(m[2]["tool_calls"][1]["function"]["arguments"], "{bad");
         assert_eq!(m[2]["reasoning_content"], "thought");
         assert_eq!(
             m[3],
@@ -440,19 +402,15 @@ mod tests {
                 }
                 for stream in [true, false] {
                     for tools in [sample::tools(), vec![]] {
-                        let (wire, body) =
-                            cached_body(&cache, "gpt \"x\"", &messages, &tools, stream, &dialect)
-                                .unwrap();
-                        let fresh =
-                            request_body("gpt \"x\"", &messages, &tools, stream, &dialect).unwrap();
-                        assert_eq!(body, fresh, "{n} messages, {dialect:?}, stream {stream}");
-                        let got: Value = serde_json::from_slice(&body).unwrap();
-                        let want =
-                            old_request_body("gpt \"x\"", &messages, &tools, stream, &dialect);
+                        let model = "gpt \"x\"";
+                        let got = sample::step(
+                            &cache,
+                            cached_body(&cache, model, &messages, &tools, stream, &dialect),
+                            request_body(model, &messages, &tools, stream, &dialect),
+                            n % 3 == 0,
+                        );
+                        let want = old_request_body(model, &messages, &tools, stream, &dialect);
                         assert_eq!(got, want, "{n} messages, {dialect:?}, stream {stream}");
-                        let held = (n % 3 == 0).then(|| body.clone());
-                        cache.put(wire, body);
-                        drop(held);
                     }
                 }
             }
@@ -468,15 +426,13 @@ mod tests {
             ..Dialect::default()
         };
         let cache = WireCache::default();
-        let body = |messages: &Conversation| -> Bytes {
-            let (wire, body) = cached_body(&cache, "m", messages, &[], true, &dialect).unwrap();
-            cache.put(wire, body.clone());
-            assert_eq!(
-                body,
-                request_body("m", messages, &[], true, &dialect).unwrap(),
-                "the kept body is the fresh one"
-            );
-            body
+        let body = |messages: &Conversation| {
+            sample::step(
+                &cache,
+                cached_body(&cache, "m", messages, &[], true, &dialect),
+                request_body("m", messages, &[], true, &dialect),
+                true,
+            )
         };
         let mut messages = Conversation::from(crate::model::sample::conversation(5));
         let before = body(&messages);
@@ -490,7 +446,7 @@ mod tests {
         });
         let edited = body(&messages);
         assert_ne!(edited, before);
-        assert!(String::from_utf8_lossy(&edited).contains("LINE"));
+        assert!(edited.to_string().contains("LINE"));
         // Trimmed to fewer messages, then grown back to as many as before.
         messages.rewrite(|m| m.truncate(2));
         body(&messages);
@@ -499,10 +455,7 @@ mod tests {
         });
         body(&messages);
         messages.clear();
-        assert_eq!(
-            serde_json::from_slice::<Value>(&body(&messages)).unwrap()["messages"],
-            json!([])
-        );
+        assert_eq!(body(&messages)["messages"], json!([]));
         let mut other = Conversation::from(crate::model::sample::conversation(1));
         body(&other);
         // A copy is another conversation: what it gets is not sent for the original.
