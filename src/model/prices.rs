@@ -155,7 +155,11 @@ pub(crate) fn lookup<'a, T: Copy>(
             .strip_prefix(m)
             .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('@'))
     };
-    user.chain(table.iter().copied())
+    // `max_by_key` keeps the last of equals: the table goes first so that the user's wins.
+    table
+        .iter()
+        .copied()
+        .chain(user)
         .filter(prefixed)
         .max_by_key(|(m, _)| m.len())
         .map(|(_, v)| v)
@@ -268,6 +272,8 @@ mod tests {
         let prices = Prices::new(user).unwrap();
         assert_eq!(prices.get("openai:gpt-4o").unwrap().input, 1.0);
         assert_eq!(prices.get("openai:gpt-4o-mini").unwrap().input, 0.15);
+        // A dated name of a model both tables list takes the user's price, not the table's.
+        assert_eq!(prices.get("openai:gpt-4o-2024-08-06").unwrap().input, 1.0);
         assert_eq!(
             prices
                 .get("anthropic:claude-sonnet-4-5-20250929")
