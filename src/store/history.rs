@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use super::db::{ApprovalRow, Db, DbError, GoalStats, RunRow};
+use super::db::{Answer, ApprovalRow, Db, DbError, GoalStats, RunRow};
 use super::pg::{FleetRun, PgError, PgStore};
 use super::query::{self, RunFilter};
 use super::{ApprovalStatus, OccurrenceStatus, RunStatus};
@@ -222,16 +222,13 @@ impl History {
         reason: Option<&str>,
         by: &str,
     ) -> Result<ApprovalStatus, AnswerError> {
-        let status = if approve {
-            ApprovalStatus::Approved
-        } else {
-            ApprovalStatus::Denied
-        };
+        let answer = Answer::given(approve, always, reason, by);
         let (decided, row) = match self {
             History::Local(home) => {
                 let (id, reason, by) = (id.to_string(), reason.map(str::to_string), by.to_string());
                 Self::local(home, move |db| {
-                    if db.decide_approval(&id, status, always, reason.as_deref(), &by)? {
+                    let answer = Answer::given(approve, always, reason.as_deref(), &by);
+                    if db.decide_approval(&id, answer)? {
                         return Ok((true, None));
                     }
                     Ok((false, db.approval(&id)?))
@@ -240,7 +237,7 @@ impl History {
             }
             History::Fleet(pg) => {
                 if pg
-                    .decide_approval(id, status, always, reason, by)
+                    .decide_approval(id, answer)
                     .await
                     .map_err(HistoryError::from)?
                 {
@@ -251,7 +248,7 @@ impl History {
             }
         };
         if decided {
-            return Ok(status);
+            return Ok(answer.status);
         }
         Err(match row {
             Some(r) => AnswerError::NotWaiting {

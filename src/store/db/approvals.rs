@@ -61,14 +61,7 @@ impl Db {
     }
 
     /// Answer a pending request; `false` when it is not pending (answered, expired, gone).
-    pub(crate) fn decide_approval(
-        &self,
-        id: &str,
-        status: ApprovalStatus,
-        always: bool,
-        reason: Option<&str>,
-        by: &str,
-    ) -> Result<bool, DbError> {
+    pub(crate) fn decide_approval(&self, id: &str, a: Answer<'_>) -> Result<bool, DbError> {
         let n = self
             .conn
             .execute(
@@ -76,11 +69,11 @@ impl Db {
                      decided_by = ?6 WHERE id = ?1 AND status = ?7",
                 params![
                     id,
-                    status,
-                    always,
-                    reason,
+                    a.status,
+                    a.always,
+                    a.reason,
                     stamp(Utc::now()),
-                    by,
+                    a.by,
                     ApprovalStatus::Pending
                 ],
             )

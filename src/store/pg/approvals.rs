@@ -89,20 +89,13 @@ impl PgStore {
 
     /// Answer a pending request and wake the daemon whose run waits; `false` when it is not
     /// pending.
-    pub(crate) async fn decide_approval(
-        &self,
-        id: &str,
-        status: ApprovalStatus,
-        always: bool,
-        reason: Option<&str>,
-        by: &str,
-    ) -> Result<bool, PgError> {
+    pub(crate) async fn decide_approval(&self, id: &str, a: Answer<'_>) -> Result<bool, PgError> {
         let c = self.client().await?;
         let n = c
             .execute(
                 "UPDATE approvals SET status = $2, always = $3, reason = $4, decided_at = now(),
                      decided_by = $5 WHERE id = $1 AND status = 'pending'",
-                &[&id, &status, &always, &reason, &by],
+                &[&id, &a.status, &a.always, &a.reason, &a.by],
             )
             .await
             .map_err(|e| self.err(&e))?;

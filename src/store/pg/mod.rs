@@ -14,7 +14,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
-use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
+use super::db::{Answer, ApprovalRow, GoalStats, RunRow, stamp};
 use super::{ApprovalStatus, OccurrenceStatus, TriggerKind};
 use crate::model::Usage;
 use crate::schedule::policy::{self, Decision};
