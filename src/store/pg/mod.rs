@@ -18,7 +18,7 @@ use super::db::{Answer, ApprovalRow, GoalStats, RunRow, stamp};
 use super::{ApprovalStatus, OccurrenceStatus, TriggerKind};
 use crate::model::Usage;
 use crate::schedule::policy::{self, Decision};
-use crate::trace::{CheckReport, Status, StopReason};
+use crate::trace::{CheckReport, Outcome};
 
 mod approvals;
 mod claims;

@@ -56,7 +56,8 @@ impl PgStore {
 
     /// Record how a run ended, and close its occurrence. A run the fleet had declared
     /// interrupted keeps that status; its outcome is still recorded in the error text.
-    pub(crate) async fn finish_run(&self, id: &str, end: &Finish) -> Result<(), PgError> {
+    pub(crate) async fn finish_run(&self, id: &str, finish: &Finish) -> Result<(), PgError> {
+        let end = &finish.outcome;
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(&e))?;
         tx.execute(
@@ -82,7 +83,7 @@ impl PgStore {
         )
         .await
         .map_err(|e| self.err(&e))?;
-        let l = &end.lineage;
+        let l = &finish.lineage;
         let attempt = l.attempt.map(|a| a as i32);
         tx.execute(
             &lineage::update_sql('$'),
@@ -352,21 +353,11 @@ impl PgStore {
     }
 }
 
-/// How a run ended, owned so that it can wait on disk while the store is away.
+/// How a run ended, and its lineage: what can wait on disk while the store is away.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Finish {
-    pub(crate) status: Status,
-    pub(crate) stop_reason: StopReason,
-    pub(crate) tries: u32,
-    pub(crate) steps: u32,
-    pub(crate) usage: Usage,
-    pub(crate) error: Option<String>,
-    pub(crate) checks: Vec<Vec<CheckReport>>,
-    /// US dollars, when the price is known; absent in outcomes kept by an older `sup`.
-    #[serde(default)]
-    pub(crate) cost: Option<f64>,
-    #[serde(default)]
-    pub(crate) answer: Option<String>,
+    #[serde(flatten)]
+    pub(crate) outcome: Outcome,
     /// What ties the run to others and what its worktree left.
     #[serde(default)]
     pub(crate) lineage: Lineage,
