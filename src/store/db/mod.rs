@@ -319,6 +319,15 @@ impl Db {
         }
     }
 
+    /// Run the statement `sql`; how many rows it changed.
+    pub(crate) fn execute(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<usize, DbError> {
+        self.conn.execute(sql, params).map_err(|e| self.err(e))
+    }
+
     /// The connection, for the approval queue's own statements.
     pub fn conn(&self) -> &Connection {
         &self.conn
