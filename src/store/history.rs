@@ -119,7 +119,11 @@ impl History {
                 .await
             }
             History::Fleet(pg) => {
-                let (rows, total) = pg.runs_page(goal.as_deref(), status, offset, limit).await?;
+                let filter = RunFilter {
+                    goal: goal.as_deref(),
+                    status,
+                };
+                let (rows, total) = pg.runs_page(&filter, offset, limit).await?;
                 Ok((rows.into_iter().map(|f| f.run).collect(), total))
             }
         }
@@ -273,7 +277,7 @@ impl History {
                 Self::local(home, move |db| db.runs(goal.as_deref(), status, limit)).await
             }
             History::Fleet(pg) => Ok(pg
-                .runs(goal, status, limit)
+                .runs(&RunFilter { goal, status }, 0, limit)
                 .await?
                 .into_iter()
                 .map(|f| f.run)
@@ -311,7 +315,7 @@ impl History {
                 .await
             }
             History::Fleet(pg) => Ok(pg
-                .runs(goal, status, limit)
+                .runs(&RunFilter { goal, status }, 0, limit)
                 .await?
                 .into_iter()
                 .map(|f| {

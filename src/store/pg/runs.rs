@@ -1,8 +1,8 @@
 //! The fleet's runs: their start, transcript events and end, and the history's queries.
 
 use super::*;
-use crate::store::RunStatus;
 use crate::store::lineage::{self, Lineage};
+use crate::store::query::RunFilter;
 
 impl PgStore {
     /// What the run's own process says once it started: its local id, model, folders.
@@ -134,26 +134,26 @@ impl PgStore {
         tx.commit().await.map_err(|e| self.err(&e))
     }
 
-    /// Runs, newest first.
+    /// The runs `filter` selects, newest first: `limit` of them from `offset` on.
     pub(crate) async fn runs(
         &self,
-        goal: Option<&str>,
-        status: Option<RunStatus>,
+        filter: &RunFilter<'_>,
+        offset: u32,
         limit: u32,
     ) -> Result<Vec<FleetRun>, PgError> {
-        let c = self.client().await?;
-        let rows = c
-            .query(
-                &select_runs(
-                    "
-                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
-                     ORDER BY started_at DESC, id DESC LIMIT $3",
-                ),
-                &[&goal, &status, &i64::from(limit)],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        Ok(rows.iter().map(run_of).collect())
+        self.rows(
+            &select_runs(&format!(
+                " WHERE {FILTERED} ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4"
+            )),
+            &[
+                &filter.goal,
+                &filter.status,
+                &i64::from(limit),
+                &i64::from(offset),
+            ],
+            run_of,
+        )
+        .await
     }
 
     /// One run by its fleet id or its local id.
@@ -273,33 +273,19 @@ impl PgStore {
     /// console's list.
     pub(crate) async fn runs_page(
         &self,
-        goal: Option<&str>,
-        status: Option<RunStatus>,
+        filter: &RunFilter<'_>,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<FleetRun>, u64), PgError> {
-        let c = self.client().await?;
-        let total: i64 = c
-            .query_one(
-                "SELECT count(*) FROM runs
-                 WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)",
-                &[&goal, &status],
+        let total: Option<i64> = self
+            .row(
+                &format!("SELECT count(*) FROM runs WHERE {FILTERED}"),
+                &[&filter.goal, &filter.status],
+                |r| r.get(0),
             )
-            .await
-            .map_err(|e| self.err(&e))?
-            .get(0);
-        let rows = c
-            .query(
-                &select_runs(
-                    "
-                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
-                     ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4",
-                ),
-                &[&goal, &status, &i64::from(limit), &i64::from(offset)],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        Ok((rows.iter().map(run_of).collect(), total.max(0) as u64))
+            .await?;
+        let rows = self.runs(filter, offset, limit).await?;
+        Ok((rows, total.unwrap_or(0).max(0) as u64))
     }
 
     /// The names of goals that have runs, sorted.
@@ -362,6 +348,9 @@ pub(crate) struct Finish {
     #[serde(default)]
     pub(crate) lineage: Lineage,
 }
+
+/// The condition on runs of a `RunFilter`: `$1` the goal, `$2` the status, each when given.
+const FILTERED: &str = "($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)";
 
 /// `SELECT` the columns `run_of` reads (the lineage's last, from 25 on) `FROM runs`, then
 /// `rest`.
