@@ -41,8 +41,7 @@ impl PgStore {
                 &daemon,
             ],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     pub(crate) async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
@@ -117,8 +116,7 @@ impl PgStore {
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",
             &[&id, &status],
         )
-        .await?;
-        Ok(())
+        .await
     }
 }
 

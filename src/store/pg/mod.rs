@@ -346,14 +346,15 @@ impl PgStore {
         server_error(&self.at, e)
     }
 
-    /// Run the statement `sql`; how many rows it changed.
+    /// Run the statement `sql`.
     async fn execute(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, PgError> {
+    ) -> Result<(), PgError> {
         let c = self.client().await?;
-        c.execute(sql, params).await.map_err(|e| self.err(&e))
+        c.execute(sql, params).await.map_err(|e| self.err(&e))?;
+        Ok(())
     }
 
     /// The rows `sql` selects, each read by `row`.

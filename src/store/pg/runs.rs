@@ -18,8 +18,7 @@ impl PgStore {
             "UPDATE runs SET local_id = $2, model = $3, workspace = $4, dir = $5 WHERE id = $1",
             &[&id, &local_id, &model, &workspace, &dir],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// The cost of a running run so far, so that the day's spending counts it while it
@@ -29,8 +28,7 @@ impl PgStore {
             "UPDATE runs SET cost = $2 WHERE id = $1 AND status = 'running'",
             &[&id, &cost],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Append transcript events (seq, event).
@@ -50,8 +48,7 @@ impl PgStore {
              ON CONFLICT DO NOTHING",
             &[&id, &seqs, &values],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Record how a run ended, and close its occurrence. A run the fleet had declared
