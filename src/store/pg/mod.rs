@@ -209,7 +209,7 @@ pub(crate) struct DaemonRow {
     pub(crate) running: Vec<String>,
 }
 
-/// Who claims: the daemon's id, host and pid.
+/// Who claims: the daemon's id and host.
 #[derive(Clone, Debug)]
 pub(crate) struct Claimer {
     pub(crate) id: String,
