@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::db::{Answer, ApprovalRow, Db, DbError, GoalStats, RunRow};
 use super::pg::{FleetRun, PgError, PgStore};
 use super::query::{self, RunFilter};
-use super::{ApprovalStatus, OccurrenceStatus, RunStatus};
+use super::{ApprovalStatus, RunStatus};
 use crate::trace::CheckReport;
 
 #[derive(Debug, thiserror::Error)]
@@ -333,14 +333,7 @@ impl History {
         match self {
             History::Local(home) => {
                 let goal = goal.to_string();
-                Self::local(home, move |db| {
-                    let paused = OccurrenceStatus::Paused.as_str();
-                    Ok((
-                        db.goal_stats(&goal)?,
-                        query::occurrence_count(db, &goal, paused)?,
-                    ))
-                })
-                .await
+                Self::local(home, move |db| db.goal_stats(&goal)).await
             }
             History::Fleet(pg) => Ok(pg.goal_stats(goal).await?),
         }

@@ -192,7 +192,9 @@ impl Db {
             .map_err(|e| self.err(e))
     }
 
-    pub(crate) fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
+    /// A goal's figures (paused, skipped and missed occurrences, its last run) and how many
+    /// of its occurrences were skipped while it was paused.
+    pub(crate) fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), DbError> {
         let count = |status: OccurrenceStatus| -> Result<u64, DbError> {
             self.conn
                 .query_row(
@@ -202,12 +204,13 @@ impl Db {
                 )
                 .map_err(|e| self.err(e))
         };
-        Ok(GoalStats {
+        let stats = GoalStats {
             paused: self.paused(goal)?,
             skipped: count(OccurrenceStatus::Skipped)?,
             missed: count(OccurrenceStatus::Missed)?,
             last: self.runs(Some(goal), None, 1)?.into_iter().next(),
-        })
+        };
+        Ok((stats, count(OccurrenceStatus::Paused)?))
     }
 
     /// The status of the occurrence of `goal` at `at`, if one was recorded.
