@@ -46,8 +46,7 @@ impl PgStore {
 
     pub(crate) async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
         self.row(
-            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
-                 reason, decided_by FROM approvals WHERE id = $1",
+            &format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"),
             &[&id],
             approval_of,
         )
@@ -60,8 +59,7 @@ impl PgStore {
         status: ApprovalStatus,
     ) -> Result<Vec<ApprovalRow>, PgError> {
         self.rows(
-            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
-                 reason, decided_by FROM approvals WHERE status = $1 ORDER BY created_at, id",
+            &format!("SELECT {COLUMNS} FROM approvals WHERE status = $1 ORDER BY created_at, id"),
             &[&status],
             approval_of,
         )
@@ -74,9 +72,10 @@ impl PgStore {
         limit: u32,
     ) -> Result<Vec<(ApprovalRow, Option<String>)>, PgError> {
         self.rows(
-            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
-                 reason, decided_by, decided_at FROM approvals WHERE status <> 'pending'
-             ORDER BY decided_at DESC NULLS LAST, id LIMIT $1",
+            &format!(
+                "SELECT {COLUMNS}, decided_at FROM approvals WHERE status <> 'pending'
+                 ORDER BY decided_at DESC NULLS LAST, id LIMIT $1"
+            ),
             &[&i64::from(limit)],
             |r| {
                 let at: Option<DateTime<Utc>> = r.get(12);
@@ -119,6 +118,10 @@ impl PgStore {
         .await
     }
 }
+
+/// The columns `approval_of` reads, in its order.
+const COLUMNS: &str =
+    "id, run_id, goal, kind, tool, input, created_at, deadline, status, always, reason, decided_by";
 
 fn approval_of(r: &tokio_postgres::Row) -> ApprovalRow {
     ApprovalRow {
