@@ -12,7 +12,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Approver, Decided, Judgement, Reply, Request};
-use crate::store::db::{ApprovalRow, Db, parse_stamp, stamp};
+use crate::store::db::{Answer, ApprovalRow, Db, parse_stamp, stamp};
 use crate::store::pg::PgStore;
 use crate::store::{ApprovalKind, ApprovalStatus};
 use crate::trace::{Event, Events};
@@ -127,7 +127,7 @@ impl QueueApprover {
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = cancel.cancelled() => {
-                    let _ = db.decide_approval(&request, ApprovalStatus::Cancelled, false, None, "the run was cancelled");
+                    let _ = db.decide_approval(&request, Answer::CANCELLED);
                     return Err("the run was cancelled while the request waited".into());
                 }
             }
@@ -140,13 +140,7 @@ impl QueueApprover {
                 return Ok(now);
             }
             if parse_stamp(&now.deadline).is_some_and(|d| d <= Utc::now()) {
-                let _ = db.decide_approval(
-                    &request,
-                    ApprovalStatus::TimedOut,
-                    false,
-                    None,
-                    "the deadline",
-                );
+                let _ = db.decide_approval(&request, Answer::TIMED_OUT);
                 if let Ok(Some(row)) = db.approval(&request) {
                     return Ok(row);
                 }
@@ -185,8 +179,7 @@ impl QueueApprover {
                 && a.created_at == row.created_at
                 && (a.status == ApprovalStatus::Approved || a.status == ApprovalStatus::Denied)
             {
-                let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
-                db.decide_approval(request, a.status, a.always, a.reason.as_deref(), &by)
+                db.decide_approval(request, Answer::of(&a))
                     .map_err(|e| e.to_string())?;
             }
             let Some(now) = db.approval(request).map_err(|e| e.to_string())? else {
@@ -199,13 +192,7 @@ impl QueueApprover {
                 return Ok(now);
             }
             if deadline <= Utc::now() {
-                let _ = db.decide_approval(
-                    request,
-                    ApprovalStatus::TimedOut,
-                    false,
-                    None,
-                    "the deadline",
-                );
+                let _ = db.decide_approval(request, Answer::TIMED_OUT);
                 continue;
             }
             if ears.is_none() {
@@ -227,7 +214,7 @@ impl QueueApprover {
                 h = heard => !h,
                 _ = tokio::time::sleep(poll.min(until_deadline)) => false,
                 _ = cancel.cancelled() => {
-                    let _ = db.decide_approval(request, ApprovalStatus::Cancelled, false, None, "the run was cancelled");
+                    let _ = db.decide_approval(request, Answer::CANCELLED);
                     let _ = store.close_approval(request, ApprovalStatus::Cancelled).await;
                     return Err("the run was cancelled while the request waited".into());
                 }

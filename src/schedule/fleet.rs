@@ -683,10 +683,8 @@ impl Daemon {
                 a.status,
                 crate::store::ApprovalStatus::Approved | crate::store::ApprovalStatus::Denied
             ) {
-                let by = a.decided_by.clone().unwrap_or_else(|| "someone".into());
-                if let Err(e) =
-                    local.decide_approval(id, a.status, a.always, a.reason.as_deref(), &by)
-                {
+                let answer = crate::store::db::Answer::of(&a);
+                if let Err(e) = local.decide_approval(id, answer) {
                     tracing::error!("{e}");
                 }
             }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::run::{self as launch, RunError, RunSpec, Trigger};
 use crate::store::pg::{self, Finish, PgStore};
-use crate::trace::{Event, EventSink};
+use crate::trace::{Event, EventSink, Outcome};
 
 /// How long a write is retried before it is given up (outcomes then wait on disk);
 /// `SUP_STORE_RETRY` says otherwise.
@@ -172,15 +172,7 @@ pub(crate) async fn execute(
     let _ = writer.await;
     let finish = match &result {
         Ok(l) => Finish {
-            status: l.outcome.status,
-            stop_reason: l.outcome.stop_reason,
-            tries: l.outcome.tries,
-            steps: l.outcome.steps,
-            usage: l.outcome.usage,
-            error: l.outcome.error.clone(),
-            checks: l.outcome.checks.clone(),
-            cost: l.outcome.cost,
-            answer: l.outcome.answer.clone(),
+            outcome: l.outcome.clone(),
             // What ties the run to others and what its worktree left, as its local record
             // has them.
             lineage: crate::store::db::Db::open(home)
@@ -191,15 +183,7 @@ pub(crate) async fn execute(
                 }),
         },
         Err(e) => Finish {
-            status: crate::trace::Status::Error,
-            stop_reason: crate::trace::StopReason::Error,
-            tries: 0,
-            steps: 0,
-            usage: Default::default(),
-            error: Some(format!("could not start: {e}")),
-            checks: Vec::new(),
-            cost: None,
-            answer: None,
+            outcome: Outcome::error(Some(format!("could not start: {e}"))),
             lineage: Default::default(),
         },
     };

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use super::db::{ApprovalRow, Db, DbError, GoalStats, RunRow};
+use super::db::{Answer, ApprovalRow, Db, DbError, GoalStats, RunRow};
 use super::pg::{FleetRun, PgError, PgStore};
 use super::query::{self, RunFilter};
-use super::{ApprovalStatus, OccurrenceStatus, RunStatus};
+use super::{ApprovalStatus, RunStatus};
 use crate::trace::CheckReport;
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +119,11 @@ impl History {
                 .await
             }
             History::Fleet(pg) => {
-                let (rows, total) = pg.runs_page(goal.as_deref(), status, offset, limit).await?;
+                let filter = RunFilter {
+                    goal: goal.as_deref(),
+                    status,
+                };
+                let (rows, total) = pg.runs_page(&filter, offset, limit).await?;
                 Ok((rows.into_iter().map(|f| f.run).collect(), total))
             }
         }
@@ -222,16 +226,13 @@ impl History {
         reason: Option<&str>,
         by: &str,
     ) -> Result<ApprovalStatus, AnswerError> {
-        let status = if approve {
-            ApprovalStatus::Approved
-        } else {
-            ApprovalStatus::Denied
-        };
+        let answer = Answer::given(approve, always, reason, by);
         let (decided, row) = match self {
             History::Local(home) => {
                 let (id, reason, by) = (id.to_string(), reason.map(str::to_string), by.to_string());
                 Self::local(home, move |db| {
-                    if db.decide_approval(&id, status, always, reason.as_deref(), &by)? {
+                    let answer = Answer::given(approve, always, reason.as_deref(), &by);
+                    if db.decide_approval(&id, answer)? {
                         return Ok((true, None));
                     }
                     Ok((false, db.approval(&id)?))
@@ -240,7 +241,7 @@ impl History {
             }
             History::Fleet(pg) => {
                 if pg
-                    .decide_approval(id, status, always, reason, by)
+                    .decide_approval(id, answer)
                     .await
                     .map_err(HistoryError::from)?
                 {
@@ -251,7 +252,7 @@ impl History {
             }
         };
         if decided {
-            return Ok(status);
+            return Ok(answer.status);
         }
         Err(match row {
             Some(r) => AnswerError::NotWaiting {
@@ -276,7 +277,7 @@ impl History {
                 Self::local(home, move |db| db.runs(goal.as_deref(), status, limit)).await
             }
             History::Fleet(pg) => Ok(pg
-                .runs(goal, status, limit)
+                .runs(&RunFilter { goal, status }, 0, limit)
                 .await?
                 .into_iter()
                 .map(|f| f.run)
@@ -314,7 +315,7 @@ impl History {
                 .await
             }
             History::Fleet(pg) => Ok(pg
-                .runs(goal, status, limit)
+                .runs(&RunFilter { goal, status }, 0, limit)
                 .await?
                 .into_iter()
                 .map(|f| {
@@ -332,14 +333,7 @@ impl History {
         match self {
             History::Local(home) => {
                 let goal = goal.to_string();
-                Self::local(home, move |db| {
-                    let paused = OccurrenceStatus::Paused.as_str();
-                    Ok((
-                        db.goal_stats(&goal)?,
-                        query::occurrence_count(db, &goal, paused)?,
-                    ))
-                })
-                .await
+                Self::local(home, move |db| db.goal_stats(&goal)).await
             }
             History::Fleet(pg) => Ok(pg.goal_stats(goal).await?),
         }

@@ -48,22 +48,20 @@ pub(crate) fn update_sql(mark: char) -> String {
 impl Db {
     /// Record what `l` holds for run `id` (a part that is `None` is left as it was).
     pub(crate) fn set_lineage(&self, id: &str, l: &Lineage) -> Result<(), DbError> {
-        self.conn()
-            .execute(
-                &update_sql('?'),
-                params![
-                    id,
-                    l.continued_from,
-                    l.parent,
-                    l.attempt,
-                    l.branch,
-                    l.base,
-                    l.commit,
-                    l.diff_stat,
-                    l.repo
-                ],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            &update_sql('?'),
+            params![
+                id,
+                l.continued_from,
+                l.parent,
+                l.attempt,
+                l.branch,
+                l.base,
+                l.commit,
+                l.diff_stat,
+                l.repo
+            ],
+        )?;
         Ok(())
     }
 
@@ -120,12 +118,10 @@ impl Db {
 
     /// Say why an attempt of a parallel run was cancelled (another attempt won).
     pub(crate) fn note_cancelled(&self, id: &str, why: &str) -> Result<(), DbError> {
-        self.conn()
-            .execute(
-                "UPDATE runs SET error = ?2 WHERE id = ?1 AND stop_reason = 'cancelled'",
-                params![id, why],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "UPDATE runs SET error = ?2 WHERE id = ?1 AND stop_reason = 'cancelled'",
+            params![id, why],
+        )?;
         Ok(())
     }
 }

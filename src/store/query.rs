@@ -1,8 +1,6 @@
 //! Read queries for the web console that the commands do not need: a page of runs with its
-//! total, the goals that have runs, answered approval requests with when they were answered,
-//! and counts of occurrences by status.
-
-use rusqlite::params;
+//! total, the goals that have runs, and answered approval requests with when they were
+//! answered.
 
 use super::RunStatus;
 use super::db::{ApprovalRow, Db, DbError, RunRow};
@@ -12,13 +10,6 @@ use super::db::{ApprovalRow, Db, DbError, RunRow};
 pub(crate) struct RunFilter<'a> {
     pub(crate) goal: Option<&'a str>,
     pub(crate) status: Option<RunStatus>,
-}
-
-fn sqlite(_db: &Db, source: rusqlite::Error) -> DbError {
-    DbError::Sqlite {
-        path: "SUP_HOME/sup.db".into(),
-        source,
-    }
 }
 
 /// One page of runs (`offset`, `limit`) and how many match in all. Only the conditions
@@ -51,16 +42,16 @@ pub(crate) fn runs_page(
             rusqlite::params_from_iter(&args),
             |r| r.get(0),
         )
-        .map_err(|e| sqlite(db, e))?;
+        .map_err(|e| db.err(e))?;
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT id FROM runs {filter_sql} ORDER BY started_at DESC, id DESC LIMIT {limit} OFFSET {offset}"
         ))
-        .map_err(|e| sqlite(db, e))?;
+        .map_err(|e| db.err(e))?;
     let ids: Vec<String> = stmt
         .query_map(rusqlite::params_from_iter(&args), |r| r.get(0))
         .and_then(Iterator::collect)
-        .map_err(|e| sqlite(db, e))?;
+        .map_err(|e| db.err(e))?;
     let runs = ids
         .iter()
         .map(|id| db.run(id))
@@ -73,10 +64,10 @@ pub(crate) fn goal_names(db: &Db) -> Result<Vec<String>, DbError> {
     let mut stmt = db
         .conn()
         .prepare_cached("SELECT DISTINCT goal FROM runs ORDER BY goal")
-        .map_err(|e| sqlite(db, e))?;
+        .map_err(|e| db.err(e))?;
     stmt.query_map([], |r| r.get(0))
         .and_then(Iterator::collect)
-        .map_err(|e| sqlite(db, e))
+        .map_err(|e| db.err(e))
 }
 
 /// Answered (or expired) requests, newest answer first, with when they were answered.
@@ -90,11 +81,11 @@ pub(crate) fn answered_approvals(
             "SELECT id, decided_at FROM approvals WHERE status != 'pending'
              ORDER BY decided_at DESC, id LIMIT ?1",
         )
-        .map_err(|e| sqlite(db, e))?;
+        .map_err(|e| db.err(e))?;
     let rows: Vec<(String, Option<String>)> = stmt
         .query_map([limit], |r| Ok((r.get(0)?, r.get(1)?)))
         .and_then(Iterator::collect)
-        .map_err(|e| sqlite(db, e))?;
+        .map_err(|e| db.err(e))?;
     let mut out = Vec::new();
     for (id, at) in rows {
         if let Some(row) = db.approval(&id)? {
@@ -102,15 +93,4 @@ pub(crate) fn answered_approvals(
         }
     }
     Ok(out)
-}
-
-/// How many occurrences of `goal` ended with `status` (`paused`, `skipped`, `missed`, …).
-pub(crate) fn occurrence_count(db: &Db, goal: &str, status: &str) -> Result<u64, DbError> {
-    db.conn()
-        .query_row(
-            "SELECT count(*) FROM occurrences WHERE goal = ?1 AND status = ?2",
-            params![goal, status],
-            |r| r.get(0),
-        )
-        .map_err(|e| sqlite(db, e))
 }

@@ -22,23 +22,21 @@ fn approval_of(r: &rusqlite::Row) -> rusqlite::Result<ApprovalRow> {
 impl Db {
     /// Store a pending approval request.
     pub(crate) fn request_approval(&self, req: &ApprovalRow) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline, status)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    req.id,
-                    req.run_id,
-                    req.goal,
-                    req.kind,
-                    req.tool,
-                    crate::redact::text(&req.input),
-                    req.created_at,
-                    req.deadline,
-                    ApprovalStatus::Pending
-                ],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "INSERT INTO approvals (id, run_id, goal, kind, tool, input, created_at, deadline, status)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                req.id,
+                req.run_id,
+                req.goal,
+                req.kind,
+                req.tool,
+                crate::redact::text(&req.input),
+                req.created_at,
+                req.deadline,
+                ApprovalStatus::Pending
+            ],
+        )?;
         Ok(())
     }
 
@@ -61,30 +59,20 @@ impl Db {
     }
 
     /// Answer a pending request; `false` when it is not pending (answered, expired, gone).
-    pub(crate) fn decide_approval(
-        &self,
-        id: &str,
-        status: ApprovalStatus,
-        always: bool,
-        reason: Option<&str>,
-        by: &str,
-    ) -> Result<bool, DbError> {
-        let n = self
-            .conn
-            .execute(
-                "UPDATE approvals SET status = ?2, always = ?3, reason = ?4, decided_at = ?5,
-                     decided_by = ?6 WHERE id = ?1 AND status = ?7",
-                params![
-                    id,
-                    status,
-                    always,
-                    reason,
-                    stamp(Utc::now()),
-                    by,
-                    ApprovalStatus::Pending
-                ],
-            )
-            .map_err(|e| self.err(e))?;
+    pub(crate) fn decide_approval(&self, id: &str, a: Answer<'_>) -> Result<bool, DbError> {
+        let n = self.execute(
+            "UPDATE approvals SET status = ?2, always = ?3, reason = ?4, decided_at = ?5,
+                 decided_by = ?6 WHERE id = ?1 AND status = ?7",
+            params![
+                id,
+                a.status,
+                a.always,
+                a.reason,
+                stamp(Utc::now()),
+                a.by,
+                ApprovalStatus::Pending
+            ],
+        )?;
         Ok(n == 1)
     }
 }

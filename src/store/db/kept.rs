@@ -155,30 +155,25 @@ impl Db {
                 n += 1;
                 continue;
             }
-            n += self
-                .conn
-                .execute(
-                    "UPDATE runs SET status = 'interrupted', stop_reason = 'cancelled',
-                         ended_at = ?2, error = 'the process running it is gone (killed or crashed)'
-                     WHERE id = ?1 AND status = 'running'",
-                    params![id, stamp(Utc::now())],
-                )
-                .map_err(|e| self.err(e))?;
+            n += self.execute(
+                "UPDATE runs SET status = 'interrupted', stop_reason = 'cancelled',
+                     ended_at = ?2, error = 'the process running it is gone (killed or crashed)'
+                 WHERE id = ?1 AND status = 'running'",
+                params![id, stamp(Utc::now())],
+            )?;
         }
         n += self.adopt_kept()?;
         // An occurrence whose run is over is over too: a stale run's occurrence closes
         // with it, so the goal's history and `sup status` do not show it running forever.
-        self.conn
-            .execute(
-                "UPDATE occurrences SET status = ?1
-                 WHERE status = ?2 AND run_id IN (SELECT id FROM runs WHERE status != ?3)",
-                params![
-                    OccurrenceStatus::Done,
-                    OccurrenceStatus::Running,
-                    RunStatus::Running
-                ],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "UPDATE occurrences SET status = ?1
+             WHERE status = ?2 AND run_id IN (SELECT id FROM runs WHERE status != ?3)",
+            params![
+                OccurrenceStatus::Done,
+                OccurrenceStatus::Running,
+                RunStatus::Running
+            ],
+        )?;
         Ok(n)
     }
 

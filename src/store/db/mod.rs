@@ -158,6 +158,59 @@ pub struct ApprovalRow {
     pub decided_by: Option<String>,
 }
 
+/// The answer to an approval request, as either store records it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Answer<'a> {
+    pub(crate) status: ApprovalStatus,
+    pub(crate) always: bool,
+    pub(crate) reason: Option<&'a str>,
+    pub(crate) by: &'a str,
+}
+
+impl<'a> Answer<'a> {
+    /// Nobody answered before the deadline.
+    pub(crate) const TIMED_OUT: Answer<'static> =
+        Answer::ended(ApprovalStatus::TimedOut, "the deadline");
+    /// The run stopped waiting.
+    pub(crate) const CANCELLED: Answer<'static> =
+        Answer::ended(ApprovalStatus::Cancelled, "the run was cancelled");
+
+    /// A person's answer: approved (`always`: the same tool and subject for the rest of the
+    /// run too) or denied.
+    pub(crate) fn given(approve: bool, always: bool, reason: Option<&'a str>, by: &'a str) -> Self {
+        let status = if approve {
+            ApprovalStatus::Approved
+        } else {
+            ApprovalStatus::Denied
+        };
+        Answer {
+            status,
+            always,
+            reason,
+            by,
+        }
+    }
+
+    const fn ended(status: ApprovalStatus, by: &'a str) -> Answer<'a> {
+        Answer {
+            status,
+            always: false,
+            reason: None,
+            by,
+        }
+    }
+
+    /// The answer `row` holds (one given in the other store, to record in this one).
+    pub(crate) fn of(row: &'a ApprovalRow) -> Answer<'a> {
+        Answer {
+            status: row.status,
+            always: row.always,
+            reason: row.reason.as_deref(),
+            by: row.decided_by.as_deref().unwrap_or("someone"),
+        }
+    }
+}
+
 /// Per-goal counts for `sup goals`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct GoalStats {
@@ -264,6 +317,15 @@ impl Db {
             path: self.path.clone(),
             source,
         }
+    }
+
+    /// Run the statement `sql`; how many rows it changed.
+    pub(crate) fn execute(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<usize, DbError> {
+        self.conn.execute(sql, params).map_err(|e| self.err(e))
     }
 
     /// The connection, for the approval queue's own statements.

@@ -28,12 +28,10 @@ impl Db {
 
     /// The model of a run recorded before its model was built, once its name is known.
     pub(crate) fn set_run_model(&self, id: &str, model: &str) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "UPDATE runs SET model = ?2 WHERE id = ?1",
-                params![id, model],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "UPDATE runs SET model = ?2 WHERE id = ?1",
+            params![id, model],
+        )?;
         Ok(())
     }
 
@@ -49,17 +47,15 @@ impl Db {
 
     /// A run recorded as started that could not start: an error, with why.
     pub(crate) fn fail_run(&self, id: &str, error: &str) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "UPDATE runs SET status = 'error', stop_reason = 'error', ended_at = ?2, error = ?3
-                 WHERE id = ?1 AND status = 'running'",
-                params![
-                    id,
-                    stamp(Utc::now()),
-                    crate::redact::text(error).into_owned()
-                ],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "UPDATE runs SET status = 'error', stop_reason = 'error', ended_at = ?2, error = ?3
+             WHERE id = ?1 AND status = 'running'",
+            params![
+                id,
+                stamp(Utc::now()),
+                crate::redact::text(error).into_owned()
+            ],
+        )?;
         Ok(())
     }
 
@@ -317,15 +313,13 @@ impl Db {
 
     /// Record one notification attempt.
     pub(crate) fn record_notice(&self, n: &NoticeRow) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "INSERT INTO notifications (run_id, goal, event, channel, attempt, at, ok, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![
-                    n.run_id, n.goal, n.event, n.channel, n.attempt, n.at, n.ok, n.detail
-                ],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "INSERT INTO notifications (run_id, goal, event, channel, attempt, at, ok, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                n.run_id, n.goal, n.event, n.channel, n.attempt, n.at, n.ok, n.detail
+            ],
+        )?;
         Ok(())
     }
 

@@ -128,13 +128,11 @@ impl Db {
     }
 
     pub fn set_paused(&self, goal: &str, paused: bool) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "INSERT INTO goal_state (goal, paused) VALUES (?1, ?2)
-                 ON CONFLICT (goal) DO UPDATE SET paused = excluded.paused",
-                params![goal, paused],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "INSERT INTO goal_state (goal, paused) VALUES (?1, ?2)
+             ON CONFLICT (goal) DO UPDATE SET paused = excluded.paused",
+            params![goal, paused],
+        )?;
         Ok(())
     }
 
@@ -145,41 +143,32 @@ impl Db {
         let now = Utc::now();
         let since =
             now - chrono::Duration::from_std(crate::store::REPLAY_WINDOW).unwrap_or_default();
-        self.conn
-            .execute(
-                "DELETE FROM webhook_deliveries WHERE received_at < ?1",
-                params![stamp(since)],
-            )
-            .map_err(|e| self.err(e))?;
-        let n = self
-            .conn
-            .execute(
-                "INSERT OR IGNORE INTO webhook_deliveries (goal, delivery, received_at)
-                 VALUES (?1, ?2, ?3)",
-                params![goal, delivery, stamp(now)],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "DELETE FROM webhook_deliveries WHERE received_at < ?1",
+            params![stamp(since)],
+        )?;
+        let n = self.execute(
+            "INSERT OR IGNORE INTO webhook_deliveries (goal, delivery, received_at)
+             VALUES (?1, ?2, ?3)",
+            params![goal, delivery, stamp(now)],
+        )?;
         if n == 1 {
-            self.conn
-                .execute(
-                    "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery IN (
-                         SELECT delivery FROM webhook_deliveries WHERE goal = ?1
-                         ORDER BY received_at DESC, rowid DESC LIMIT -1 OFFSET ?2)",
-                    params![goal, crate::store::MAX_DELIVERIES],
-                )
-                .map_err(|e| self.err(e))?;
+            self.execute(
+                "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery IN (
+                     SELECT delivery FROM webhook_deliveries WHERE goal = ?1
+                     ORDER BY received_at DESC, rowid DESC LIMIT -1 OFFSET ?2)",
+                params![goal, crate::store::MAX_DELIVERIES],
+            )?;
         }
         Ok(n == 1)
     }
 
     /// Forget a delivery whose run could not start, so that it may be delivered again.
     pub(crate) fn forget_delivery(&self, goal: &str, delivery: &str) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery = ?2",
-                params![goal, delivery],
-            )
-            .map_err(|e| self.err(e))?;
+        self.execute(
+            "DELETE FROM webhook_deliveries WHERE goal = ?1 AND delivery = ?2",
+            params![goal, delivery],
+        )?;
         Ok(())
     }
 
@@ -203,7 +192,9 @@ impl Db {
             .map_err(|e| self.err(e))
     }
 
-    pub(crate) fn goal_stats(&self, goal: &str) -> Result<GoalStats, DbError> {
+    /// A goal's figures (paused, skipped and missed occurrences, its last run) and how many
+    /// of its occurrences were skipped while it was paused.
+    pub(crate) fn goal_stats(&self, goal: &str) -> Result<(GoalStats, u64), DbError> {
         let count = |status: OccurrenceStatus| -> Result<u64, DbError> {
             self.conn
                 .query_row(
@@ -213,12 +204,13 @@ impl Db {
                 )
                 .map_err(|e| self.err(e))
         };
-        Ok(GoalStats {
+        let stats = GoalStats {
             paused: self.paused(goal)?,
             skipped: count(OccurrenceStatus::Skipped)?,
             missed: count(OccurrenceStatus::Missed)?,
             last: self.runs(Some(goal), None, 1)?.into_iter().next(),
-        })
+        };
+        Ok((stats, count(OccurrenceStatus::Paused)?))
     }
 
     /// The status of the occurrence of `goal` at `at`, if one was recorded.

@@ -41,14 +41,12 @@ impl PgStore {
                 &daemon,
             ],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     pub(crate) async fn approval(&self, id: &str) -> Result<Option<ApprovalRow>, PgError> {
         self.row(
-            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
-                 reason, decided_by FROM approvals WHERE id = $1",
+            &format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"),
             &[&id],
             approval_of,
         )
@@ -61,8 +59,7 @@ impl PgStore {
         status: ApprovalStatus,
     ) -> Result<Vec<ApprovalRow>, PgError> {
         self.rows(
-            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
-                 reason, decided_by FROM approvals WHERE status = $1 ORDER BY created_at, id",
+            &format!("SELECT {COLUMNS} FROM approvals WHERE status = $1 ORDER BY created_at, id"),
             &[&status],
             approval_of,
         )
@@ -75,9 +72,10 @@ impl PgStore {
         limit: u32,
     ) -> Result<Vec<(ApprovalRow, Option<String>)>, PgError> {
         self.rows(
-            "SELECT id, run_id, goal, kind, tool, input, created_at, deadline, status, always,
-                 reason, decided_by, decided_at FROM approvals WHERE status <> 'pending'
-             ORDER BY decided_at DESC NULLS LAST, id LIMIT $1",
+            &format!(
+                "SELECT {COLUMNS}, decided_at FROM approvals WHERE status <> 'pending'
+                 ORDER BY decided_at DESC NULLS LAST, id LIMIT $1"
+            ),
             &[&i64::from(limit)],
             |r| {
                 let at: Option<DateTime<Utc>> = r.get(12);
@@ -89,20 +87,13 @@ impl PgStore {
 
     /// Answer a pending request and wake the daemon whose run waits; `false` when it is not
     /// pending.
-    pub(crate) async fn decide_approval(
-        &self,
-        id: &str,
-        status: ApprovalStatus,
-        always: bool,
-        reason: Option<&str>,
-        by: &str,
-    ) -> Result<bool, PgError> {
+    pub(crate) async fn decide_approval(&self, id: &str, a: Answer<'_>) -> Result<bool, PgError> {
         let c = self.client().await?;
         let n = c
             .execute(
                 "UPDATE approvals SET status = $2, always = $3, reason = $4, decided_at = now(),
                      decided_by = $5 WHERE id = $1 AND status = 'pending'",
-                &[&id, &status, &always, &reason, &by],
+                &[&id, &a.status, &a.always, &a.reason, &a.by],
             )
             .await
             .map_err(|e| self.err(&e))?;
@@ -124,10 +115,13 @@ impl PgStore {
             "UPDATE approvals SET status = $2, decided_at = now() WHERE id = $1 AND status = 'pending'",
             &[&id, &status],
         )
-        .await?;
-        Ok(())
+        .await
     }
 }
+
+/// The columns `approval_of` reads, in its order.
+const COLUMNS: &str =
+    "id, run_id, goal, kind, tool, input, created_at, deadline, status, always, reason, decided_by";
 
 fn approval_of(r: &tokio_postgres::Row) -> ApprovalRow {
     ApprovalRow {

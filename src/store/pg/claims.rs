@@ -390,8 +390,7 @@ impl PgStore {
             "DELETE FROM webhook_deliveries WHERE goal = $1 AND delivery = $2",
             &[&goal, &delivery],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// What became of a trigger: its occurrence's status and run.
@@ -405,8 +404,7 @@ impl PgStore {
             "UPDATE triggers SET status = $2, run_id = $3 WHERE id = $1",
             &[&id, &status, &run_id],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// A trigger's state: (status, run id).

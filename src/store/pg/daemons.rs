@@ -66,8 +66,7 @@ impl PgStore {
             "UPDATE daemons SET state = 'stopped', stopped_at = now() WHERE id = $1",
             &[&id],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Daemons whose lease ran out become `dead`; their runs `interrupted`, their occurrences

@@ -9,8 +9,7 @@ impl PgStore {
              ON CONFLICT (goal) DO UPDATE SET paused = excluded.paused",
             &[&goal, &paused],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Publish this daemon's goal versions: (name, content hash, file modified time).

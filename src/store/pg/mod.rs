@@ -14,11 +14,11 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
-use super::db::{ApprovalRow, GoalStats, RunRow, stamp};
+use super::db::{Answer, ApprovalRow, GoalStats, RunRow, stamp};
 use super::{ApprovalStatus, OccurrenceStatus, TriggerKind};
 use crate::model::Usage;
 use crate::schedule::policy::{self, Decision};
-use crate::trace::{CheckReport, Status, StopReason};
+use crate::trace::{CheckReport, Outcome};
 
 mod approvals;
 mod claims;
@@ -209,7 +209,7 @@ pub(crate) struct DaemonRow {
     pub(crate) running: Vec<String>,
 }
 
-/// Who claims: the daemon's id, host and pid.
+/// Who claims: the daemon's id and host.
 #[derive(Clone, Debug)]
 pub(crate) struct Claimer {
     pub(crate) id: String,
@@ -346,14 +346,15 @@ impl PgStore {
         server_error(&self.at, e)
     }
 
-    /// Run the statement `sql`; how many rows it changed.
+    /// Run the statement `sql`.
     async fn execute(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, PgError> {
+    ) -> Result<(), PgError> {
         let c = self.client().await?;
-        c.execute(sql, params).await.map_err(|e| self.err(&e))
+        c.execute(sql, params).await.map_err(|e| self.err(&e))?;
+        Ok(())
     }
 
     /// The rows `sql` selects, each read by `row`.

@@ -1,8 +1,8 @@
 //! The fleet's runs: their start, transcript events and end, and the history's queries.
 
 use super::*;
-use crate::store::RunStatus;
 use crate::store::lineage::{self, Lineage};
+use crate::store::query::RunFilter;
 
 impl PgStore {
     /// What the run's own process says once it started: its local id, model, folders.
@@ -18,8 +18,7 @@ impl PgStore {
             "UPDATE runs SET local_id = $2, model = $3, workspace = $4, dir = $5 WHERE id = $1",
             &[&id, &local_id, &model, &workspace, &dir],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// The cost of a running run so far, so that the day's spending counts it while it
@@ -29,8 +28,7 @@ impl PgStore {
             "UPDATE runs SET cost = $2 WHERE id = $1 AND status = 'running'",
             &[&id, &cost],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Append transcript events (seq, event).
@@ -50,13 +48,13 @@ impl PgStore {
              ON CONFLICT DO NOTHING",
             &[&id, &seqs, &values],
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Record how a run ended, and close its occurrence. A run the fleet had declared
     /// interrupted keeps that status; its outcome is still recorded in the error text.
-    pub(crate) async fn finish_run(&self, id: &str, end: &Finish) -> Result<(), PgError> {
+    pub(crate) async fn finish_run(&self, id: &str, finish: &Finish) -> Result<(), PgError> {
+        let end = &finish.outcome;
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(&e))?;
         tx.execute(
@@ -82,7 +80,7 @@ impl PgStore {
         )
         .await
         .map_err(|e| self.err(&e))?;
-        let l = &end.lineage;
+        let l = &finish.lineage;
         let attempt = l.attempt.map(|a| a as i32);
         tx.execute(
             &lineage::update_sql('$'),
@@ -133,26 +131,26 @@ impl PgStore {
         tx.commit().await.map_err(|e| self.err(&e))
     }
 
-    /// Runs, newest first.
+    /// The runs `filter` selects, newest first: `limit` of them from `offset` on.
     pub(crate) async fn runs(
         &self,
-        goal: Option<&str>,
-        status: Option<RunStatus>,
+        filter: &RunFilter<'_>,
+        offset: u32,
         limit: u32,
     ) -> Result<Vec<FleetRun>, PgError> {
-        let c = self.client().await?;
-        let rows = c
-            .query(
-                &select_runs(
-                    "
-                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
-                     ORDER BY started_at DESC, id DESC LIMIT $3",
-                ),
-                &[&goal, &status, &i64::from(limit)],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        Ok(rows.iter().map(run_of).collect())
+        self.rows(
+            &select_runs(&format!(
+                " WHERE {FILTERED} ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4"
+            )),
+            &[
+                &filter.goal,
+                &filter.status,
+                &i64::from(limit),
+                &i64::from(offset),
+            ],
+            run_of,
+        )
+        .await
     }
 
     /// One run by its fleet id or its local id.
@@ -272,33 +270,19 @@ impl PgStore {
     /// console's list.
     pub(crate) async fn runs_page(
         &self,
-        goal: Option<&str>,
-        status: Option<RunStatus>,
+        filter: &RunFilter<'_>,
         offset: u32,
         limit: u32,
     ) -> Result<(Vec<FleetRun>, u64), PgError> {
-        let c = self.client().await?;
-        let total: i64 = c
-            .query_one(
-                "SELECT count(*) FROM runs
-                 WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)",
-                &[&goal, &status],
+        let total: Option<i64> = self
+            .row(
+                &format!("SELECT count(*) FROM runs WHERE {FILTERED}"),
+                &[&filter.goal, &filter.status],
+                |r| r.get(0),
             )
-            .await
-            .map_err(|e| self.err(&e))?
-            .get(0);
-        let rows = c
-            .query(
-                &select_runs(
-                    "
-                     WHERE ($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)
-                     ORDER BY started_at DESC, id DESC LIMIT $3 OFFSET $4",
-                ),
-                &[&goal, &status, &i64::from(limit), &i64::from(offset)],
-            )
-            .await
-            .map_err(|e| self.err(&e))?;
-        Ok((rows.iter().map(run_of).collect(), total.max(0) as u64))
+            .await?;
+        let rows = self.runs(filter, offset, limit).await?;
+        Ok((rows, total.unwrap_or(0).max(0) as u64))
     }
 
     /// The names of goals that have runs, sorted.
@@ -352,25 +336,18 @@ impl PgStore {
     }
 }
 
-/// How a run ended, owned so that it can wait on disk while the store is away.
+/// How a run ended, and its lineage: what can wait on disk while the store is away.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Finish {
-    pub(crate) status: Status,
-    pub(crate) stop_reason: StopReason,
-    pub(crate) tries: u32,
-    pub(crate) steps: u32,
-    pub(crate) usage: Usage,
-    pub(crate) error: Option<String>,
-    pub(crate) checks: Vec<Vec<CheckReport>>,
-    /// US dollars, when the price is known; absent in outcomes kept by an older `sup`.
-    #[serde(default)]
-    pub(crate) cost: Option<f64>,
-    #[serde(default)]
-    pub(crate) answer: Option<String>,
+    #[serde(flatten)]
+    pub(crate) outcome: Outcome,
     /// What ties the run to others and what its worktree left.
     #[serde(default)]
     pub(crate) lineage: Lineage,
 }
+
+/// The condition on runs of a `RunFilter`: `$1` the goal, `$2` the status, each when given.
+const FILTERED: &str = "($1::text IS NULL OR goal = $1) AND ($2::text IS NULL OR status = $2)";
 
 /// `SELECT` the columns `run_of` reads (the lineage's last, from 25 on) `FROM runs`, then
 /// `rest`.
