@@ -25,7 +25,8 @@ pub use goal::{CheckDef, McpServer, RawCheck, RawTool, ToolDef};
 pub use goal::{GoalFile, GoalFileError};
 
 use crate::approval::Mode;
-use crate::tools::sandbox::Policy;
+use crate::tools::Protected;
+use crate::tools::sandbox::{Policy, check_env_pass};
 use show::Show;
 use values::*;
 pub(crate) use values::{local_zone, parse_enum, parse_zone};
@@ -295,12 +296,12 @@ settings! {
         pub max_memory: Option<u64>,
         /// Pass this secret-named variable (…KEY, …TOKEN, …) to commands, checks and MCP
         /// servers.
-        #[arg(long, value_parser = env_pass_name)]
+        #[arg(long, value_parser = checked(check_env_pass))]
         #[serde(default, deserialize_with = "env_pass_names")]
         pub env_pass: Vec<String>,
         /// A path the agent may not create, change or delete: a gitignore-style glob relative
         /// to the workspace (`tests/**`, `conftest.py`); repeatable.
-        #[arg(long, value_name = "GLOB", value_parser = protect_glob)]
+        #[arg(long, value_name = "GLOB", value_parser = checked(Protected::check_glob))]
         #[serde(default, deserialize_with = "protect_globs")]
         pub protect: Vec<String>,
         /// Checks use the workspace's own toolchain (`.python-version`, `.nvmrc`, … as the
