@@ -592,20 +592,11 @@ impl UserConfig {
         let Some(path) = Self::path().filter(|p| p.exists()) else {
             return Ok(UserConfig::default());
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| GoalFileError {
-            file: path.display().to_string(),
-            line: 0,
-            message: format!("cannot read the user config: {e}"),
-        })?;
-        Self::parse(&path, &text)
+        Self::parse(&path, &goal::read(&path, "user config")?)
     }
 
     pub(crate) fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
-        let mut settings: Settings = goal::from_toml(path, text)?;
-        goal::check_notify(path, text, &settings.notify)?;
-        goal::check_rules(path, text)?;
-        goal::check_mcp(path, text)?;
-        settings.writable = goal::writable(path, text)?;
+        let settings = goal::settings(path, text)?;
         if let Some(key) = settings.goal_only_keys().first() {
             return Err(ConfigError::Invalid(format!(
                 "{}: key `{key}` belongs in a goal file, not the user config",
