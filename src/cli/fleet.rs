@@ -3,15 +3,13 @@
 //! `manage`'s, over `store::history`, for either store.
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::anyhow;
 use tokio_util::sync::CancellationToken;
 
 use super::manage::short;
 use super::run::invocation;
-use super::{Ending, Fail};
+use super::{DaemonArgs, Ending, Fail};
 use crate::config::Settings;
 use crate::run::Invocation;
 use crate::schedule::fleet;
@@ -32,16 +30,6 @@ pub(crate) async fn open(url: &str) -> Result<pg::PgStore, Fail> {
 
 fn defaults() -> Result<Invocation, Fail> {
     invocation(Settings::default())
-}
-
-pub(crate) struct DaemonArgs {
-    pub(crate) goals: PathBuf,
-    pub(crate) max_concurrent: usize,
-    pub(crate) grace: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) tags: Vec<String>,
-    /// Also serve the fleet's web console here.
-    pub(crate) serve: Option<std::net::SocketAddr>,
 }
 
 pub(crate) async fn daemon(url: &str, a: DaemonArgs) -> Result<Ending, Fail> {

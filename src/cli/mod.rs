@@ -171,28 +171,7 @@ enum Command {
     /// retried up to --tries times.
     Goal(GoalArgs),
     /// Run the goals of a folder on their schedules until SIGTERM.
-    Daemon {
-        /// The folder of goal files.
-        #[arg(long, default_value = "goals")]
-        goals: PathBuf,
-        /// Goals running at once at most; more wait.
-        #[arg(long, default_value_t = 4)]
-        max_concurrent: usize,
-        /// At shutdown, how long running goals get to finish before they are cancelled.
-        #[arg(long, default_value = "30s", value_parser = duration)]
-        grace: Duration,
-        /// With --store: how long this daemon's runs stay its own after it stops renewing
-        /// (it renews every third of it); then another daemon marks them interrupted.
-        #[arg(long, default_value = "15s", value_parser = duration)]
-        lease: Duration,
-        /// With --store: what this machine has (`gpu,docker`); goals with `tags` run only
-        /// on daemons that have all of them.
-        #[arg(long, value_delimiter = ',')]
-        tags: Vec<String>,
-        /// Also serve the web console on this address (as `sup serve --listen`).
-        #[arg(long, value_name = "ADDR")]
-        serve: Option<std::net::SocketAddr>,
-    },
+    Daemon(DaemonArgs),
     /// The fleet sharing a --store: each daemon, its last renewal and what it runs.
     Daemons {
         /// One JSON document on stdout instead of the table.
@@ -341,6 +320,30 @@ enum Command {
 
 fn duration(s: &str) -> Result<Duration, String> {
     crate::config::parse_duration(s)
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DaemonArgs {
+    /// The folder of goal files.
+    #[arg(long, default_value = "goals")]
+    pub(crate) goals: PathBuf,
+    /// Goals running at once at most; more wait.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) max_concurrent: usize,
+    /// At shutdown, how long running goals get to finish before they are cancelled.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub(crate) grace: Duration,
+    /// With --store: how long this daemon's runs stay its own after it stops renewing
+    /// (it renews every third of it); then another daemon marks them interrupted.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    pub(crate) lease: Duration,
+    /// With --store: what this machine has (`gpu,docker`); goals with `tags` run only
+    /// on daemons that have all of them.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) tags: Vec<String>,
+    /// Also serve the web console on this address (as `sup serve --listen`).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) serve: Option<std::net::SocketAddr>,
 }
 
 /// What `sup run` and `sup goal` share: how the run is shown, and every setting.
@@ -492,69 +495,7 @@ pub fn main() -> ExitCode {
         }
     };
     let store = cli.store.clone().filter(|s| !s.trim().is_empty());
-    let result = runtime.block_on(async {
-        if let Some(url) = store.as_deref() {
-            return fleet_command(url, cli.command).await;
-        }
-        match cli.command {
-            Command::Run(args) => run::run(args).await,
-            Command::Goal(args) => run::goal(args).await,
-            Command::Daemon {
-                goals,
-                max_concurrent,
-                grace,
-                serve,
-                ..
-            } => manage::daemon(goals, max_concurrent, grace, serve).await,
-            Command::Daemons { .. } => Err(Fail::usage(anyhow::anyhow!(
-                "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
-            ))),
-            Command::Serve { listen, goals } => serve::serve(listen, goals, None).await,
-            Command::Goals { goals, json } => manage::goals(&local(), &goals, json).await,
-            Command::Runs {
-                goal,
-                status,
-                limit,
-                json,
-            } => manage::runs(&local(), goal.as_deref(), status, limit, json).await,
-            Command::Show {
-                run_id, diff: true, ..
-            } => continued::diff(&run_id),
-            Command::Show { run_id, full, .. } => manage::show(&local(), &run_id, full).await,
-            Command::Continue {
-                run_id,
-                max_steps,
-                tries,
-                max_cost,
-                json,
-            } => {
-                let o = crate::run::resume::Overrides {
-                    max_steps,
-                    tries,
-                    max_cost,
-                };
-                continued::continue_run(&run_id, o, json).await
-            }
-            Command::Trigger {
-                name,
-                goals,
-                json,
-                approval,
-                webhook,
-            } => manage::trigger(&local(), &goals, &name, json, approval, payload(webhook)?).await,
-            Command::Pause { name, goals } => manage::pause(&local(), &goals, &name, true).await,
-            Command::Resume { name, goals } => manage::pause(&local(), &goals, &name, false).await,
-            Command::Approvals { json } => manage::approvals(&local(), json).await,
-            Command::Approve { id, always } => {
-                manage::answer(&local(), &id, true, always, None).await
-            }
-            Command::Deny { id, reason } => {
-                manage::answer(&local(), &id, false, false, reason).await
-            }
-            Command::Status { goals, json } => status::status(&goals, json).await,
-            Command::Service { action } => service::service(action),
-        }
-    });
+    let result = runtime.block_on(command(store.as_deref(), cli.command));
     // Tool processes are killed by their own guards; do not wait on stragglers.
     runtime.shutdown_timeout(Duration::from_millis(200));
     crate::trace::otel::shutdown();
@@ -585,82 +526,102 @@ fn message(error: &anyhow::Error) -> String {
     out
 }
 
-/// This machine's history (`SUP_HOME`).
-fn local() -> History {
-    History::Local(crate::store::home())
+/// The history of the store at `store` (`--store`, `SUP_STORE`), or this machine's
+/// (`SUP_HOME`).
+async fn history(store: Option<&str>) -> Result<History, Fail> {
+    Ok(match store {
+        Some(url) => History::Fleet(Box::new(fleet::open(url).await?)),
+        None => History::Local(crate::store::home()),
+    })
 }
 
-/// The fleet's history in the store at `url`.
-async fn shared(url: &str) -> Result<History, Fail> {
-    Ok(History::Fleet(Box::new(fleet::open(url).await?)))
-}
-
-/// A command against a PostgreSQL store (`--store`, `SUP_STORE`).
-async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
+/// A command against this machine's store, or with `store` against a fleet's PostgreSQL
+/// store (`--store`, `SUP_STORE`).
+async fn command(store: Option<&str>, command: Command) -> Result<Ending, Fail> {
     match command {
         // A single run is recorded where it runs; the fleet's history is the daemons' runs
         // and triggers.
         Command::Run(args) => {
-            fleet::open(url).await?;
+            if let Some(url) = store {
+                fleet::open(url).await?;
+            }
             run::run(args).await
         }
         Command::Goal(args) => {
-            fleet::open(url).await?;
+            if let Some(url) = store {
+                fleet::open(url).await?;
+            }
             run::goal(args).await
         }
-        Command::Daemon {
-            goals,
-            max_concurrent,
-            grace,
-            lease,
-            tags,
-            serve,
-        } => {
-            fleet::daemon(
-                url,
-                fleet::DaemonArgs {
-                    goals,
-                    max_concurrent,
-                    grace,
-                    lease,
-                    tags,
-                    serve,
-                },
-            )
-            .await
-        }
-        Command::Daemons { json } => fleet::daemons(url, json).await,
-        Command::Status { goals, json } => {
-            let store = fleet::open(url).await?;
-            status::status_in(&status::Source::Fleet(store), &goals, json).await
-        }
+        Command::Daemon(a) => match store {
+            Some(url) => fleet::daemon(url, a).await,
+            None => manage::daemon(a.goals, a.max_concurrent, a.grace, a.serve).await,
+        },
+        Command::Daemons { json } => match store {
+            Some(url) => fleet::daemons(url, json).await,
+            None => Err(Fail::usage(anyhow::anyhow!(
+                "`sup daemons` lists a fleet: pass --store postgres://… or set SUP_STORE"
+            ))),
+        },
+        Command::Status { goals, json } => match store {
+            Some(url) => {
+                let source = status::Source::Fleet(fleet::open(url).await?);
+                status::status_in(&source, &goals, json).await
+            }
+            None => status::status(&goals, json).await,
+        },
         Command::Serve { listen, goals } => {
-            let store = fleet::open(url).await?;
-            serve::serve(listen, goals, Some((store, url.to_string()))).await
+            let fleet = match store {
+                Some(url) => Some((fleet::open(url).await?, url.to_string())),
+                None => None,
+            };
+            serve::serve(listen, goals, fleet).await
         }
         Command::Service { action } => {
-            if !crate::store::pg::is_pg_url(url) {
+            if let Some(url) = store
+                && !crate::store::pg::is_pg_url(url)
+            {
                 let url = crate::store::pg::without_password(url);
                 return Err(Fail::usage(anyhow::anyhow!(
                     "--store `{url}` is not a PostgreSQL URL: write \
                      postgres://USER@HOST:PORT/DATABASE"
                 )));
             }
-            service::service_with(action, Some(url))
+            service::service(action, store)
         }
-        Command::Goals { goals, json } => manage::goals(&shared(url).await?, &goals, json).await,
+        Command::Goals { goals, json } => manage::goals(&history(store).await?, &goals, json).await,
         Command::Runs {
             goal,
             status,
             limit,
             json,
-        } => manage::runs(&shared(url).await?, goal.as_deref(), status, limit, json).await,
+        } => manage::runs(&history(store).await?, goal.as_deref(), status, limit, json).await,
+        Command::Show {
+            run_id, diff: true, ..
+        } if store.is_none() => continued::diff(&run_id),
         Command::Show { run_id, full, .. } => {
-            manage::show(&shared(url).await?, &run_id, full).await
+            manage::show(&history(store).await?, &run_id, full).await
         }
-        Command::Continue { .. } => Err(Fail::usage(anyhow::anyhow!(
-            "`sup continue` continues a run of this machine's store; run it without --store"
-        ))),
+        Command::Continue {
+            run_id,
+            max_steps,
+            tries,
+            max_cost,
+            json,
+        } => {
+            if store.is_some() {
+                return Err(Fail::usage(anyhow::anyhow!(
+                    "`sup continue` continues a run of this machine's store; run it without \
+                     --store"
+                )));
+            }
+            let o = crate::run::resume::Overrides {
+                max_steps,
+                tries,
+                max_cost,
+            };
+            continued::continue_run(&run_id, o, json).await
+        }
         Command::Trigger {
             name,
             goals,
@@ -668,21 +629,21 @@ async fn fleet_command(url: &str, command: Command) -> Result<Ending, Fail> {
             approval,
             webhook,
         } => {
-            let history = shared(url).await?;
+            let history = history(store).await?;
             manage::trigger(&history, &goals, &name, json, approval, payload(webhook)?).await
         }
         Command::Pause { name, goals } => {
-            manage::pause(&shared(url).await?, &goals, &name, true).await
+            manage::pause(&history(store).await?, &goals, &name, true).await
         }
         Command::Resume { name, goals } => {
-            manage::pause(&shared(url).await?, &goals, &name, false).await
+            manage::pause(&history(store).await?, &goals, &name, false).await
         }
-        Command::Approvals { json } => manage::approvals(&shared(url).await?, json).await,
+        Command::Approvals { json } => manage::approvals(&history(store).await?, json).await,
         Command::Approve { id, always } => {
-            manage::answer(&shared(url).await?, &id, true, always, None).await
+            manage::answer(&history(store).await?, &id, true, always, None).await
         }
         Command::Deny { id, reason } => {
-            manage::answer(&shared(url).await?, &id, false, false, reason).await
+            manage::answer(&history(store).await?, &id, false, false, reason).await
         }
     }
 }

@@ -310,12 +310,8 @@ fn put_secret(path: &Path, key: &str, value: Option<&str>) -> Result<bool, Fail>
     Ok(true)
 }
 
-pub(crate) fn service(action: Action) -> Result<Ending, Fail> {
-    service_with(action, None)
-}
-
-/// `sup service` with the fleet's store URL (`--store`, `SUP_STORE`) passed to the daemon.
-pub(crate) fn service_with(action: Action, store: Option<&str>) -> Result<Ending, Fail> {
+/// `sup service`; a fleet's store URL (`--store`, `SUP_STORE`) is passed on to the daemon.
+pub(crate) fn service(action: Action, store: Option<&str>) -> Result<Ending, Fail> {
     match action {
         Action::Install {
             goals,

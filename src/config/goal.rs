@@ -158,11 +158,28 @@ fn key_at(text: &str, line: usize) -> Option<String> {
     })
 }
 
+/// A file's text; an error names the file and says what it is (`what`: `goal file`).
+pub(super) fn read(path: &Path, what: &str) -> Result<String, GoalFileError> {
+    std::fs::read_to_string(path).map_err(|e| GoalFileError {
+        file: path.display().to_string(),
+        line: 0,
+        message: format!("cannot read the {what}: {e}"),
+    })
+}
+
+/// The settings of a goal file or the user config, parsed strictly and checked where
+/// parsing cannot (`[[notify]]`, `[approval_rules]`, `[[mcp]]`, `writable`).
+pub(super) fn settings(path: &Path, text: &str) -> Result<Settings, GoalFileError> {
+    let mut settings: Settings = from_toml(path, text)?;
+    check_notify(path, text, &settings.notify)?;
+    check_rules(path, text)?;
+    check_mcp(path, text)?;
+    settings.writable = writable(path, text)?;
+    Ok(settings)
+}
+
 /// Parse a TOML file of settings strictly; errors name the file, the line and the key.
-pub(super) fn from_toml<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    text: &str,
-) -> Result<T, GoalFileError> {
+fn from_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, GoalFileError> {
     toml::from_str(text).map_err(|e| {
         let line = e.span().map_or(0, |s| line_at(text, s.start));
         let message = e.message().trim().to_string();
@@ -181,7 +198,7 @@ pub(super) fn from_toml<T: serde::de::DeserializeOwned>(
 }
 
 /// Check `[[notify]]` tables; an error names the file and the table's line.
-pub(super) fn check_notify(
+fn check_notify(
     path: &Path,
     text: &str,
     tables: &[toml::Spanned<crate::notify::RawNotify>],
@@ -198,7 +215,7 @@ pub(super) fn check_notify(
 
 /// Check `[[mcp]]` tables: a server is a `command` or a `url`, and a header that carries a
 /// credential takes it from the environment (`${VAR}`), never from the file.
-pub(super) fn check_mcp(path: &Path, text: &str) -> Result<(), GoalFileError> {
+fn check_mcp(path: &Path, text: &str) -> Result<(), GoalFileError> {
     #[derive(Deserialize)]
     struct Tables {
         #[serde(default)]
@@ -272,7 +289,7 @@ struct SpannedRules {
 }
 
 /// Check every rule of `[approval_rules]`; a bad one names the file and its line.
-pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> {
+fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> {
     #[derive(Deserialize)]
     struct Only {
         #[serde(default)]
@@ -305,7 +322,7 @@ pub(super) fn check_rules(path: &Path, text: &str) -> Result<(), GoalFileError> 
 /// `writable = [...]`, each folder resolved against the folder of the file that names it (a
 /// goal file or the user config; or `~/`) and checked to exist; a bad one names the file and
 /// its line.
-pub(super) fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileError> {
+fn writable(path: &Path, text: &str) -> Result<Vec<String>, GoalFileError> {
     #[derive(Deserialize)]
     struct Only {
         #[serde(default)]
@@ -361,12 +378,7 @@ fn text_line(text: &str, key: &str) -> Option<usize> {
 
 impl GoalFile {
     pub(crate) fn load(path: &Path) -> Result<GoalFile, GoalFileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| GoalFileError {
-            file: path.display().to_string(),
-            line: 0,
-            message: format!("cannot read the goal file: {e}"),
-        })?;
-        Self::parse(path, &text)
+        Self::parse(path, &read(path, "goal file")?)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<GoalFile, GoalFileError> {
@@ -376,11 +388,7 @@ impl GoalFile {
             line,
             message,
         };
-        let mut settings: Settings = from_toml(path, text)?;
-        check_notify(path, text, &settings.notify)?;
-        check_rules(path, text)?;
-        check_mcp(path, text)?;
-        settings.writable = writable(path, text)?;
+        let mut settings = settings(path, text)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         settings.workspace = settings.workspace.map(|w| dir.join(w));
         for paths in [&mut settings.hidden, &mut settings.readable] {

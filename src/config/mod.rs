@@ -25,7 +25,8 @@ pub use goal::{CheckDef, McpServer, RawCheck, RawTool, ToolDef};
 pub use goal::{GoalFile, GoalFileError};
 
 use crate::approval::Mode;
-use crate::tools::sandbox::Policy;
+use crate::tools::Protected;
+use crate::tools::sandbox::{Policy, check_env_pass};
 use show::Show;
 use values::*;
 pub(crate) use values::{local_zone, parse_enum, parse_zone};
@@ -295,12 +296,12 @@ settings! {
         pub max_memory: Option<u64>,
         /// Pass this secret-named variable (…KEY, …TOKEN, …) to commands, checks and MCP
         /// servers.
-        #[arg(long, value_parser = env_pass_name)]
+        #[arg(long, value_parser = checked(check_env_pass))]
         #[serde(default, deserialize_with = "env_pass_names")]
         pub env_pass: Vec<String>,
         /// A path the agent may not create, change or delete: a gitignore-style glob relative
         /// to the workspace (`tests/**`, `conftest.py`); repeatable.
-        #[arg(long, value_name = "GLOB", value_parser = protect_glob)]
+        #[arg(long, value_name = "GLOB", value_parser = checked(Protected::check_glob))]
         #[serde(default, deserialize_with = "protect_globs")]
         pub protect: Vec<String>,
         /// Checks use the workspace's own toolchain (`.python-version`, `.nvmrc`, … as the
@@ -591,20 +592,11 @@ impl UserConfig {
         let Some(path) = Self::path().filter(|p| p.exists()) else {
             return Ok(UserConfig::default());
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| GoalFileError {
-            file: path.display().to_string(),
-            line: 0,
-            message: format!("cannot read the user config: {e}"),
-        })?;
-        Self::parse(&path, &text)
+        Self::parse(&path, &goal::read(&path, "user config")?)
     }
 
     pub(crate) fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
-        let mut settings: Settings = goal::from_toml(path, text)?;
-        goal::check_notify(path, text, &settings.notify)?;
-        goal::check_rules(path, text)?;
-        goal::check_mcp(path, text)?;
-        settings.writable = goal::writable(path, text)?;
+        let settings = goal::settings(path, text)?;
         if let Some(key) = settings.goal_only_keys().first() {
             return Err(ConfigError::Invalid(format!(
                 "{}: key `{key}` belongs in a goal file, not the user config",

@@ -21,11 +21,40 @@ pub(super) fn parse_parallel(s: &str) -> Result<u32, String> {
     }
 }
 
+/// A file's value, written as an `R`, through the flag's parser: both take and refuse the
+/// same, in the same words.
+fn through<'de, D, R, T>(d: D, parse: fn(&str) -> Result<T, String>) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    R: Deserialize<'de> + ToString,
+{
+    Option::<R>::deserialize(d)?
+        .map(|v| parse(&v.to_string()).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// A flag's value that passes `check` (`--protect GLOB`, `--env-pass NAME`).
+pub(super) fn checked(
+    check: fn(&str) -> Result<(), String>,
+) -> impl Fn(&str) -> Result<String, String> + Clone + Send + Sync + 'static {
+    move |s| check(s).map(|()| s.to_string())
+}
+
+/// A file's list of names, each passing `check` (as the flag's values do).
+fn each<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    check: fn(&str) -> Result<(), String>,
+) -> Result<Vec<String>, D::Error> {
+    let list = Vec::<String>::deserialize(d)?;
+    for s in &list {
+        check(s).map_err(serde::de::Error::custom)?;
+    }
+    Ok(list)
+}
+
 /// `parallel = N` in a file: 1 to 16.
 pub(super) fn parallel<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-    Option::<i64>::deserialize(d)?
-        .map(|n| parse_parallel(&n.to_string()).map_err(serde::de::Error::custom))
-        .transpose()
+    through::<D, i64, _>(d, parse_parallel)
 }
 
 /// `--compact-at`: a share strictly between 0 and 1.
@@ -40,9 +69,7 @@ pub(super) fn parse_fraction(s: &str) -> Result<f64, String> {
 
 /// `compact_at` in a file, through `parse_fraction`.
 pub(super) fn fraction<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    Option::<f64>::deserialize(d)?
-        .map(|v| parse_fraction(&v.to_string()).map_err(serde::de::Error::custom))
-        .transpose()
+    through::<D, f64, _>(d, parse_fraction)
 }
 
 /// `--max-cost`: US dollars, 0 or more.
@@ -55,19 +82,9 @@ pub(super) fn parse_cost(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A cost in a file: US dollars, 0 or more.
+/// A cost in a file, through `parse_cost`.
 pub(super) fn cost<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    Option::<f64>::deserialize(d)?
-        .map(|v| {
-            if v >= 0.0 && v.is_finite() {
-                Ok(v)
-            } else {
-                Err(serde::de::Error::custom(format!(
-                    "{v} is not a cost; write US dollars, 0 or more"
-                )))
-            }
-        })
-        .transpose()
+    through::<D, f64, _>(d, parse_cost)
 }
 
 /// `[prices]`: each price checked where it is written.
@@ -181,35 +198,18 @@ pub(super) fn mcp_server(s: &str) -> Result<McpServer, String> {
     })
 }
 
-/// `--protect GLOB`.
-pub(super) fn protect_glob(s: &str) -> Result<String, String> {
-    crate::tools::Protected::check_glob(s).map(|()| s.to_string())
-}
-
 /// `protect = [...]`: each a glob that parses and leaves part of the workspace to the agent.
 pub(super) fn protect_globs<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Vec<String>, D::Error> {
-    let globs = Vec::<String>::deserialize(d)?;
-    for g in &globs {
-        crate::tools::Protected::check_glob(g).map_err(serde::de::Error::custom)?;
-    }
-    Ok(globs)
-}
-
-pub(super) fn env_pass_name(s: &str) -> Result<String, String> {
-    crate::tools::sandbox::check_env_pass(s).map(|()| s.to_string())
+    each(d, crate::tools::Protected::check_glob)
 }
 
 /// `env_pass = [...]`: each entry a variable name.
 pub(crate) fn env_pass_names<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Vec<String>, D::Error> {
-    let names = Vec::<String>::deserialize(d)?;
-    for n in &names {
-        crate::tools::sandbox::check_env_pass(n).map_err(serde::de::Error::custom)?;
-    }
-    Ok(names)
+    each(d, crate::tools::sandbox::check_env_pass)
 }
 
 /// `watch = [...]`: each a gitignore-style glob that parses and watches something.

@@ -180,93 +180,109 @@ mod tests {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
-    fn next(expr: &str, tz: &str, after: &str, n: usize) -> Vec<String> {
-        Schedule::parse(expr, crate::config::parse_zone(tz).unwrap())
+    /// The occurrences of `expr` in zone `tz` after `after` are `want`, in that zone.
+    fn upcoming(expr: &str, tz: &str, after: &str, want: &[&str]) {
+        let zone = crate::config::parse_zone(tz).unwrap();
+        let got: Vec<String> = Schedule::parse(expr, zone)
             .unwrap()
-            .upcoming(utc(after), n)
+            .upcoming(utc(after), want.len())
             .into_iter()
-            .map(|t| {
-                t.with_timezone(&crate::config::parse_zone(tz).unwrap())
-                    .to_rfc3339()
-            })
-            .collect()
+            .map(|t| t.with_timezone(&zone).to_rfc3339())
+            .collect();
+        assert_eq!(got, want, "{expr} in {tz} after {after}");
     }
 
     #[test]
     fn five_and_six_fields() {
-        assert_eq!(
-            next("0 9 * * MON-FRI", "UTC", "2026-11-27T10:00:00Z", 2),
-            ["2026-11-30T09:00:00+00:00", "2026-12-01T09:00:00+00:00"]
+        upcoming(
+            "0 9 * * MON-FRI",
+            "UTC",
+            "2026-11-27T10:00:00Z",
+            &["2026-11-30T09:00:00+00:00", "2026-12-01T09:00:00+00:00"],
         );
-        assert_eq!(
-            next("*/20 * * * * *", "UTC", "2026-11-27T10:00:00Z", 3),
-            [
+        upcoming(
+            "*/20 * * * * *",
+            "UTC",
+            "2026-11-27T10:00:00Z",
+            &[
                 "2026-11-27T10:00:20+00:00",
                 "2026-11-27T10:00:40+00:00",
-                "2026-11-27T10:01:00+00:00"
-            ]
+                "2026-11-27T10:01:00+00:00",
+            ],
         );
     }
 
     #[test]
     fn last_weekday_and_nth() {
         // L: the last day of the month.
-        assert_eq!(
-            next("0 0 L * *", "UTC", "2026-02-01T00:00:00Z", 1),
-            ["2026-02-28T00:00:00+00:00"]
+        upcoming(
+            "0 0 L * *",
+            "UTC",
+            "2026-02-01T00:00:00Z",
+            &["2026-02-28T00:00:00+00:00"],
         );
         // W: the weekday closest to the 15th (2026-11-15 is a Sunday → Monday the 16th).
-        assert_eq!(
-            next("0 0 15W * *", "UTC", "2026-11-01T00:00:00Z", 1),
-            ["2026-11-16T00:00:00+00:00"]
+        upcoming(
+            "0 0 15W * *",
+            "UTC",
+            "2026-11-01T00:00:00Z",
+            &["2026-11-16T00:00:00+00:00"],
         );
         // #: the second Tuesday.
-        assert_eq!(
-            next("0 0 * * TUE#2", "UTC", "2026-11-01T00:00:00Z", 1),
-            ["2026-11-10T00:00:00+00:00"]
+        upcoming(
+            "0 0 * * TUE#2",
+            "UTC",
+            "2026-11-01T00:00:00Z",
+            &["2026-11-10T00:00:00+00:00"],
         );
     }
 
     #[test]
     fn day_of_month_or_day_of_week() {
         // The 1st of the month OR any Monday, as classic cron.
-        assert_eq!(
-            next("0 0 1 * MON", "UTC", "2026-11-25T00:00:00Z", 3),
-            [
+        upcoming(
+            "0 0 1 * MON",
+            "UTC",
+            "2026-11-25T00:00:00Z",
+            &[
                 "2026-11-30T00:00:00+00:00",
                 "2026-12-01T00:00:00+00:00",
-                "2026-12-07T00:00:00+00:00"
-            ]
+                "2026-12-07T00:00:00+00:00",
+            ],
         );
     }
 
     #[test]
     fn spring_forward_gap_runs_right_after_the_gap() {
         // 2026-03-08 02:30 does not exist in New York; the run comes at 03:00 EDT.
-        let got = next("30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", 2);
-        assert_eq!(
-            got,
-            ["2026-03-08T03:00:00-04:00", "2026-03-09T02:30:00-04:00"]
+        upcoming(
+            "30 2 * * *",
+            "America/New_York",
+            "2026-03-07T12:00:00Z",
+            &["2026-03-08T03:00:00-04:00", "2026-03-09T02:30:00-04:00"],
         );
-        let got = next("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", 2);
-        assert_eq!(
-            got,
-            ["2026-03-29T03:00:00+02:00", "2026-03-30T02:30:00+02:00"]
+        upcoming(
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-03-28T12:00:00Z",
+            &["2026-03-29T03:00:00+02:00", "2026-03-30T02:30:00+02:00"],
         );
     }
 
     #[test]
     fn fall_back_overlap_runs_once() {
         // 01:30 happens twice in New York on 2026-11-01; the job runs once.
-        let got = next("30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z", 2);
-        assert_eq!(
-            got,
-            ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]
+        upcoming(
+            "30 1 * * *",
+            "America/New_York",
+            "2026-10-31T12:00:00Z",
+            &["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"],
         );
-        let got = next("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", 2);
-        assert_eq!(
-            got,
-            ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+        upcoming(
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-10-24T12:00:00Z",
+            &["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"],
         );
     }
 

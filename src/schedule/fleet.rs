@@ -323,12 +323,7 @@ impl Daemon {
     /// Occurrences that came due by `now`.
     async fn due(&mut self, now: DateTime<Utc>) {
         let mut due = Vec::new();
-        let names: Vec<String> = self
-            .goals
-            .iter()
-            .filter(|(_, g)| g.next.is_some_and(|n| n <= now))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let names = policy::due_goals(&self.goals, |g| g.next, now);
         // Goals often share a schedule: each (schedule, time) is computed once.
         let mut memo: HashMap<(String, String, DateTime<Utc>), Option<DateTime<Utc>>> =
             HashMap::new();

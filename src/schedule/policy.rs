@@ -4,6 +4,7 @@
 //! and how long a run waits before it starts (jitter). Pure functions of times and states;
 //! their tests are beside them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -19,6 +20,19 @@ pub(crate) const MISSED_CAP: usize = 1000;
 /// How late an occurrence of a goal with `catch_up` may run.
 pub(crate) fn window(catch_up: Duration) -> Duration {
     catch_up.max(ON_TIME)
+}
+
+/// The goals whose next occurrence (`next`) came due by `now`, by name.
+pub(crate) fn due_goals<G>(
+    goals: &BTreeMap<String, G>,
+    next: impl Fn(&G) -> Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    goals
+        .iter()
+        .filter(|(_, g)| next(g).is_some_and(|n| n <= now))
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// What became of the occurrences that came due.

@@ -123,6 +123,37 @@ struct Launch {
     recorded: Option<(Recorded, tokio::sync::OwnedSemaphorePermit)>,
 }
 
+impl Launch {
+    /// Run it: at once if recorded in the claim's transaction (its permit held), else after
+    /// its jitter and once a permit is free. Its run's id and how it ended.
+    async fn run(
+        self,
+        home: PathBuf,
+        clock: Arc<dyn Clock>,
+        permits: Arc<Semaphore>,
+    ) -> (Option<String>, String) {
+        let fire = (self.at, self.kind);
+        match self.recorded {
+            Some((recorded, _permit)) => {
+                start_recorded(&self.goal, fire, self.source, &home, recorded, &self.cancel).await
+            }
+            None => {
+                let waits = (self.jitter, clock.as_ref());
+                run_one(
+                    &self.goal,
+                    fire,
+                    self.source,
+                    &home,
+                    waits,
+                    &permits,
+                    &self.cancel,
+                )
+                .await
+            }
+        }
+    }
+}
+
 struct Done {
     goal: String,
     at: DateTime<Utc>,
@@ -286,12 +317,7 @@ impl Daemon {
     }
 
     fn due_each(&mut self, now: DateTime<Utc>) {
-        let names: Vec<String> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| s.next.is_some_and(|n| n <= now))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let names = policy::due_goals(&self.slots, |s| s.next, now);
         for name in names {
             let Some(slot) = self.slots.get_mut(&name) else {
                 continue;
@@ -524,33 +550,12 @@ impl Daemon {
             let permits = self.permits.clone();
             let clock = self.cfg.clock.clone();
             let done = self.done_tx.clone();
-            let Launch {
-                goal,
-                at,
-                kind,
-                source,
-                jitter,
-                cancel,
-                recorded,
-            } = launch;
-            let run_id = recorded.as_ref().map(|(r, _)| r.run.id.clone());
+            let (goal, at) = (launch.goal.clone(), launch.at);
+            let run_id = launch.recorded.as_ref().map(|(r, _)| r.run.id.clone());
             self.tasks.spawn(async move {
                 // The run in a task of its own: should it panic, the occurrence is still
                 // closed and the goal's overlap slot freed.
-                let name = goal.clone();
-                let inner = tokio::spawn(async move {
-                    match recorded {
-                        Some((recorded, _permit)) => {
-                            start_recorded(&name, (at, kind), source, &home, recorded, &cancel)
-                                .await
-                        }
-                        None => {
-                            let waits = (jitter, clock.as_ref());
-                            run_one(&name, (at, kind), source, &home, waits, &permits, &cancel)
-                                .await
-                        }
-                    }
-                });
+                let inner = tokio::spawn(launch.run(home, clock, permits));
                 let (run_id, status) = match inner.await {
                     Ok(r) => r,
                     Err(e) => {
