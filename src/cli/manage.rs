@@ -490,7 +490,7 @@ pub(crate) async fn trigger(
             execute(spec, json_out, false, true, kind).await
         }
         History::Fleet(store) => {
-            claim_and_run(store, (name, goal.overlap), &spec, kind, json_out).await
+            claim_and_run(store, (name, goal.timing.overlap), &spec, kind, json_out).await
         }
     }
 }

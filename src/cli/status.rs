@@ -80,7 +80,7 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
         let since = overview::written_at(&path, now);
         let mut overdue = None;
         if let Some(expected) = overview::due_occurrence(&g, since, now, paused)
-            && let Some(s) = &g.schedule
+            && let Some(s) = &g.timing.schedule
         {
             let seen = source.occurrence(name, expected).await?;
             if !overview::accounted(seen.as_deref()) {
@@ -90,7 +90,7 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
         let verdict_ok = last
             .as_ref()
             .is_none_or(|r| r.status == crate::store::RunStatus::Achieved);
-        let next = g.schedule.as_ref().and_then(|s| {
+        let next = g.timing.schedule.as_ref().and_then(|s| {
             s.next_after(now)
                 .map(|t| t.with_timezone(&s.tz).to_rfc3339())
         });
@@ -99,7 +99,7 @@ pub(crate) async fn status_in(source: &Source, dir: &Path, json_out: bool) -> Re
             "file": path.display().to_string(),
             "healthy": overdue.is_none() && verdict_ok,
             "paused": paused,
-            "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
+            "schedule": g.timing.schedule.as_ref().map(|s| s.expr.clone()),
             "watch": g.watch,
             "last_occurrence": last_occurrence.map(stamp),
             "last": last.map(|r| json!({

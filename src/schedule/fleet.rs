@@ -20,10 +20,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::clock::Clock;
-use super::cron::Schedule;
 use super::fleet_run::give_up;
 pub(crate) use super::fleet_run::{execute, flush_spool};
-use super::goals::{self, Overlap};
+use super::goals::{self, Overlap, Timing};
 use super::policy::{self, Settled};
 use crate::run::{Invocation, RunSpec, Trigger};
 use crate::store::db::{Db, stamp};
@@ -65,10 +64,7 @@ pub struct Config {
 struct Goal {
     path: PathBuf,
     spec: RunSpec,
-    schedule: Option<Schedule>,
-    overlap: Overlap,
-    catch_up: Duration,
-    jitter: Duration,
+    timing: Timing,
     tags: Vec<String>,
     retry: bool,
     hash: String,
@@ -143,9 +139,10 @@ impl Daemon {
                 Err(e) => Err(format!("{}: {e}", g.file.path.display())),
             },
             |_, (g, spec), old| {
-                let next = match (&old, &g.schedule) {
+                let next = match (&old, &g.timing.schedule) {
                     (Some(o), Some(s))
-                        if o.schedule
+                        if o.timing
+                            .schedule
                             .as_ref()
                             .is_some_and(|os| os.expr == s.expr && os.tz == s.tz) =>
                     {
@@ -158,10 +155,7 @@ impl Daemon {
                 Some(Goal {
                     path: g.file.path.clone(),
                     spec,
-                    schedule: g.schedule,
-                    overlap: g.overlap,
-                    catch_up: g.catch_up,
-                    jitter: g.jitter,
+                    timing: g.timing,
                     tags: g.file.settings.tags.clone(),
                     retry: g.file.settings.retry_interrupted.unwrap_or(false),
                     hash,
@@ -269,13 +263,13 @@ impl Daemon {
         };
         let mut due = Vec::new();
         for (name, g) in &self.goals {
-            let (Some(s), Some(last)) = (&g.schedule, last.get(name)) else {
+            let (Some(s), Some(last)) = (&g.timing.schedule, last.get(name)) else {
                 continue;
             };
             if g.stale || !self.fits(g) {
                 continue;
             }
-            let settled = policy::catch_up(s, *last, now, g.catch_up);
+            let settled = policy::catch_up(s, *last, now, g.timing.catch_up);
             self.settle(name, g, settled, &mut due).await;
         }
         self.claim(TriggerKind::Schedule, due, None).await;
@@ -302,7 +296,7 @@ impl Daemon {
             due.push(Due {
                 goal: name.to_string(),
                 at,
-                overlap: g.overlap,
+                overlap: g.timing.overlap,
                 retry_interrupted: g.retry,
             });
         }
@@ -331,7 +325,7 @@ impl Daemon {
             let Some(g) = self.goals.get_mut(&name) else {
                 continue;
             };
-            let (Some(s), Some(first)) = (&g.schedule, g.next) else {
+            let (Some(s), Some(first)) = (&g.timing.schedule, g.next) else {
                 continue;
             };
             let after_first = *memo
@@ -343,7 +337,7 @@ impl Daemon {
             if g.stale || !self.fits(g) {
                 continue;
             }
-            let settled = policy::settle(list, total, now, policy::window(g.catch_up));
+            let settled = policy::settle(list, total, now, policy::window(g.timing.catch_up));
             self.settle(&name, g, settled, &mut due).await;
         }
         if due.is_empty() {
@@ -462,10 +456,10 @@ impl Daemon {
         let goal = goal.to_string();
         // A scheduled run waits its share of the goal's jitter, as on one machine.
         let wait = match kind {
-            TriggerKind::Schedule => policy::jitter_wait(&goal, at, g.jitter),
+            TriggerKind::Schedule => policy::jitter_wait(&goal, at, g.timing.jitter),
             _ => Duration::ZERO,
         };
-        if !g.jitter.is_zero() && kind == TriggerKind::Schedule {
+        if !g.timing.jitter.is_zero() && kind == TriggerKind::Schedule {
             tracing::info!(
                 "goal {goal} at {}: waits {}ms of its jitter",
                 stamp(at),
@@ -518,7 +512,7 @@ impl Daemon {
         let Some(g) = self.goals.get(goal) else {
             return;
         };
-        if g.overlap != Overlap::Queue {
+        if g.timing.overlap != Overlap::Queue {
             return;
         }
         let retry = g.retry;
@@ -556,7 +550,7 @@ impl Daemon {
             let due = vec![Due {
                 goal: goal.clone(),
                 at: t.at,
-                overlap: g.overlap,
+                overlap: g.timing.overlap,
                 retry_interrupted: g.retry,
             }];
             tracing::info!("goal {goal}: {kind} trigger {id} taken");

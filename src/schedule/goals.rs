@@ -16,15 +16,23 @@ use crate::config::{local_zone, parse_zone};
 #[derive(Clone, Debug)]
 pub(crate) struct ScheduledGoal {
     pub(crate) file: GoalFile,
+    pub(crate) timing: Timing,
+    /// `watch` globs (empty: changes start nothing) and how long a burst of them must be
+    /// quiet first.
+    pub(crate) watch: Vec<String>,
+    pub(crate) debounce: Duration,
+}
+
+/// When a goal's occurrences run: its schedule, and the policies for an occurrence that
+/// finds a run under way, one missed, and how long a run waits before it starts. The daemons
+/// keep it of each goal they load.
+#[derive(Clone, Debug)]
+pub(crate) struct Timing {
     /// `None` for a goal without `schedule`: the daemon leaves it alone.
     pub(crate) schedule: Option<Schedule>,
     pub(crate) overlap: Overlap,
     pub(crate) catch_up: Duration,
     pub(crate) jitter: Duration,
-    /// `watch` globs (empty: changes start nothing) and how long a burst of them must be
-    /// quiet first.
-    pub(crate) watch: Vec<String>,
-    pub(crate) debounce: Duration,
 }
 
 /// Load a goal file and check its schedule and time zone.
@@ -55,12 +63,14 @@ pub(crate) fn check(file: GoalFile) -> Result<ScheduledGoal, GoalFileError> {
     };
     let defaults = Settings::defaults();
     Ok(ScheduledGoal {
-        overlap: s.overlap.or(defaults.overlap).unwrap_or(Overlap::Skip),
-        catch_up: s.catch_up.or(defaults.catch_up).unwrap_or_default(),
-        jitter: s.jitter.or(defaults.jitter).unwrap_or_default(),
+        timing: Timing {
+            schedule,
+            overlap: s.overlap.or(defaults.overlap).unwrap_or(Overlap::Skip),
+            catch_up: s.catch_up.or(defaults.catch_up).unwrap_or_default(),
+            jitter: s.jitter.or(defaults.jitter).unwrap_or_default(),
+        },
         watch: s.watch.clone(),
         debounce: s.debounce.or(defaults.debounce).unwrap_or_default(),
-        schedule,
         file,
     })
 }

@@ -51,8 +51,8 @@ pub(crate) fn due_occurrence(
     now: DateTime<Utc>,
     paused: bool,
 ) -> Option<DateTime<Utc>> {
-    let s = g.schedule.as_ref().filter(|_| !paused)?;
-    let until = now - chrono::Duration::from_std(SLACK + g.jitter).unwrap_or_default();
+    let s = g.timing.schedule.as_ref().filter(|_| !paused)?;
+    let until = now - chrono::Duration::from_std(SLACK + g.timing.jitter).unwrap_or_default();
     latest(s, since, until)
 }
 
@@ -187,6 +187,7 @@ pub(crate) fn overview_with(
             Ok(g) => {
                 let stats = stats(&g.file.name)?;
                 let next: Vec<String> = g
+                    .timing
                     .schedule
                     .as_ref()
                     .map(|s| {
@@ -199,8 +200,8 @@ pub(crate) fn overview_with(
                 json!({
                     "name": g.file.name,
                     "file": path.display().to_string(),
-                    "schedule": g.schedule.as_ref().map(|s| s.expr.clone()),
-                    "timezone": g.schedule.as_ref().map(|s| s.tz.name().to_string()),
+                    "schedule": g.timing.schedule.as_ref().map(|s| s.expr.clone()),
+                    "timezone": g.timing.schedule.as_ref().map(|s| s.tz.name().to_string()),
                     "watch": g.watch,
                     "next": next,
                     "paused": stats.paused,

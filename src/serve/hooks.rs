@@ -91,7 +91,7 @@ pub(crate) async fn hook(
     };
     let (secret_env, overlap) = match goal {
         Ok(Ok(g)) => match g.file.settings.webhook {
-            Some(w) => (w.into_inner().secret_env, g.overlap),
+            Some(w) => (w.into_inner().secret_env, g.timing.overlap),
             None => {
                 return refuse(
                     StatusCode::NOT_FOUND,

@@ -87,15 +87,15 @@ impl Daemon {
             if let Some(old) = by_path.get(&path).filter(|old| **old != name) {
                 self.slots.remove(old);
             }
-            if goal.schedule.is_none() && goal.watch.is_empty() {
+            if goal.timing.schedule.is_none() && goal.watch.is_empty() {
                 self.slots.remove(&name);
                 continue;
             }
             let old = self.slots.get(&name);
-            let next = match &goal.schedule {
+            let next = match &goal.timing.schedule {
                 None => None,
                 Some(schedule) => {
-                    match old.and_then(|s| s.schedule.as_ref().map(|o| (o, s.next))) {
+                    match old.and_then(|s| s.timing.schedule.as_ref().map(|o| (o, s.next))) {
                         Some((o, next)) if o.same(schedule) => next,
                         _ => {
                             if !starting {
@@ -152,11 +152,8 @@ impl Daemon {
                 Slot {
                     path,
                     text: text.into(),
-                    schedule: goal.schedule,
+                    timing: goal.timing,
                     watch,
-                    overlap: goal.overlap,
-                    catch_up: goal.catch_up,
-                    jitter: goal.jitter,
                     notify: !spec.notify.is_empty(),
                     model: spec.model_name(),
                     workspace: spec.goal.workspace.display().to_string(),

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::cron::Schedule;
-use super::goals::{self, Overlap};
+use super::goals::{self, Timing};
 use super::policy::{self, Decision, Settled};
 use super::watch::Workspaces;
 use crate::config::{GoalFile, UserConfig};
@@ -70,12 +70,9 @@ struct Slot {
     /// The text of the version that last loaded: each run is built from it, so a file that
     /// broke since runs as it was.
     text: Arc<str>,
-    /// `None` for a goal that only `watch` starts.
-    schedule: Option<Schedule>,
+    /// Its schedule is `None` for a goal that only `watch` starts.
+    timing: Timing,
     watch: Option<Watched>,
-    overlap: Overlap,
-    catch_up: Duration,
-    jitter: Duration,
     /// Whether the goal has `[[notify]]` tables (missed occurrences are told).
     notify: bool,
     /// What the claim records of a run, as the run resolves it.
@@ -208,11 +205,11 @@ impl Daemon {
             let Some((slot, schedule)) = self
                 .slots
                 .get(&name)
-                .and_then(|s| Some((s, s.schedule.as_ref()?)))
+                .and_then(|s| Some((s, s.timing.schedule.as_ref()?)))
             else {
                 continue;
             };
-            let settled = policy::catch_up(schedule, last, now, slot.catch_up);
+            let settled = policy::catch_up(schedule, last, now, slot.timing.catch_up);
             self.settle(&name, settled);
         }
     }
@@ -322,12 +319,12 @@ impl Daemon {
             let Some(slot) = self.slots.get_mut(&name) else {
                 continue;
             };
-            let (Some(first), Some(schedule)) = (slot.next, slot.schedule.as_ref()) else {
+            let (Some(first), Some(schedule)) = (slot.next, slot.timing.schedule.as_ref()) else {
                 continue;
             };
             let (due, total, next) = policy::due(schedule, first, schedule.next_after(first), now);
             slot.next = next;
-            let settled = policy::settle(due, total, now, policy::window(slot.catch_up));
+            let settled = policy::settle(due, total, now, policy::window(slot.timing.catch_up));
             self.settle(&name, settled);
         }
     }
@@ -370,7 +367,7 @@ impl Daemon {
             return;
         };
         match policy::overlap(
-            slot.overlap,
+            slot.timing.overlap,
             !slot.running.is_empty(),
             slot.queued.is_some(),
         ) {
@@ -434,7 +431,7 @@ impl Daemon {
         let source = self.source(slot);
         // Jitter spreads a schedule's runs; a change wants its run now.
         let jitter = match kind {
-            TriggerKind::Schedule => slot.jitter,
+            TriggerKind::Schedule => slot.timing.jitter,
             _ => Duration::ZERO,
         };
         let ready = if jitter.is_zero() {
