@@ -21,7 +21,7 @@ use sup::model::{
 };
 use sup::tools::{About, Registry, Risk, Tool, ToolContext, ToolError};
 use sup::trace::{Event, EventSink, Events};
-use sup::work::{Limits, Work};
+use sup::work::{Agent, Limits, Work};
 use tokio_util::sync::CancellationToken;
 
 /// Reads 8 KB of output.
@@ -152,19 +152,21 @@ async fn run(steps: u32, dir: &std::path::Path) -> (Arc<Seen>, Duration) {
         ..Limits::default()
     };
     let work = Work {
-        model: &model,
-        tools: &tools,
-        events: &events,
-        cancel: &cancel,
+        agent: Agent {
+            model: &model,
+            tools: &tools,
+            events: &events,
+            cancel: &cancel,
+            gate: None,
+            jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
+        },
         limits: &limits,
         workspace: dir.to_path_buf(),
         root: std::sync::Arc::new(sup::tools::Root::open(dir)),
         output_dir: dir.join("outputs"),
         protected: Arc::new(Vec::new()),
         env: Arc::new(Vec::new()),
-        jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
         started: Instant::now(),
-        gate: None,
         guarded: Default::default(),
     };
     let mut messages = sup::model::Conversation::new();

@@ -23,7 +23,7 @@ use sup::model::script::ScriptModel;
 use sup::store::Transcript;
 use sup::tools::{About, Registry, Risk, Tool, ToolContext, ToolError};
 use sup::trace::Events;
-use sup::work::{Limits, Work};
+use sup::work::{Agent, Limits, Work};
 use tokio_util::sync::CancellationToken;
 
 struct Noop(About);
@@ -82,10 +82,14 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         ..Limits::default()
     };
     let work = Work {
-        model: &model,
-        tools: &tools,
-        events: &events,
-        cancel: &cancel,
+        agent: Agent {
+            model: &model,
+            tools: &tools,
+            events: &events,
+            cancel: &cancel,
+            gate: None,
+            jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
+        },
         limits: &limits,
         workspace: dir.to_path_buf(),
         root: std::sync::Arc::new(sup::tools::Root::open(dir)),
@@ -93,9 +97,7 @@ async fn measure(steps: u32, transcript: bool, dir: &std::path::Path) -> f64 {
         protected: Arc::new(Vec::new()),
         guarded: Default::default(),
         env: Arc::new(Vec::new()),
-        jail: Arc::new(sup::tools::sandbox::Jail::unconfined()),
         started: Instant::now(),
-        gate: None,
     };
     let mut messages = sup::model::Conversation::new();
     let started = Instant::now();

@@ -484,13 +484,15 @@ pub(crate) async fn launch_in(
         });
     }
     let rt = Runtime {
-        model: model.as_ref(),
-        tools: &tools,
-        events: &events,
-        cancel,
+        agent: Agent {
+            model: model.as_ref(),
+            tools: &tools,
+            events: &events,
+            cancel,
+            gate: Some(&gate),
+            jail: jail.clone(),
+        },
         run: &run,
-        gate: Some(&gate),
-        jail: jail.clone(),
         mcp: Some(&servers),
     };
     // A panic anywhere in the run becomes an `error` outcome, recorded like any other.

@@ -37,7 +37,7 @@ use crate::tools::sandbox::{Jail, Sandbox, SandboxError};
 use crate::tools::{About, Registry, RegistryError, builtin};
 use crate::trace::{CheckReport, Event, EventSink, Events};
 use crate::verify::{Check, Goal, Outcome, Runtime, default_system};
-use crate::work::Limits;
+use crate::work::{Agent, Limits};
 use std::collections::BTreeMap;
 
 pub(crate) use launch::*;

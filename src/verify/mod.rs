@@ -10,16 +10,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::approval::Gate;
-use crate::model::{Conversation, Message, Model, Usage};
+use crate::model::{Conversation, Message, Usage};
 use crate::store::RunDir;
-use crate::tools::Registry;
-use crate::tools::sandbox::Jail;
 pub use crate::trace::Outcome;
 use crate::trace::{Event, Events, Status, StopReason};
-use crate::work::{self, Limits, Work};
+use crate::work::{self, Agent, Limits, Work};
 pub use check::Check;
 
 /// A goal, ready to run: what to ask, how to judge it, and within which limits.
@@ -55,14 +50,8 @@ pub(crate) fn default_system(workspace: &std::path::Path) -> String {
 
 /// What a goal run needs besides the goal.
 pub struct Runtime<'a> {
-    pub model: &'a dyn Model,
-    pub tools: &'a Registry,
-    pub events: &'a Events,
-    pub cancel: &'a CancellationToken,
+    pub agent: Agent<'a>,
     pub run: &'a RunDir,
-    pub gate: Option<&'a Gate>,
-    /// The sandbox of every process the run starts.
-    pub jail: Arc<Jail>,
     /// The run's MCP servers: ended before each try's checks, started again for the next.
     pub mcp: Option<&'a crate::tools::Servers>,
 }
@@ -96,17 +85,14 @@ pub(crate) async fn run_from(
     let originals = check::snapshot(&goal.checks);
     let frozen = check::freeze(&goal.checks, &rt.run.dir.join("checks"));
     let mut protected: Vec<PathBuf> = goal.checks.iter().filter_map(Check::script_path).collect();
-    protected.extend(rt.jail.protected.iter().cloned());
+    protected.extend(rt.agent.jail.protected.iter().cloned());
     let env: Vec<(String, String)> = vec![
         ("SUP_WORKSPACE".into(), goal.workspace.display().to_string()),
         ("SUP_GOAL".into(), goal.name.clone()),
         ("SUP_RUN_ID".into(), rt.run.id.clone()),
     ];
     let work = Work {
-        model: rt.model,
-        tools: rt.tools,
-        events: rt.events,
-        cancel: rt.cancel,
+        agent: rt.agent.clone(),
         limits: &goal.limits,
         workspace: goal.workspace.clone(),
         root: Arc::new(crate::tools::Root::open(&goal.workspace)),
@@ -114,18 +100,16 @@ pub(crate) async fn run_from(
         protected: Arc::new(protected),
         guarded: goal.protect.clone(),
         env: Arc::new(env.clone()),
-        jail: rt.jail.clone(),
         started,
-        gate: rt.gate,
     };
     let mut messages = Conversation::new();
     match history {
         Some(earlier) => {
             for m in earlier {
-                work::push(&mut messages, m, rt.events);
+                work::push(&mut messages, m, rt.agent.events);
             }
         }
-        None => begin(&mut messages, goal, goal.prompt.clone(), rt.events),
+        None => begin(&mut messages, goal, goal.prompt.clone(), rt.agent.events),
     }
     let mut out = Outcome::error(None);
     let mut reports: Vec<String> = Vec::new();
@@ -142,7 +126,7 @@ pub(crate) async fn run_from(
         taken
     };
     for text in protect::notices(goal) {
-        rt.events.emit(Event::Notice { text });
+        rt.agent.events.emit(Event::Notice { text });
     }
     let toolchain = if goal.workspace_toolchain || goal.checks.is_empty() {
         check::Toolchain::default()
@@ -162,14 +146,14 @@ pub(crate) async fn run_from(
     for attempt in 1..=tries {
         out.tries = attempt;
         if !goal.checks.is_empty() {
-            rt.events.emit(Event::TryStarted {
+            rt.agent.events.emit(Event::TryStarted {
                 r#try: attempt,
                 tries,
             });
         }
         // The checks' jail ends; the try gets a fresh one, with its MCP servers again.
         if attempt > 1
-            && !rt.jail.keep_background
+            && !rt.agent.jail.keep_background
             && let Err(e) = again(rt).await
         {
             out.status = Status::Error;
@@ -209,12 +193,12 @@ pub(crate) async fn run_from(
         }
         // Nothing the agent started may run while the checks judge: not its MCP servers, not
         // what they or its commands started, not its jail; the checks get a jail of their own.
-        if !rt.jail.keep_background {
+        if !rt.agent.jail.keep_background {
             if let Some(servers) = rt.mcp {
                 servers.end().await;
             }
-            rt.jail.sweep();
-            if let Err(e) = rt.jail.renew() {
+            rt.agent.jail.sweep();
+            if let Err(e) = rt.agent.jail.renew() {
                 out.status = Status::Error;
                 out.stop_reason = StopReason::Error;
                 out.error = Some(format!("the checks of try {attempt} could not start: {e}"));
@@ -239,20 +223,20 @@ pub(crate) async fn run_from(
             judged,
             &check::CheckRun {
                 workspace: &goal.workspace,
-                jail: &rt.jail,
+                jail: &rt.agent.jail,
                 env: &check_env,
                 dir: &rt.run.dir.join(format!("try-{attempt}")),
                 answer: w.answer.as_deref().unwrap_or(""),
                 answer_file: &answer_file,
                 feedback_cap: goal.feedback_cap,
-                cancel: rt.cancel,
-                gate: rt.gate,
-                events: rt.events,
+                cancel: rt.agent.cancel,
+                gate: rt.agent.gate,
+                events: rt.agent.events,
                 toolchain: &toolchain,
                 judge: judging.as_ref(),
             },
             |r| {
-                rt.events.emit(Event::Check {
+                rt.agent.events.emit(Event::Check {
                     r#try: attempt,
                     report: r.clone(),
                 })
@@ -269,7 +253,7 @@ pub(crate) async fn run_from(
             snapshot.save(&rt.run.dir);
         } else {
             let report = protect::report(&changes, guarded);
-            rt.events.emit(Event::Check {
+            rt.agent.events.emit(Event::Check {
                 r#try: attempt,
                 report: report.clone(),
             });
@@ -279,12 +263,12 @@ pub(crate) async fn run_from(
         crate::redact::tree(&rt.run.dir.join(format!("try-{attempt}")), &[]);
         let passed = results.iter().all(|r| r.passed);
         out.checks.push(results.clone());
-        rt.events.emit(Event::TryFinished {
+        rt.agent.events.emit(Event::TryFinished {
             r#try: attempt,
             passed,
             stop_reason: w.stop_reason,
         });
-        if rt.cancel.is_cancelled() {
+        if rt.agent.cancel.is_cancelled() {
             out.status = Status::Interrupted;
             out.stop_reason = StopReason::Cancelled;
             return out;
@@ -322,10 +306,14 @@ pub(crate) async fn run_from(
                 &mut messages,
                 goal,
                 format!("{}\n\n{report}", goal.prompt),
-                rt.events,
+                rt.agent.events,
             );
         } else {
-            work::push(&mut messages, Message::User { content: report }, rt.events);
+            work::push(
+                &mut messages,
+                Message::User { content: report },
+                rt.agent.events,
+            );
         }
     }
     out.status = Status::Failed;
@@ -336,9 +324,12 @@ pub(crate) async fn run_from(
 /// Before a try after the first: end the checks' jail, give the agent a fresh one, and start
 /// the MCP servers in it again.
 async fn again(rt: &Runtime<'_>) -> Result<(), String> {
-    rt.jail.renew().map_err(|e| e.to_string())?;
+    rt.agent.jail.renew().map_err(|e| e.to_string())?;
     match rt.mcp {
-        Some(servers) => servers.restart(&rt.jail).await.map_err(|e| e.to_string()),
+        Some(servers) => servers
+            .restart(&rt.agent.jail)
+            .await
+            .map_err(|e| e.to_string()),
         None => Ok(()),
     }
 }

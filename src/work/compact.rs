@@ -115,7 +115,7 @@ impl Work<'_> {
                     *usage += spent;
                     state.failures += 1;
                     state.why = why.clone();
-                    self.events.emit(Event::Notice {
+                    self.agent.events.emit(Event::Notice {
                         text: format!(
                             "compaction {} of {MAX_COMPACTION_FAILURES} failed: {why}",
                             state.failures
@@ -180,10 +180,10 @@ impl Work<'_> {
             partial: None,
         };
         // The steps done are on disk before the wait.
-        self.events.flush();
+        self.agent.events.flush();
         let answer = tokio::select! {
-            r = self.model.step(request) => r,
-            _ = self.cancel.cancelled() => return Err(Failed::Cancelled(Usage::default())),
+            r = self.agent.model.step(request) => r,
+            _ = self.agent.cancel.cancelled() => return Err(Failed::Cancelled(Usage::default())),
         };
         let answer = match answer {
             Ok(a) => a,
@@ -231,7 +231,7 @@ impl Work<'_> {
         estimate.rewritten(bytes);
         let after = estimate.scaled(bytes);
         let (summary, usage) = summary.unzip();
-        self.events.emit(Event::Compacted {
+        self.agent.events.emit(Event::Compacted {
             step: room.step,
             how: how.as_str().into(),
             before_tokens: before,
@@ -255,7 +255,7 @@ impl Work<'_> {
         if !state.server.is_empty() {
             error.push_str(&format!(". The server said: {}", state.server));
         }
-        self.events.emit(Event::WorkFinished {
+        self.agent.events.emit(Event::WorkFinished {
             stop_reason: StopReason::Context,
             steps,
             error: Some(error.clone()),

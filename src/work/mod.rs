@@ -108,13 +108,24 @@ struct Compactions {
     server: String,
 }
 
-/// Everything a work loop runs with.
+/// The agent a run drives: its model, its tools and their sandbox, the gate its calls pass,
+/// where its events go and what cancels it. The verify loop hands it to each try's work loop.
 #[derive(Clone)]
-pub struct Work<'a> {
+pub struct Agent<'a> {
     pub model: &'a dyn Model,
     pub tools: &'a Registry,
     pub events: &'a Events,
     pub cancel: &'a CancellationToken,
+    /// The approval gate every call passes; `None` allows everything (library use).
+    pub gate: Option<&'a Gate>,
+    /// The sandbox of every process a tool or check starts.
+    pub jail: Arc<crate::tools::sandbox::Jail>,
+}
+
+/// Everything a work loop runs with.
+#[derive(Clone)]
+pub struct Work<'a> {
+    pub agent: Agent<'a>,
     pub limits: &'a Limits,
     pub workspace: PathBuf,
     /// The workspace opened once, for every tool call of the loop (`Root::open`).
@@ -126,12 +137,8 @@ pub struct Work<'a> {
     pub guarded: Arc<crate::tools::Protected>,
     /// Environment given to every process a tool starts.
     pub env: Arc<Vec<(String, String)>>,
-    /// The sandbox of every process a tool starts.
-    pub jail: Arc<crate::tools::sandbox::Jail>,
     /// When the run started: event times are offsets from it.
     pub started: Instant,
-    /// The approval gate every call passes; `None` allows everything (library use).
-    pub gate: Option<&'a Gate>,
 }
 
 /// How one work loop ended.
@@ -189,7 +196,7 @@ impl Work<'_> {
     }
 
     fn finish(&self, stop_reason: StopReason, steps: u32, usage: Usage) -> Outcome {
-        self.events.emit(Event::WorkFinished {
+        self.agent.events.emit(Event::WorkFinished {
             stop_reason,
             steps,
             error: None,
@@ -221,7 +228,7 @@ impl Work<'_> {
             .take();
         if let Some(p) = kept {
             *usage += p.usage;
-            self.events.emit(Event::Partial {
+            self.agent.events.emit(Event::Partial {
                 step,
                 text: p.text,
                 tool_calls: p.tool_calls,
@@ -238,11 +245,11 @@ impl Work<'_> {
         let mut estimate = InputEstimate::default();
         let mut compactions = Compactions::default();
         // Every secret is known by now: keys at start-up, passed values when the jail was made.
-        let specs = told(self.tools.specs());
+        let specs = told(self.agent.tools.specs());
         let tool_bytes = tool_bytes(&specs);
-        let events = self.events;
+        let events = self.agent.events;
         for step in 1..=self.limits.max_steps {
-            if self.cancel.is_cancelled() {
+            if self.agent.cancel.is_cancelled() {
                 return self.finish(StopReason::Cancelled, step - 1, usage);
             }
             let mut spent_now = spent;
@@ -297,8 +304,8 @@ impl Work<'_> {
                 // What the step has said so far is on disk before the wait.
                 events.flush();
                 let response = tokio::select! {
-                    r = self.model.step(request) => r,
-                    _ = self.cancel.cancelled() => {
+                    r = self.agent.model.step(request) => r,
+                    _ = self.agent.cancel.cancelled() => {
                         self.keep_partial(step, &partial, "cancelled", &mut usage);
                         return self.finish(StopReason::Cancelled, step, usage);
                     }
@@ -430,7 +437,7 @@ impl Work<'_> {
                 .zip(&calls)
                 .any(|(r, c)| repeats.see(c, r) >= self.limits.repeat_limit);
             push(messages, Message::Tool { results }, events);
-            if self.cancel.is_cancelled() {
+            if self.agent.cancel.is_cancelled() {
                 return self.finish(StopReason::Cancelled, step, usage);
             }
             if repeated {
@@ -458,7 +465,7 @@ impl Work<'_> {
         diff: Option<String>,
     ) -> ToolResult {
         let content = crate::redact::text(&content).into_owned();
-        self.events.emit(Event::ToolResult {
+        self.agent.events.emit(Event::ToolResult {
             step,
             id: call.id.clone(),
             name: call.name.clone(),
@@ -481,9 +488,9 @@ impl Work<'_> {
     async fn execute(&self, step: u32, calls: &[ToolCall]) -> Vec<ToolResult> {
         let mut prepared: Vec<Option<Result<Prepared, String>>> = calls
             .iter()
-            .map(|c| Some(self.tools.prepare(&c.name, &c.arguments)))
+            .map(|c| Some(self.agent.tools.prepare(&c.name, &c.arguments)))
             .collect();
-        if let Some(gate) = self.gate {
+        if let Some(gate) = self.agent.gate {
             // Every call of the step is put to the gate at once, so queued requests wait
             // side by side; terminal prompts still come one at a time, in call order.
             let asks = prepared.iter().zip(calls).map(|(p, c)| async move {
@@ -496,7 +503,7 @@ impl Work<'_> {
                             risk: p.tool.about().risk,
                         };
                         Some(
-                            gate.check(&c.id, call, &p.input, self.events, self.cancel)
+                            gate.check(&c.id, call, &p.input, self.agent.events, self.agent.cancel)
                                 .await,
                         )
                     }
@@ -518,8 +525,8 @@ impl Work<'_> {
         let mut i = 0;
         while i < calls.len() {
             // What earlier calls gave is out before the next ones run.
-            self.events.flush();
-            if self.cancel.is_cancelled() {
+            self.agent.events.flush();
+            if self.agent.cancel.is_cancelled() {
                 for j in i..calls.len() {
                     results[j] = Some(self.unrun(
                         step,
@@ -581,7 +588,11 @@ impl Work<'_> {
 
     /// Run one prepared call to a result: timeout, cancellation, output cap.
     async fn call(&self, step: u32, call: &ToolCall, prepared: Prepared) -> ToolResult {
-        if let Some(why) = self.gate.and_then(|g| g.changed_since_approved(&call.id)) {
+        if let Some(why) = self
+            .agent
+            .gate
+            .and_then(|g| g.changed_since_approved(&call.id))
+        {
             return self.unrun(step, call, &why);
         }
         let started_ms = self.ms();
@@ -589,7 +600,7 @@ impl Work<'_> {
         let ctx = ToolContext {
             workspace: self.workspace.clone(),
             root: self.root.clone(),
-            cancel: self.cancel.child_token(),
+            cancel: self.agent.cancel.child_token(),
             timeout,
             output_dir: self.output_dir.clone(),
             output_cap: self.limits.output_cap,
@@ -597,8 +608,13 @@ impl Work<'_> {
             protected: self.protected.clone(),
             guarded: self.guarded.clone(),
             env: self.env.clone(),
-            rules: Arc::new(self.gate.map(|g| g.rules().clone()).unwrap_or_default()),
-            jail: self.jail.clone(),
+            rules: Arc::new(
+                self.agent
+                    .gate
+                    .map(|g| g.rules().clone())
+                    .unwrap_or_default(),
+            ),
+            jail: self.agent.jail.clone(),
             diff: Default::default(),
         };
         // Tools that run processes time out on their own and report what they printed;
@@ -608,7 +624,7 @@ impl Work<'_> {
             r = tokio::time::timeout(backstop, prepared.tool.call(&prepared.input, &ctx)) => {
                 r.unwrap_or(Err(ToolError::Timeout(timeout)))
             }
-            _ = self.cancel.cancelled() => Err(ToolError::Cancelled),
+            _ = self.agent.cancel.cancelled() => Err(ToolError::Cancelled),
         };
         let (content, is_error) = match outcome {
             Ok(text) => (text, false),

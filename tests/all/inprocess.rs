@@ -14,7 +14,7 @@ use sup::store::RunDir;
 use sup::tools::{Registry, builtin};
 use sup::trace::{Event, EventSink, Events, Status, StopReason};
 use sup::verify::{Check, Goal, Runtime};
-use sup::work::{Limits, Work};
+use sup::work::{Agent, Limits, Work};
 use tokio_util::sync::CancellationToken;
 
 /// Keeps every event.
@@ -111,20 +111,27 @@ impl Fixture {
 
     fn work<'a>(&'a self, model: &'a ScriptModel, gate: Option<&'a Gate>) -> Work<'a> {
         Work {
-            model,
-            tools: &self.tools,
-            events: &self.events,
-            cancel: &self.cancel,
+            agent: self.agent(model, gate),
             limits: &self.limits,
             workspace: self.ws(),
             root: std::sync::Arc::new(sup::tools::Root::open(&self.ws())),
             output_dir: self.ws().join(".outputs"),
-            jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
             protected: Arc::new(Vec::new()),
             guarded: Default::default(),
             env: Arc::new(Vec::new()),
             started: Instant::now(),
+        }
+    }
+
+    /// The fixture's tools, events and cancel token, unconfined, driving `model`.
+    fn agent<'a>(&'a self, model: &'a ScriptModel, gate: Option<&'a Gate>) -> Agent<'a> {
+        Agent {
+            model,
+            tools: &self.tools,
+            events: &self.events,
+            cancel: &self.cancel,
             gate,
+            jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
         }
     }
 }
@@ -369,13 +376,8 @@ async fn the_verify_loop_retries_with_the_failure_report_until_the_check_passes(
         workspace_toolchain: false,
     };
     let rt = Runtime {
-        model: &m,
-        tools: &f.tools,
-        events: &f.events,
-        cancel: &f.cancel,
+        agent: f.agent(&m, None),
         run: &run,
-        gate: None,
-        jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
         mcp: None,
     };
     let out = sup::verify::run(&goal, &rt).await;
@@ -415,13 +417,8 @@ async fn the_verify_loop_stops_after_the_last_try_as_failed() {
         workspace_toolchain: false,
     };
     let rt = Runtime {
-        model: &m,
-        tools: &f.tools,
-        events: &f.events,
-        cancel: &f.cancel,
+        agent: f.agent(&m, None),
         run: &run,
-        gate: None,
-        jail: std::sync::Arc::new(sup::tools::sandbox::Jail::unconfined()),
         mcp: None,
     };
     let out = sup::verify::run(&goal, &rt).await;
