@@ -24,11 +24,11 @@ pub(crate) struct ScheduledGoal {
 }
 
 /// When a goal's occurrences run: its schedule, and the policies for an occurrence that
-/// finds a run under way, one missed, and how long a run waits before it starts. The daemons
-/// keep it of each goal they load.
+/// finds a run under way, for one missed, and for how long a run waits before it starts.
+/// Both daemons keep one for each goal they load.
 #[derive(Clone, Debug)]
 pub(crate) struct Timing {
-    /// `None` for a goal without `schedule`: the daemon leaves it alone.
+    /// `None` for a goal without `schedule`: no occurrence starts it (`watch` or a trigger may).
     pub(crate) schedule: Option<Schedule>,
     pub(crate) overlap: Overlap,
     pub(crate) catch_up: Duration,

@@ -70,7 +70,6 @@ struct Slot {
     /// The text of the version that last loaded: each run is built from it, so a file that
     /// broke since runs as it was.
     text: Arc<str>,
-    /// Its schedule is `None` for a goal that only `watch` starts.
     timing: Timing,
     watch: Option<Watched>,
     /// Whether the goal has `[[notify]]` tables (missed occurrences are told).
