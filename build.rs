@@ -29,8 +29,10 @@ fn main() {
         && links_with_lld()
     {
         let list = std::path::Path::new(&var("CARGO_MANIFEST_DIR")).join("build/hot-functions.txt");
+        // -Xlinker and the path as one argument: -Wl, would split a path at its commas.
+        println!("cargo:rustc-link-arg-bins=-Xlinker");
         println!(
-            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+            "cargo:rustc-link-arg-bins=--symbol-ordering-file={}",
             list.display()
         );
         println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
