@@ -7,7 +7,8 @@
 //! Run: `cargo bench --bench agent_loop`. `SUP_BENCH_ROUNDS` (default 3) runs of each; the
 //! figures are their medians. `SUP_BENCH_BIN` measures another build of `sup`.
 //! `SUP_BENCH_CALLGRIND=DIR` counts instructions instead (one run of each, under valgrind's
-//! callgrind, its outputs kept in DIR): figures that hold on a loaded machine.
+//! callgrind, its outputs kept in DIR): figures that hold on a loaded machine; the outputs
+//! are what `build/hot-functions.py` reads.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -383,7 +384,8 @@ fn sup(
     let mut cmd = match callgrind {
         Some(out) => {
             let mut c = Command::new("valgrind");
-            c.args(["--tool=callgrind", "--quiet"])
+            // Instruction addresses too: build/hot-functions.py reads them.
+            c.args(["--tool=callgrind", "--quiet", "--dump-instr=yes"])
                 .arg(format!("--callgrind-out-file={}", out.display()))
                 .arg(bin);
             c
