@@ -82,8 +82,10 @@ impl Stamp {
         } else {
             margin
         };
-        let changed = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
-        dev == Some(self.dev) && changed + margin < asked
+        let settled = SystemTime::UNIX_EPOCH
+            .checked_add(Duration::new(secs, nanos) + margin)
+            .is_some_and(|t| t < asked);
+        dev == Some(self.dev) && settled
     }
 }
 
@@ -339,7 +341,8 @@ fn add_rules(
     if lines.last().is_some_and(|l| l.is_empty()) {
         lines.pop();
     }
-    let ended = bytes.split(|b| *b == b'\n').count() - 1;
+    // Those that ended with a newline: only they lose a `\r` before it.
+    let ended = bytes.iter().filter(|b| **b == b'\n').count();
     for (i, line) in lines.into_iter().enumerate() {
         let line = match line.strip_suffix(b"\r") {
             Some(l) if i < ended => l,
