@@ -45,6 +45,11 @@ const LOCAL: [nix::sys::statfs::FsType; 6] = {
     ]
 };
 
+/// The stat of `path` (links followed) as a `Stamp`.
+fn stamp(path: &Path) -> Option<Stamp> {
+    std::fs::metadata(path).ok().map(|m| Stamp::of(&m))
+}
+
 /// What a stat says of a file that changes when the file does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Stamp {
@@ -108,14 +113,10 @@ struct Folder {
 }
 
 impl Folder {
-    /// Whether `path`, this folder, and its ignore files are as they were when read.
-    fn unchanged(&self, path: &Path) -> bool {
-        let stamp = |m: std::io::Result<std::fs::Metadata>| m.ok().map(|m| Stamp::of(&m));
-        stamp(std::fs::symlink_metadata(path)) == Some(self.stamp)
-            && self
-                .ignore_files
-                .iter()
-                .all(|(p, s)| stamp(std::fs::metadata(p)) == *s)
+    /// Whether this folder, now of stat `now`, and its ignore files are as they were when
+    /// read.
+    fn unchanged(&self, now: Option<Stamp>) -> bool {
+        now == Some(self.stamp) && self.ignore_files.iter().all(|(p, s)| stamp(p) == *s)
     }
 }
 
@@ -156,11 +157,11 @@ impl Folders {
         top: &Path,
         ignored: &dyn Fn(&Path, bool) -> bool,
     ) -> Vec<PathBuf> {
-        match std::fs::metadata(top) {
-            Ok(m) if m.is_dir() => {}
+        let m = match std::fs::metadata(top) {
+            Ok(m) if m.is_dir() => m,
             Ok(m) if m.is_file() => return vec![top.to_path_buf()],
             _ => return Vec::new(),
-        }
+        };
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         let mut walk = Walk {
             folders: self,
@@ -172,7 +173,7 @@ impl Folders {
             rules: Vec::new(),
             files: Vec::new(),
         };
-        walk.visit(top);
+        walk.visit(top, Some(Stamp::of(&m)));
         let Walk { seen, files, .. } = walk;
         // What was not seen again is gone, ignored now, or changed.
         kept.retain(|p, _| !p.starts_with(top));
@@ -196,8 +197,9 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    fn visit(&mut self, path: &Path) {
-        let Some(folder) = self.folder(path) else {
+    /// Walk the folder at `path`, whose stat is `stamp` when already asked for.
+    fn visit(&mut self, path: &Path, stamp: Option<Stamp>) {
+        let Some(folder) = self.folder(path, stamp) else {
             return;
         };
         let has_rules = folder.rules.is_some();
@@ -212,7 +214,7 @@ impl Walk<'_> {
             }
             match kind {
                 Kind::File => self.files.push(entry),
-                Kind::Dir => self.visit(&entry),
+                Kind::Dir => self.visit(&entry, None),
                 Kind::Other => {}
             }
         }
@@ -234,9 +236,9 @@ impl Walk<'_> {
 
     /// The folder at `path` as kept, when unchanged, or as read now; `None` when it cannot
     /// be opened.
-    fn folder(&mut self, path: &Path) -> Option<Arc<Folder>> {
+    fn folder(&mut self, path: &Path, stamp: Option<Stamp>) -> Option<Arc<Folder>> {
         if let Some(kept) = self.kept.get(path)
-            && kept.unchanged(path)
+            && kept.unchanged(stamp.or_else(|| self::stamp(path)))
         {
             self.seen.insert(path.to_path_buf(), kept.clone());
             return Some(kept.clone());
