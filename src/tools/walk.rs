@@ -2,7 +2,8 @@
 //! workspace in sorted order, without what the folders' `.gitignore` and `.ignore` files
 //! ignore (judged as the `ignore` crate's walk judges them: the nearest folder whose rules
 //! match a path decides, and in one folder an `.ignore`'s lines win over a `.gitignore`'s).
-//! Folders are opened beneath the workspace's directory handle, and links are not followed.
+//! Folders are opened beneath the workspace's directory handle; a link is neither listed nor
+//! entered (an ignore file that is one is read through it, as the crate reads it).
 //!
 //! What the walk reads of a folder (its entries and its ignore rules) is kept for the run with
 //! the folder's stat and the stats of its ignore files, and read again only when one of them
