@@ -10,16 +10,15 @@
 //! has changed: a walk of a workspace that did not change costs one `stat` per folder and per
 //! ignore file. A folder's change time moves with every entry added, removed or renamed in it,
 //! an ignore file's with every write, and neither can be set back. A folder is only kept when
-//! its times are the kernel's clock (a local file system, the workspace's device) and old
-//! enough that a change right after the read shows as another time, even one in the same
-//! clock tick.
+//! its times are the kernel's clock (a local file system, the workspace's device) and older
+//! than that clock was at the read, so that a change after the read, even in the same clock
+//! tick, shows as another time.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
 
 use cap_std::fs::Dir;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -27,11 +26,8 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 /// A folder's ignore files, in the order their lines are added (the last match wins).
 const IGNORE_FILES: [&str; 2] = [".gitignore", ".ignore"];
 
-/// How much older than the read a change time must be for the read to be kept: more than a
-/// tick of the kernel's coarse clock (at most 10 ms), which stamps the changes.
-const SETTLED: Duration = Duration::from_millis(100);
-/// The same where times are whole seconds (FAT's are two seconds).
-const SETTLED_COARSE: Duration = Duration::from_secs(3);
+/// How much older than the clock a change time in whole seconds must be (FAT's are two).
+const COARSE_GRAIN: i64 = 3;
 
 /// File systems whose change times are the kernel's clock, stamped on every change.
 const LOCAL: [nix::sys::statfs::FsType; 6] = {
@@ -76,23 +72,33 @@ impl Stamp {
         }
     }
 
-    /// Whether a change after `asked` (when the stat was asked for) would show as another
-    /// change time, on the device `dev` whose times can be trusted.
-    fn settled(&self, asked: SystemTime, dev: Option<u64>, margin: Duration) -> bool {
-        let (Ok(secs), Ok(nanos)) = (u64::try_from(self.ctime.0), u32::try_from(self.ctime.1))
-        else {
+    /// Whether any change after `asked` (the kernel's coarse clock when the stat was asked
+    /// for) would show as another change time, on the device `dev` whose times can be
+    /// trusted. The kernel stamps a change with its coarse clock, or a finer time when the
+    /// last one was asked for, never less: a change time older than the coarse clock at a
+    /// stat cannot be given again after it.
+    fn settled(&self, asked: Option<(i64, i64)>, dev: Option<u64>) -> bool {
+        let Some(asked) = asked else {
             return false;
         };
-        let margin = if nanos == 0 {
-            SETTLED_COARSE.max(margin)
+        let old = if self.ctime.1 == 0 {
+            self.ctime.0.saturating_add(COARSE_GRAIN) < asked.0
         } else {
-            margin
+            self.ctime < asked
         };
-        let settled = SystemTime::UNIX_EPOCH
-            .checked_add(Duration::new(secs, nanos) + margin)
-            .is_some_and(|t| t < asked);
-        dev == Some(self.dev) && settled
+        dev == Some(self.dev) && old
     }
+}
+
+/// The kernel's coarse real-time clock, which stamps changes: seconds and nanoseconds.
+fn coarse_now() -> Option<(i64, i64)> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    (rc == 0).then_some((ts.tv_sec, ts.tv_nsec))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,7 +133,6 @@ pub(crate) struct Folders {
     /// The workspace's device when its change times can be trusted: folders elsewhere are
     /// read on every walk.
     dev: Option<u64>,
-    margin: Duration,
     kept: Mutex<HashMap<PathBuf, Arc<Folder>>>,
 }
 
@@ -142,7 +147,6 @@ impl Folders {
             .map(|m| m.dev());
         Folders {
             dev,
-            margin: SETTLED,
             kept: Mutex::default(),
         }
     }
@@ -255,18 +259,18 @@ impl Walk<'_> {
     /// Read the folder at `path` beneath the workspace: its stat first, then its entries
     /// and ignore files; and whether what was read can be kept.
     fn read(&self, path: &Path) -> Option<(Folder, bool)> {
-        let (dev, margin) = (self.folders.dev, self.folders.margin);
+        let dev = self.folders.dev;
         let rel = path.strip_prefix(self.workspace).ok()?;
         let rel = if rel.as_os_str().is_empty() {
             Path::new(".")
         } else {
             rel
         };
-        let asked = SystemTime::now();
+        let asked = coarse_now();
         let handle = self.dir.open_dir(rel).ok()?.into_std_file();
         let meta = handle.metadata().ok()?;
         let stamp = Stamp::of(&meta);
-        let mut settled = meta.is_dir() && stamp.settled(asked, dev, margin);
+        let mut settled = meta.is_dir() && stamp.settled(asked, dev);
         let mut entries = Vec::new();
         for entry in Dir::from_std_file(handle).entries().ok()? {
             let kind = entry.and_then(|e| {
@@ -299,7 +303,7 @@ impl Walk<'_> {
                 continue;
             }
             let file = path.join(name);
-            let (stamp, complete) = add_rules(&mut builder, &file, dev, margin);
+            let (stamp, complete) = add_rules(&mut builder, &file, dev);
             settled &= complete;
             ignore_files.push((file, stamp));
         }
@@ -322,10 +326,9 @@ fn add_rules(
     builder: &mut GitignoreBuilder,
     path: &Path,
     dev: Option<u64>,
-    margin: Duration,
 ) -> (Option<Stamp>, bool) {
     use std::io::Read;
-    let asked = SystemTime::now();
+    let asked = coarse_now();
     let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -361,12 +364,13 @@ fn add_rules(
         };
         let _ = builder.add_line(Some(path.to_path_buf()), line);
     }
-    (Some(stamp), read && stamp.settled(asked, dev, margin))
+    (Some(stamp), read && stamp.settled(asked, dev))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The walk as it was, through the `ignore` crate: what `Folders::files` must answer.
     fn reference(top: &Path) -> Vec<PathBuf> {
@@ -464,8 +468,10 @@ mod tests {
     #[test]
     fn a_kept_folder_is_read_again_when_it_or_its_rules_change() {
         let (_tmp, ws) = workspace();
-        let mut folders = Folders::new(&ws);
-        folders.margin = Duration::ZERO;
+        let folders = Folders::new(&ws);
+        // Past a tick of the coarse clock, so that each change shows as a new time.
+        let tick = || std::thread::sleep(Duration::from_millis(20));
+        tick();
         let check = |folders: &Folders| {
             assert_eq!(files(folders, &ws, &ws), reference(&ws));
         };
@@ -473,8 +479,6 @@ mod tests {
         // Only a stat away when nothing changed, and kept only where the times are trusted.
         let kept = folders.kept.lock().unwrap().len();
         assert!(folders.dev.is_none() || kept > 10, "{kept}");
-        // Past a tick of the coarse clock, so that each change shows as a new time.
-        let tick = || std::thread::sleep(Duration::from_millis(20));
         tick();
         put(&ws, "docs/new.md", "x");
         check(&folders);
