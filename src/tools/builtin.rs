@@ -524,31 +524,6 @@ fn edit_file(input: EditInput, ctx: &ToolContext) -> Result<String, ToolError> {
     }
 }
 
-/// The workspace's files under `root`, skipping `.git` and what `.gitignore` and `.ignore`
-/// files under `root` ignore (an `.ignore` wins over a `.gitignore` beside it), and what
-/// git's global excludes and the repository's `info/exclude` do. The ignore files are read
-/// as the walk meets them; the rules from outside were read once, with the workspace
-/// (`Root`): nothing above `root` is looked at.
-fn walk(ctx: &ToolContext, root: &Path) -> impl Iterator<Item = PathBuf> + use<> {
-    let ws = ctx.workspace.clone();
-    let rules = ctx.root.clone();
-    let at_top = root == ws;
-    ignore::WalkBuilder::new(root)
-        .standard_filters(false)
-        .add_custom_ignore_filename(".gitignore")
-        .add_custom_ignore_filename(".ignore")
-        .filter_entry(move |e| {
-            e.file_name() != ".git"
-                && !rules.ignored(e.path(), e.file_type().is_some_and(|t| t.is_dir()), at_top)
-        })
-        .sort_by_file_name(|a, b| a.cmp(b))
-        .build()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
-        .map(|e| e.into_path())
-        .filter(move |p| p.starts_with(&ws))
-}
-
 fn glob_matcher(pattern: Option<&str>) -> Result<Option<globset::GlobMatcher>, ToolError> {
     pattern
         .map(|p| {
@@ -604,7 +579,7 @@ async fn each_file(
     let ctx = ctx.clone();
     tokio::task::spawn_blocking(move || {
         let mut kept = Capped::default();
-        for p in walk(&ctx, &root) {
+        for p in ctx.root.files(&ctx.workspace, &root)? {
             let rel = relative(&ctx.workspace, &p);
             if matcher.as_ref().is_some_and(|m| !m.is_match(&rel)) || read_denied(&ctx, tool, &rel)
             {
@@ -612,10 +587,10 @@ async fn each_file(
             }
             each(&ctx, &rel, &mut kept);
         }
-        kept
+        Ok(kept)
     })
     .await
-    .map_err(|e| ToolError::Failed(format!("{tool} failed: {e}")))
+    .map_err(|e| ToolError::Failed(format!("{tool} failed: {e}")))?
 }
 
 fn list_files_tool() -> Builtin {

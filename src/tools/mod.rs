@@ -10,6 +10,7 @@ pub(crate) mod paths;
 pub mod process;
 pub mod sandbox;
 mod schema;
+mod walk;
 
 pub use mcp::Servers;
 pub use paths::{Protected, Root};

@@ -11,16 +11,19 @@ use cap_std::fs::Dir;
 use ignore::gitignore::Gitignore;
 
 use super::ToolError;
+use super::walk::Folders;
 
 /// What a work loop resolves once about its workspace, instead of on every tool call: the
-/// directory handle that nothing opened through can escape, and the ignore rules that come
+/// directory handle that nothing opened through can escape, the ignore rules that come
 /// from outside the workspace's own folders (git's global excludes file, the repository's
-/// `info/exclude`), which listing and search apply as git does.
+/// `info/exclude`), which listing and search apply as git does, and the folders their walks
+/// read, kept while unchanged.
 #[derive(Debug)]
 pub struct Root {
     dir: Result<Dir, String>,
     global: Gitignore,
     exclude: Gitignore,
+    folders: Folders,
 }
 
 impl Root {
@@ -41,6 +44,7 @@ impl Root {
             dir,
             global,
             exclude,
+            folders: Folders::new(workspace),
         }
     }
 
@@ -51,9 +55,22 @@ impl Root {
 
     /// Whether git's global excludes (and, for a walk from the workspace's top,
     /// the repository's `info/exclude`) ignore `path`.
-    pub(crate) fn ignored(&self, path: &Path, is_dir: bool, at_top: bool) -> bool {
+    fn ignored(&self, path: &Path, is_dir: bool, at_top: bool) -> bool {
         (at_top && self.exclude.matched(path, is_dir).is_ignore())
             || self.global.matched(path, is_dir).is_ignore()
+    }
+
+    /// The workspace's files under `top` (absolute, in `workspace`), in sorted walk order,
+    /// skipping `.git` and what `.gitignore` and `.ignore` files under `top` ignore (an
+    /// `.ignore` wins over a `.gitignore` beside it), and what git's global excludes and the
+    /// repository's `info/exclude` do. Nothing above `top` is looked at.
+    pub(crate) fn files(&self, workspace: &Path, top: &Path) -> Result<Vec<PathBuf>, ToolError> {
+        let at_top = top == workspace;
+        Ok(self
+            .folders
+            .files(self.dir()?, workspace, top, &|path, is_dir| {
+                self.ignored(path, is_dir, at_top)
+            }))
     }
 }
 

@@ -507,6 +507,50 @@ fn file_tools_do_what_they_say() {
     );
 }
 
+/// The walk keeps the folders it read for the run: what changed since (a file written, one
+/// removed by a command, a folder made, a `.gitignore` edited in place) shows at the next
+/// listing and search all the same.
+#[test]
+fn a_listing_sees_what_changed_since_the_last_in_the_run() {
+    let env = Env::new();
+    env.write(".gitignore", "*.log\n");
+    env.write("src/a.rs", "fn a() {}\n");
+    env.write("src/old.rs", "fn old() {}\n");
+    env.write("docs/keep.log", "x\n");
+    // Old enough for the first walk to keep what it reads (past a tick of the clock).
+    std::thread::sleep(Duration::from_millis(300));
+    let list = |id: &str| json!({"id": id, "name": "list_files", "input": {}});
+    let grep = |id: &str| json!({"id": id, "name": "search_files", "input": {"pattern": "fn "}});
+    let run = env.run_json(
+        json!([
+            {"tool_calls": [list("ls1"), grep("grep1")]},
+            {"tool_calls": [
+                {"id": "w", "name": "write_file", "input": {"path": "src/b.rs", "content": "fn b() {}\n"}},
+                {"id": "e", "name": "edit_file", "input": {"path": ".gitignore", "old_string": "*.log", "new_string": "*.log\n!keep.log\nsrc/a.rs"}}
+            ]},
+            {"tool_calls": [{"id": "sh", "name": "run_command", "input": {"command": "rm src/old.rs && mkdir docs/new && echo x > docs/new/n.txt"}}]},
+            {"tool_calls": [list("ls2"), grep("grep2")]},
+            {"text": "done"}
+        ]),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.tool_result("ls1")["content"],
+        ".gitignore\nsrc/a.rs\nsrc/old.rs"
+    );
+    assert_eq!(
+        run.tool_result("grep1")["content"],
+        "src/a.rs:1: fn a() {}\nsrc/old.rs:1: fn old() {}"
+    );
+    assert_eq!(run.tool_result("sh")["is_error"], false);
+    assert_eq!(
+        run.tool_result("ls2")["content"],
+        ".gitignore\ndocs/keep.log\ndocs/new/n.txt\nsrc/b.rs"
+    );
+    assert_eq!(run.tool_result("grep2")["content"], "src/b.rs:1: fn b() {}");
+}
+
 #[test]
 fn a_tool_that_runs_too_long_times_out_as_an_error_result() {
     let env = Env::new();
