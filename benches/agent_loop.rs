@@ -3,7 +3,11 @@
 //! at 50, 200 and 400 steps, in both wire protocols (Chat Completions and Anthropic
 //! Messages), streamed and as whole answers (`--no-stream`). For each run: the CPU of the whole `sup` process, its CPU per step early (steps
 //! 10–20) and late (the last ten), its peak memory, and its CPU and time per step beyond a
-//! bare client that replays the very same request bodies to the same server.
+//! bare client that replays the very same request bodies to the same server, and how much
+//! of that is the client's own turn (from an answer sent to the next request begun). The
+//! server does the same work for both clients in what is timed: it reads each body into
+//! memory made ready before the run, and reads the client's CPU only where a window starts
+//! or ends.
 //! Run: `cargo bench --bench agent_loop`. `SUP_BENCH_ROUNDS` (default 3) runs of each; the
 //! figures are their medians. `SUP_BENCH_BIN` measures another build of `sup`.
 //! `SUP_BENCH_CALLGRIND=DIR` counts instructions instead (one run of each, under valgrind's
@@ -199,6 +203,10 @@ fn final_turn(protocol: Protocol) -> Vec<u8> {
 struct Seen {
     /// When each request had fully arrived.
     arrived: Vec<Instant>,
+    /// When each request's first line arrived.
+    began: Vec<Instant>,
+    /// When each answer had been written.
+    replied: Vec<Instant>,
     /// The client's CPU (ns) when each request had arrived (only for the `sup` client).
     cpu: Vec<u64>,
     /// Bodies of the requests inside the windows, by request number (from 1).
@@ -223,13 +231,25 @@ fn serve(
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Seen::default()));
     let s = seen.clone();
+    // A buffer for each request inside the windows, its pages touched before the client
+    // starts: room for about 3 KB a step, what a step adds to the conversation (a larger
+    // body grows its buffer). Popped smallest first.
+    let mut spare: Vec<Vec<u8>> = windows
+        .iter()
+        .flat_map(|&(a, b)| a..=b)
+        .map(|k| vec![1u8; k * 3072 + 65536])
+        .collect();
+    spare.sort_by_key(|b| std::cmp::Reverse(b.len()));
     std::thread::spawn(move || {
         for socket in listener.incoming() {
             let Ok(socket) = socket else { return };
             let seen = s.clone();
             let windows = windows.clone();
             let pid = pid.clone();
-            std::thread::spawn(move || connection(protocol, socket, steps, &windows, &pid, &seen));
+            let spare = std::mem::take(&mut spare);
+            std::thread::spawn(move || {
+                connection(protocol, socket, steps, (&windows, spare), &pid, &seen)
+            });
         }
     });
     Server { url, seen }
@@ -239,7 +259,7 @@ fn connection(
     protocol: Protocol,
     socket: TcpStream,
     steps: usize,
-    windows: &[(usize, usize)],
+    (windows, mut spare): (&[(usize, usize)], Vec<Vec<u8>>),
     pid: &Mutex<Option<String>>,
     seen: &Mutex<Seen>,
 ) {
@@ -247,12 +267,17 @@ fn connection(
     let mut write = socket.try_clone().unwrap();
     let mut reader = BufReader::with_capacity(1 << 16, socket);
     let mut line = String::new();
+    let mut reused = Vec::new();
     loop {
         let mut len = 0usize;
+        let mut began = None;
         loop {
             line.clear();
             if reader.read_line(&mut line).unwrap_or(0) == 0 {
                 return;
+            }
+            if began.is_none() {
+                began = Some(Instant::now());
             }
             let l = line.trim_end().to_ascii_lowercase();
             if l.is_empty() {
@@ -262,27 +287,40 @@ fn connection(
                 len = v.trim().parse().unwrap();
             }
         }
-        let mut body = vec![0; len];
+        let k = seen.lock().unwrap().arrived.len() + 1;
+        let kept = windows.iter().any(|&(a, b)| (a..=b).contains(&k));
+        // A request outside the windows is read into the one reused buffer, one inside into
+        // a buffer of its own made ready before the run: memory fresh at each request would
+        // be the server's page faults, counted as the client's time.
+        let mut body = if kept {
+            spare.pop().unwrap_or_default()
+        } else {
+            std::mem::take(&mut reused)
+        };
+        body.clear();
+        body.resize(len, 0);
         reader.read_exact(&mut body).unwrap();
         let now = Instant::now();
         // Whole answers to a request that asks for no stream.
         let streamed = !body.windows(14).any(|w| w == b"\"stream\":false");
-        let cpu = pid.lock().unwrap().as_deref().map(cpu_ns).unwrap_or(0);
-        let k = {
+        // The client's CPU only where a window starts or ends: reading it is the server's
+        // time, and would count as the client's too.
+        let cpu = if windows.iter().any(|&(a, b)| k == a || k == b) {
+            pid.lock().unwrap().as_deref().map(cpu_ns).unwrap_or(0)
+        } else {
+            0
+        };
+        {
             let mut seen = seen.lock().unwrap();
             seen.arrived.push(now);
+            seen.began.push(began.unwrap_or(now));
             seen.cpu.push(cpu);
-            let k = seen.arrived.len();
-            if windows.iter().any(|&(a, b)| (a..=b).contains(&k)) {
-                seen.bodies.push((k, body));
-            }
             if k == steps
                 && let Some(p) = pid.lock().unwrap().as_deref()
             {
                 seen.peak_kib = status_kib(p, "VmHWM:");
             }
-            k
-        };
+        }
         let reply = match (streamed, k >= steps) {
             (true, true) => final_turn(protocol),
             (true, false) => tool_turn(protocol, k),
@@ -291,6 +329,12 @@ fn connection(
         if write.write_all(&reply).is_err() {
             return;
         }
+        if kept {
+            seen.lock().unwrap().bodies.push((k, body));
+        } else {
+            reused = body;
+        }
+        seen.lock().unwrap().replied.push(Instant::now());
     }
 }
 
@@ -300,12 +344,26 @@ struct Figures {
     cpu_late_us: f64,
     wall_early_us: f64,
     wall_late_us: f64,
+    /// The client's own turn per step (`turn`), late.
+    turn_late_us: f64,
+    bare_turn_late_us: f64,
     bare_early_us: f64,
     bare_late_us: f64,
     bare_cpu_early_us: f64,
     bare_cpu_late_us: f64,
     peak_mb: f64,
     late_body_kb: f64,
+}
+
+/// The client's own turn per request, in µs: from an answer written to the first line of
+/// the next request, mean over the requests `a+1..=b` (the rest of a step is the server's:
+/// reading the body, answering).
+fn turn(seen: &Seen, (a, b): (usize, usize)) -> f64 {
+    let b = b.min(seen.replied.len() + 1);
+    let total: f64 = (a + 1..=b)
+        .map(|k| (seen.began[k - 1] - seen.replied[k - 2]).as_secs_f64() * 1e6)
+        .sum();
+    total / (b - a) as f64
 }
 
 fn mean_interval(arrived: &[Instant], (a, b): (usize, usize)) -> f64 {
@@ -315,7 +373,7 @@ fn mean_interval(arrived: &[Instant], (a, b): (usize, usize)) -> f64 {
 
 /// Replay `bodies` back to back to a fresh server with a bare reqwest client on this thread: wall time per
 /// request between arrivals at the server, and this thread's CPU per request.
-fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64) {
+fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64, f64) {
     let seen_pid: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let server = serve(protocol, usize::MAX, Vec::new(), seen_pid);
     let endpoint = format!("{}/v1/chat/completions", server.url);
@@ -354,8 +412,10 @@ fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64) {
         }
         let cpu = (thread_cpu() - cpu0) as f64 / 1e3 / bodies.len() as f64;
         let arrived = server.seen.lock().unwrap().arrived.clone();
+        // The warm request is the first: the replayed ones are 2 and on.
+        let turn = turn(&server.seen.lock().unwrap(), (1, arrived.len()));
         let wall = mean_interval(&arrived, (1, arrived.len()));
-        (wall, cpu)
+        (wall, cpu, turn)
     })
 }
 
@@ -518,14 +578,16 @@ fn run(protocol: Protocol, steps: usize, streamed: bool) -> Figures {
             .collect()
     };
     let late_bodies = bodies(late);
-    let (bare_early_us, bare_cpu_early_us) = bare(protocol, &bodies(early));
-    let (bare_late_us, bare_cpu_late_us) = bare(protocol, &late_bodies);
+    let (bare_early_us, bare_cpu_early_us, _) = bare(protocol, &bodies(early));
+    let (bare_late_us, bare_cpu_late_us, bare_turn_late_us) = bare(protocol, &late_bodies);
     Figures {
         cpu_total,
         cpu_early_us: per_step_cpu(early),
         cpu_late_us: per_step_cpu(late),
         wall_early_us: mean_interval(&seen.arrived, early),
         wall_late_us: mean_interval(&seen.arrived, late),
+        turn_late_us: turn(&seen, late),
+        bare_turn_late_us,
         bare_early_us,
         bare_late_us,
         bare_cpu_early_us,
@@ -646,6 +708,12 @@ fn report(steps: usize, all: &[Figures]) {
         median(&|f| f.wall_late_us - f.bare_late_us),
         median(&|f| f.wall_late_us),
         median(&|f| f.bare_late_us)
+    );
+    println!(
+        "      of it the client's own turn (answer out → next request in) {:>4.0} µs  ({:.0} − {:.0})",
+        median(&|f| f.turn_late_us - f.bare_turn_late_us),
+        median(&|f| f.turn_late_us),
+        median(&|f| f.bare_turn_late_us)
     );
     println!(
         "    peak memory of sup                           {:>8.1} MB{}",
