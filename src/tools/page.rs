@@ -61,15 +61,13 @@ pub(crate) fn read_page(
         }
         seen = seen.saturating_add(n);
         let mut start = 0;
-        for (i, &b) in chunk.iter().enumerate() {
-            if b == b'\n' {
-                if (first..=last).contains(&line) {
-                    keep(&mut page, &chunk[start..=i], &mut cut);
-                }
-                line = line.saturating_add(1);
-                total = total.saturating_add(1);
-                start = i + 1;
+        for i in memchr::memchr_iter(b'\n', chunk) {
+            if (first..=last).contains(&line) {
+                keep(&mut page, &chunk[start..=i], &mut cut);
             }
+            line = line.saturating_add(1);
+            total = total.saturating_add(1);
+            start = i + 1;
         }
         if start < n {
             if (first..=last).contains(&line) {
@@ -84,7 +82,9 @@ pub(crate) fn read_page(
         total = total.saturating_add(1);
     }
     Ok(Page {
-        text: String::from_utf8_lossy(&page).into_owned(),
+        // Valid UTF-8, nearly always: checked fast and kept as it is.
+        text: String::from_utf8(page)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
         total,
         cut,
         binary: false,

@@ -80,33 +80,37 @@ impl HumanTrace {
     /// The lines shown under a tool result's line, indented: none, its head with how many
     /// lines were left out, or all of it.
     fn result_lines(&self, content: &str) -> Option<String> {
-        let lines: Vec<&str> = content.trim_end().lines().collect();
-        if lines.is_empty() {
-            return None;
-        }
+        let mut lines = content.trim_end().lines();
         let shown = match self.results {
             Results::Hidden => return None,
-            Results::Head => HEAD_LINES.min(lines.len()),
-            Results::Whole => lines.len(),
+            Results::Head => HEAD_LINES,
+            Results::Whole => usize::MAX,
         };
-        let mut out: Vec<String> = lines[..shown]
-            .iter()
-            .map(|l| {
-                if self.results == Results::Head && l.chars().count() > HEAD_WIDTH {
-                    format!("    {} …", l.chars().take(HEAD_WIDTH).collect::<String>())
-                } else {
-                    format!("    {l}")
+        let mut out = String::new();
+        for l in lines.by_ref().take(shown) {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str("    ");
+            match l.char_indices().nth(HEAD_WIDTH) {
+                Some((cut, _)) if self.results == Results::Head => {
+                    out.push_str(&l[..cut]);
+                    out.push_str(" …");
                 }
-            })
-            .collect();
-        let left = lines.len() - shown;
+                _ => out.push_str(l),
+            }
+        }
+        if out.is_empty() {
+            return None;
+        }
+        let left = lines.count();
         if left > 0 {
-            out.push(format!(
-                "    … {left} more line{} (`sup show RUN_ID` shows them)",
+            out.push_str(&format!(
+                "\n    … {left} more line{} (`sup show RUN_ID` shows them)",
                 if left == 1 { "" } else { "s" }
             ));
         }
-        Some(out.join("\n"))
+        Some(out)
     }
 }
 
@@ -134,28 +138,27 @@ pub(crate) fn has_hidden(text: &str) -> bool {
 /// `text` safe for a terminal: control characters other than newline and tab, and invisible
 /// Unicode, written as escapes (`\r`, `\x1b`, `\u{202e}`).
 pub(crate) fn escape(text: &str) -> String {
-    // Printable ASCII, the most of what a trace shows, is told byte by byte.
-    if text
-        .bytes()
-        .all(|b| matches!(b, b' '..=b'~' | b'\n' | b'\t'))
-    {
-        return text.to_string();
-    }
+    // Printable ASCII, the most of what a trace shows, is told byte by byte and copied in runs.
+    let plain = |b: u8| matches!(b, b' '..=b'~' | b'\n' | b'\t');
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    let mut rest = text;
+    loop {
+        let run = rest.bytes().position(|b| !plain(b)).unwrap_or(rest.len());
+        out.push_str(&rest[..run]);
+        rest = &rest[run..];
+        let Some(c) = rest.chars().next() else {
+            return out;
+        };
+        rest = &rest[c.len_utf8()..];
         match c {
-            '\n' | '\t' => out.push(c),
             '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x80 && c.is_control() => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
+            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
             c if c.is_control() || invisible(c) => {
                 out.push_str(&format!("\\u{{{:x}}}", c as u32));
             }
             c => out.push(c),
         }
     }
-    out
 }
 
 /// The first line of `text`, at most `max` characters, with a mark when cut.
@@ -575,5 +578,32 @@ mod tests {
             assert_eq!(super::escape(&text), format!("a\\u{{{:x}}}b", c as u32));
         }
         assert!(!super::has_hidden("循环 é ü"));
+    }
+
+    #[test]
+    fn a_result_shows_its_head_cut_to_width_and_counts_the_rest() {
+        use super::{HEAD_WIDTH, HumanTrace, Results};
+        let trace =
+            |results| HumanTrace::to(false, Box::new(std::io::sink())).with_results(results);
+        let long = "x".repeat(HEAD_WIDTH + 5);
+        let content = format!("one\n{long}\n\nfour\nfive\nsix\nseven\n\n");
+        let head = trace(Results::Head).result_lines(&content).unwrap();
+        let cut = format!("    {} …", "x".repeat(HEAD_WIDTH));
+        assert_eq!(
+            head,
+            format!(
+                "    one\n{cut}\n    \n    four\n    five\n    … 2 more lines (`sup show RUN_ID` shows them)"
+            )
+        );
+        let whole = trace(Results::Whole).result_lines(&content).unwrap();
+        assert_eq!(whole.lines().count(), 7);
+        assert!(whole.contains(&long));
+        assert_eq!(
+            trace(Results::Head).result_lines("one\ntwo"),
+            Some("    one\n    two".into())
+        );
+        assert_eq!(trace(Results::Head).result_lines(" \n\n"), None);
+        assert_eq!(trace(Results::Hidden).result_lines("one"), None);
+        assert_eq!(super::escape("plain ✓ · é\u{3164}"), "plain ✓ · é\\u{3164}");
     }
 }
