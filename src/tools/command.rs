@@ -2,8 +2,8 @@
 //! stdin and its stdout is the result (JSON if it parses, text otherwise); a non-zero exit or
 //! a timeout is an error result that carries stderr. Also which program an MCP server or a
 //! command tool is: a name found outside the workspace (version-manager shims resolved away
-//! from it), and package launchers (`npx`, `uvx`, `bunx`) that resolve nothing from it, so nothing the
-//! agent planted there becomes the program.
+//! from it), and package launchers (`npx` and `npm exec`, `uvx`, `bunx` and `bun x`) that
+//! resolve nothing from it, so nothing the agent planted there becomes the program.
 
 use std::path::{Path, PathBuf};
 
@@ -26,27 +26,30 @@ pub(crate) struct Launch {
     pub(crate) cwd: Option<PathBuf>,
 }
 
-/// How a package launcher run for the workspace resolves nothing from it: `npx` gets an
-/// empty `--prefix` of sup's (no local `node_modules/.bin`, no workspace `.npmrc`);
-/// `uvx`/`uv` read no `uv.toml` or `pyproject.toml` (`UV_NO_CONFIG`); `bunx`, which has no
-/// flag for either and reads a `bunfig.toml`, a `.env` and a local `node_modules/.bin` from
-/// its working folder and those above it, starts in `empty` instead of the workspace (the
-/// program it runs finds the workspace in `SUP_WORKSPACE`). `pipx` resolves in its own
-/// folders already. `empty` is a folder the agent cannot write.
-pub(crate) fn launch_outside(program: &str, empty: &Path) -> Launch {
-    match program.rsplit('/').next().unwrap_or(program) {
-        "npx" => {
+/// How a package launcher run for the workspace (`program` with `args`) resolves nothing
+/// from it: `npx` and `npm exec` (`npm x`) get an empty `--prefix` of sup's (no local
+/// `node_modules/.bin`, no workspace `.npmrc`); `uvx`/`uv` read no `uv.toml` or
+/// `pyproject.toml` (`UV_NO_CONFIG`); `bunx` and `bun x`, which have no flag for either and
+/// read a `bunfig.toml`, a `.env` and a local `node_modules/.bin` from their working folder
+/// and those above it, start in `empty` instead of the workspace (the program they run finds
+/// the workspace in `SUP_WORKSPACE`). `pipx` resolves in its own folders already. `empty`
+/// is a folder the agent cannot write.
+pub(crate) fn launch_outside(program: &str, args: &[String], empty: &Path) -> Launch {
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let first = args.first().map(String::as_str);
+    match (name, first) {
+        ("npx", _) | ("npm", Some("exec" | "x")) => {
             let _ = std::fs::create_dir_all(empty);
             Launch {
                 args: vec!["--prefix".into(), empty.display().to_string()],
                 ..Launch::default()
             }
         }
-        "uvx" | "uv" => Launch {
+        ("uvx" | "uv", _) => Launch {
             env: vec![("UV_NO_CONFIG".into(), "1".into())],
             ..Launch::default()
         },
-        "bunx" => {
+        ("bunx", _) | ("bun", Some("x")) => {
             let _ = std::fs::create_dir_all(empty);
             Launch {
                 cwd: Some(empty.to_path_buf()),
@@ -175,7 +178,7 @@ impl Tool for CommandTool {
     }
     async fn call(&self, input: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let empty = ctx.output_dir.with_file_name("launch");
-        let launch = launch_outside(&self.program, &empty);
+        let launch = launch_outside(&self.program, &self.args, &empty);
         let mut args = launch.args;
         args.extend(self.args.iter().cloned());
         let mut env = ctx.env.as_ref().clone();
@@ -231,19 +234,40 @@ mod tests {
     fn package_launchers_resolve_nothing_from_the_workspace() {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("launch");
-        let npx = launch_outside("/usr/bin/npx", &empty);
-        assert_eq!(npx.args, ["--prefix", &empty.display().to_string()]);
-        assert_eq!(npx.cwd, None);
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let prefix = ["--prefix".to_string(), empty.display().to_string()];
+        for (program, rest) in [
+            ("/usr/bin/npx", args(&["-y", "pkg"])),
+            ("npm", args(&["exec", "pkg"])),
+            ("npm", args(&["x", "pkg"])),
+        ] {
+            let l = launch_outside(program, &rest, &empty);
+            assert_eq!(l.args, prefix, "{program} {rest:?}");
+            assert_eq!(l.cwd, None);
+        }
         assert_eq!(
-            launch_outside("uvx", &empty).env,
+            launch_outside("uvx", &[], &empty).env,
             [("UV_NO_CONFIG".to_string(), "1".to_string())]
         );
-        for bunx in ["bunx", "/home/me/.bun/bin/bunx"] {
-            let l = launch_outside(bunx, &empty);
+        for (bunx, rest) in [
+            ("bunx", args(&["eslint"])),
+            ("/home/me/.bun/bin/bunx", vec![]),
+            ("bun", args(&["x", "eslint"])),
+        ] {
+            let l = launch_outside(bunx, &rest, &empty);
             assert_eq!(l.cwd.as_deref(), Some(empty.as_path()), "{bunx}");
             assert!(l.args.is_empty() && l.env.is_empty());
         }
         assert!(empty.is_dir());
-        assert_eq!(launch_outside("python3", &empty), Launch::default());
+        // Not launchers: a script bun runs, npm's other commands.
+        assert_eq!(
+            launch_outside("bun", &args(&["run", "x"]), &empty),
+            Launch::default()
+        );
+        assert_eq!(
+            launch_outside("npm", &args(&["test"]), &empty),
+            Launch::default()
+        );
+        assert_eq!(launch_outside("python3", &[], &empty), Launch::default());
     }
 }

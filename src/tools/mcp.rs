@@ -312,7 +312,7 @@ async fn start_one(
         None => (program.into(), None),
     };
     let mut cmd = tokio::process::Command::new(real);
-    let launch = super::command::launch_outside(program, &log_dir.join("launch"));
+    let launch = super::command::launch_outside(program, first, &log_dir.join("launch"));
     cmd.args(&launch.args)
         .args(first)
         .args(&spec.args)

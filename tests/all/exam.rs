@@ -619,7 +619,9 @@ fn a_python_version_written_by_the_agent_does_not_choose_the_checks_interpreter(
     assert!(tail.contains("skipped: no tomllib"), "{tail}");
 }
 
-fn planted_mcp_package(nobody: bool) {
+/// The agent plants the filesystem server's package in `node_modules`; the goal's MCP server
+/// is `launcher` (`npx` or `npm exec`) of that package.
+fn planted_mcp_package(nobody: bool, launcher: &[&str]) {
     let env = Env::new();
     let outside = tempfile::tempdir().unwrap();
     let mark = outside.path().join("planted-ran");
@@ -653,7 +655,8 @@ fn planted_mcp_package(nobody: bool) {
         run.stdout
     );
     // The plant is real: npx in the workspace runs it.
-    let direct = std::process::Command::new("npx")
+    let direct = std::process::Command::new(launcher[0])
+        .args(&launcher[1..])
         .args(["--offline", "-y", "@modelcontextprotocol/server-filesystem"])
         .env("MARK", &mark)
         .current_dir(env.ws())
@@ -667,8 +670,21 @@ fn planted_mcp_package(nobody: bool) {
         "goal.toml",
         &format!(
             "prompt = \"x\"\nworkspace = \".\"\n[[mcp]]\nname = \"fs\"\n\
-             command = [\"npx\", \"--offline\", \"-y\", \"@modelcontextprotocol/server-filesystem\", \".\"]\n\
+             command = {}\n\
              sandbox = \"off\"\nenv = {{ MARK = \"{}\" }}\n",
+            serde_json::to_string(
+                &[
+                    launcher,
+                    &[
+                        "--offline",
+                        "-y",
+                        "@modelcontextprotocol/server-filesystem",
+                        "."
+                    ]
+                ]
+                .concat()
+            )
+            .unwrap(),
             mark.display()
         ),
     );
@@ -697,23 +713,31 @@ fn planted_mcp_package(nobody: bool) {
 
 #[test]
 fn a_planted_node_modules_package_is_not_the_mcp_server_that_runs() {
-    planted_mcp_package(false);
+    planted_mcp_package(false, &["npx"]);
 }
 
 #[test]
 fn as_an_ordinary_user_a_planted_node_modules_package_is_not_what_runs() {
-    planted_mcp_package(true);
+    planted_mcp_package(true, &["npx"]);
 }
 
-/// A stand-in for `bunx` where it matters here (bun is not installed on every machine): like
-/// bun it reads a `bunfig.toml` and runs a local `node_modules/.bin` program from its
-/// working folder, and otherwise runs the package from its global cache.
+#[test]
+fn a_planted_node_modules_package_is_not_the_mcp_server_npm_exec_runs() {
+    planted_mcp_package(false, &["npm", "exec"]);
+}
+
+/// A stand-in for `bunx` and `bun x` where it matters here (bun is not installed on every
+/// machine): like bun it reads a `bunfig.toml` and runs a local `node_modules/.bin` program
+/// from its working folder, and otherwise runs the package from its global cache.
 const BUNX: &str = "#!/bin/sh\n\
+                    [ \"${0##*/}\" = bun ] && [ \"$1\" = x ] && shift\n\
                     [ -f bunfig.toml ] && echo 'read the bunfig.toml of' \"$(pwd)\"\n\
                     if [ -x \"node_modules/.bin/$1\" ]; then exec \"node_modules/.bin/$1\"; fi\n\
                     echo \"the global $1\"\n";
 
-fn planted_bunx_package(nobody: bool) {
+/// The agent plants `node_modules/.bin/eslint` and a `bunfig.toml`; the goal's tool is
+/// `launcher` (`bunx eslint` or `bun x eslint`).
+fn planted_bunx_package(nobody: bool, launcher: &[&str]) {
     let env = Env::new();
     if std::process::Command::new("sh")
         .args(["-c", "command -v bunx"])
@@ -725,13 +749,15 @@ fn planted_bunx_package(nobody: bool) {
     let bin = tempfile::tempdir().unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bunx = bin.path().join("bunx");
+    let bunx = bin.path().join(launcher[0]);
     std::fs::write(&bunx, BUNX).unwrap();
     std::fs::set_permissions(&bunx, std::fs::Permissions::from_mode(0o755)).unwrap();
     let goal = env.write(
         "goal.toml",
-        "prompt = \"x\"\nworkspace = \".\"\n[[tool]]\nname = \"lint\"\n\
-         command = [\"bunx\", \"eslint\"]\n",
+        &format!(
+            "prompt = \"x\"\nworkspace = \".\"\n[[tool]]\nname = \"lint\"\ncommand = {}\n",
+            serde_json::to_string(launcher).unwrap()
+        ),
     );
     let script = env.script(json!([
         cmd(
@@ -770,7 +796,7 @@ fn planted_bunx_package(nobody: bool) {
     );
     // The plant is real: bunx in the workspace runs it.
     let direct = std::process::Command::new(&bunx)
-        .arg("eslint")
+        .args(&launcher[1..])
         .current_dir(env.ws())
         .output()
         .unwrap();
@@ -781,10 +807,15 @@ fn planted_bunx_package(nobody: bool) {
 
 #[test]
 fn a_planted_node_modules_package_or_bunfig_is_not_what_bunx_runs() {
-    planted_bunx_package(false);
+    planted_bunx_package(false, &["bunx", "eslint"]);
 }
 
 #[test]
 fn as_an_ordinary_user_a_planted_package_is_not_what_bunx_runs() {
-    planted_bunx_package(true);
+    planted_bunx_package(true, &["bunx", "eslint"]);
+}
+
+#[test]
+fn a_planted_node_modules_package_or_bunfig_is_not_what_bun_x_runs() {
+    planted_bunx_package(false, &["bun", "x", "eslint"]);
 }
