@@ -313,7 +313,17 @@ pub struct Transport {
     pub endpoint: Endpoint,
     pub http: HttpOptions,
     client: reqwest::Client,
+    /// A stream of this server's did not end within `LINGER` of its complete answer: its
+    /// streams are not waited for again.
+    slow_end: std::sync::atomic::AtomicBool,
 }
+
+/// How long a stream whose answer is complete may take to end (the body's last chunk) before
+/// it is dropped, closing the connection.
+const LINGER: Duration = Duration::from_millis(250);
+
+/// What a stream may still send after its complete answer, at most, to be read to its end.
+const MAX_TRAILING: usize = 64 * 1024;
 
 impl Transport {
     /// A transport to `endpoint` through `client()`, which keeps redirects to its origin.
@@ -322,6 +332,7 @@ impl Transport {
             client: client(&endpoint.url)?,
             endpoint,
             http,
+            slow_end: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -605,6 +616,9 @@ impl Transport {
                 }
             }
             if decoder.complete() {
+                if !ended {
+                    self.read_to_end(&mut stream).await;
+                }
                 return Ok(());
             }
             if ended {
@@ -616,6 +630,38 @@ impl Transport {
                     ),
                 ));
             }
+        }
+    }
+
+    /// Read what is left of a stream whose answer is complete, so that its connection is kept
+    /// for the next step: many servers write the body's end (the last, empty chunk) apart
+    /// from the last event, and a body dropped before its end closes the connection. At most
+    /// `MAX_TRAILING` bytes within `LINGER`; a server that does not end in time is not waited
+    /// for again.
+    async fn read_to_end(
+        &self,
+        stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    ) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.slow_end.load(Relaxed) {
+            return;
+        }
+        let rest = async {
+            let mut left = MAX_TRAILING;
+            while let Some(Ok(chunk)) = stream.next().await {
+                left = match left.checked_sub(chunk.len()) {
+                    Some(left) => left,
+                    None => return false,
+                };
+            }
+            true
+        };
+        if !matches!(tokio::time::timeout(LINGER, rest).await, Ok(true)) {
+            tracing::debug!(
+                "{}: a stream did not end after its answer",
+                self.endpoint.url
+            );
+            self.slow_end.store(true, Relaxed);
         }
     }
 }

@@ -694,3 +694,74 @@ fn a_server_that_cannot_be_reached_is_retried_then_exit_4() {
         "{error}"
     );
 }
+
+/// A server that writes a stream's last chunk (the body's end) apart from the events, after
+/// them, as servers that flush each event do: each step's connection is kept for the next,
+/// not closed because the answer was complete before the body ended.
+fn keeps_the_connection_when_the_end_comes_late(protocol: Protocol) {
+    let env = Env::new();
+    env.write("a.txt", "alpha");
+    env.write("b.txt", "beta");
+    let turns = [
+        Turn::text("").call("call_a", "read_file", r#"{"path": "a.txt"}"#),
+        Turn::text("").call("call_b", "read_file", r#"{"path": "b.txt"}"#),
+        Turn::text("A says alpha, B says beta."),
+    ];
+    let server = FakeServer::keep_alive(
+        turns
+            .iter()
+            .map(|t| reply(protocol, true, t).ending_after(40))
+            .collect(),
+    );
+    let run = run_against(&env, &server, protocol, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.result()["answer"], "A says alpha, B says beta.");
+    assert_eq!(server.requests().len(), 3);
+    assert_eq!(server.connections(), 1, "a new connection for each step");
+}
+
+#[test]
+fn a_chat_stream_whose_end_comes_late_keeps_its_connection() {
+    keeps_the_connection_when_the_end_comes_late(Protocol::OpenAi);
+}
+
+#[test]
+fn a_messages_stream_whose_end_comes_late_keeps_its_connection() {
+    keeps_the_connection_when_the_end_comes_late(Protocol::Anthropic);
+}
+
+/// A server that never ends a stream after its answer: sup waits for the end once, briefly,
+/// then no more; each answer still counts and the run ends.
+#[test]
+fn a_stream_that_never_ends_after_its_answer_is_waited_for_once() {
+    let env = Env::new();
+    env.write("a.txt", "alpha");
+    let turns = [
+        Turn::text("").call("call_a", "read_file", r#"{"path": "a.txt"}"#),
+        Turn::text("").call("call_b", "read_file", r#"{"path": "a.txt"}"#),
+        Turn::text("Alpha twice."),
+    ];
+    let server = FakeServer::keep_alive(
+        turns
+            .iter()
+            .map(|t| reply(Protocol::OpenAi, true, t).ending_after(60_000))
+            .collect(),
+    );
+    let mut cmd = env.sup();
+    cmd.args(["run", "do the work", "--json", "--model", "openai:gpt-test"])
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
+        .env("OPENAI_API_KEY", OPENAI_KEY)
+        .env("RUST_LOG", "sup=debug");
+    let run = Run::new(cmd.output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.result()["answer"], "Alpha twice.");
+    assert_eq!(
+        run.stderr
+            .matches("a stream did not end after its answer")
+            .count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert_eq!(server.connections(), 3);
+}

@@ -453,6 +453,7 @@ fn sse_keep_alives_cannot_extend_the_request_deadline() {
         body: common::fake_server::Body::Chunks {
             pieces,
             drop: false,
+            end_delay: 0,
         },
     };
     let server = FakeServer::start(vec![reply]);

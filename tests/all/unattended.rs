@@ -946,6 +946,7 @@ fn the_days_spending_counts_a_run_killed_while_it_ran() {
         body: common::fake_server::Body::Chunks {
             pieces: vec![(600_000, "{}".into())],
             drop: false,
+            end_delay: 0,
         },
     };
     let server = FakeServer::start(vec![

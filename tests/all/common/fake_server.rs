@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,10 +16,12 @@ use serde_json::{Value, json};
 #[derive(Clone, Debug)]
 pub enum Body {
     Full(String),
-    /// Chunked: each piece after its delay; `drop` closes the connection before the end.
+    /// Chunked: each piece after its delay; `drop` closes the connection before the end;
+    /// the last chunk (the body's end) after `end_delay` ms.
     Chunks {
         pieces: Vec<(u64, String)>,
         drop: bool,
+        end_delay: u64,
     },
 }
 
@@ -45,6 +48,7 @@ impl Reply {
             body: Body::Chunks {
                 pieces: events.into_iter().map(|e| (0, e)).collect(),
                 drop: false,
+                end_delay: 0,
             },
         }
     }
@@ -54,9 +58,18 @@ impl Reply {
         self
     }
 
+    /// End the body (its last, empty chunk) only `ms` after the last piece, as a server that
+    /// writes it apart from the events does.
+    pub fn ending_after(mut self, ms: u64) -> Self {
+        if let Body::Chunks { end_delay, .. } = &mut self.body {
+            *end_delay = ms;
+        }
+        self
+    }
+
     /// Cut the stream after `keep` pieces and drop the connection.
     pub fn dropped_after(mut self, keep: usize) -> Self {
-        if let Body::Chunks { pieces, drop } = &mut self.body {
+        if let Body::Chunks { pieces, drop, .. } = &mut self.body {
             pieces.truncate(keep);
             *drop = true;
         }
@@ -83,6 +96,7 @@ impl Recorded {
 pub struct FakeServer {
     pub url: String,
     requests: Arc<Mutex<Vec<Recorded>>>,
+    connections: Arc<AtomicUsize>,
 }
 
 /// What answers a request: the next scripted reply, or a function of the request's body.
@@ -93,30 +107,50 @@ enum Replies {
 
 impl FakeServer {
     pub fn start(replies: Vec<Reply>) -> Self {
-        Self::serving(Replies::Queue(Mutex::new(VecDeque::from(replies))))
+        Self::serving(Replies::Queue(Mutex::new(VecDeque::from(replies))), false)
+    }
+
+    /// The same, keeping each connection open for the next request (`connection:
+    /// keep-alive`), as a real server does.
+    pub fn keep_alive(replies: Vec<Reply>) -> Self {
+        Self::serving(Replies::Queue(Mutex::new(VecDeque::from(replies))), true)
     }
 
     /// A server that answers each request by what `route` makes of its JSON body (requests
     /// that come at once, from parallel attempts, are told apart by what they hold).
     pub fn routed(route: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Self {
-        Self::serving(Replies::Routed(Box::new(route)))
+        Self::serving(Replies::Routed(Box::new(route)), false)
     }
 
-    fn serving(replies: Replies) -> Self {
+    fn serving(replies: Replies, keep_alive: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let requests = Arc::new(Mutex::new(Vec::new()));
         let queue = Arc::new(replies);
         let recorded = requests.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let recorded = recorded.clone();
                 let queue = queue.clone();
-                std::thread::spawn(move || serve(stream, &recorded, &queue));
+                std::thread::spawn(move || {
+                    while serve(&stream, &recorded, &queue, keep_alive) && keep_alive {}
+                });
             }
         });
-        FakeServer { url, requests }
+        FakeServer {
+            url,
+            requests,
+            connections,
+        }
+    }
+
+    /// How many connections the server has accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -166,14 +200,20 @@ pub fn read_request(stream: &TcpStream) -> Option<Request> {
     })
 }
 
-fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, replies: &Replies) {
+/// Answer one request on `stream`; whether it was answered whole (the connection can go on).
+fn serve(
+    stream: &TcpStream,
+    recorded: &Mutex<Vec<Recorded>>,
+    replies: &Replies,
+    keep_alive: bool,
+) -> bool {
     let Some(Request {
         path,
         headers,
         body,
-    }) = read_request(&stream)
+    }) = read_request(stream)
     else {
-        return;
+        return false;
     };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     recorded.lock().unwrap().push(Recorded {
@@ -190,11 +230,16 @@ fn serve(stream: TcpStream, recorded: &Mutex<Vec<Recorded>>, replies: &Replies) 
             )
         }),
     };
-    let _ = respond(stream, reply);
+    let dropped = matches!(reply.body, Body::Chunks { drop: true, .. });
+    respond(stream, reply, keep_alive).is_ok() && !dropped
 }
 
-fn respond(mut stream: TcpStream, reply: Reply) -> std::io::Result<()> {
-    let mut head = format!("HTTP/1.1 {} Fake\r\nconnection: close\r\n", reply.status);
+fn respond(mut stream: &TcpStream, reply: Reply, keep_alive: bool) -> std::io::Result<()> {
+    let connection = if keep_alive { "keep-alive" } else { "close" };
+    let mut head = format!(
+        "HTTP/1.1 {} Fake\r\nconnection: {connection}\r\n",
+        reply.status
+    );
     for (k, v) in &reply.headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -204,7 +249,11 @@ fn respond(mut stream: TcpStream, reply: Reply) -> std::io::Result<()> {
             stream.write_all(head.as_bytes())?;
             stream.write_all(text.as_bytes())?;
         }
-        Body::Chunks { pieces, drop } => {
+        Body::Chunks {
+            pieces,
+            drop,
+            end_delay,
+        } => {
             head.push_str("transfer-encoding: chunked\r\n\r\n");
             stream.write_all(head.as_bytes())?;
             for (delay, piece) in pieces {
@@ -216,6 +265,7 @@ fn respond(mut stream: TcpStream, reply: Reply) -> std::io::Result<()> {
                 std::thread::sleep(Duration::from_millis(50));
                 return stream.shutdown(std::net::Shutdown::Both);
             }
+            std::thread::sleep(Duration::from_millis(end_delay));
             stream.write_all(b"0\r\n\r\n")?;
         }
     }
