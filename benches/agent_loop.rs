@@ -211,6 +211,8 @@ struct Seen {
     cpu: Vec<u64>,
     /// Bodies of the requests inside the windows, by request number (from 1).
     bodies: Vec<(usize, Vec<u8>)>,
+    /// Window bodies larger than the buffer made ready for them (read into fresh memory).
+    outgrew: usize,
     peak_kib: u64,
 }
 
@@ -240,26 +242,32 @@ fn serve(
         .map(|k| vec![1u8; k * 3072 + 65536])
         .collect();
     spare.sort_by_key(|b| std::cmp::Reverse(b.len()));
+    // Shared by the connections: sup may open a second one while its first goes back to
+    // its pool.
+    let spare = Arc::new(Mutex::new(spare));
     std::thread::spawn(move || {
         for socket in listener.incoming() {
             let Ok(socket) = socket else { return };
             let seen = s.clone();
             let windows = windows.clone();
             let pid = pid.clone();
-            let spare = std::mem::take(&mut spare);
+            let spare = spare.clone();
             std::thread::spawn(move || {
-                connection(protocol, socket, steps, (&windows, spare), &pid, &seen)
+                connection(protocol, socket, steps, (&windows, &spare), &pid, &seen)
             });
         }
     });
     Server { url, seen }
 }
 
+/// Buffers made ready for the requests inside the windows, smallest last.
+type Spare = Mutex<Vec<Vec<u8>>>;
+
 fn connection(
     protocol: Protocol,
     socket: TcpStream,
     steps: usize,
-    (windows, mut spare): (&[(usize, usize)], Vec<Vec<u8>>),
+    (windows, spare): (&[(usize, usize)], &Spare),
     pid: &Mutex<Option<String>>,
     seen: &Mutex<Seen>,
 ) {
@@ -293,23 +301,26 @@ fn connection(
         // a buffer of its own made ready before the run: memory fresh at each request would
         // be the server's page faults, counted as the client's time.
         let mut body = if kept {
-            spare.pop().unwrap_or_default()
+            spare.lock().unwrap().pop().unwrap_or_default()
         } else {
             std::mem::take(&mut reused)
         };
+        let outgrew = len > body.capacity();
         body.clear();
         body.resize(len, 0);
         reader.read_exact(&mut body).unwrap();
+        // The client's CPU only where a window starts or ends, and outside the window's
+        // time: reading it is the server's time, and would count as the client's too. At
+        // a start it is read before the arrival is stamped (the client, its body sent,
+        // waits), at an end after.
+        let sample = || pid.lock().unwrap().as_deref().map(cpu_ns).unwrap_or(0);
+        let starts = windows.iter().any(|&(a, _)| k == a);
+        let ends = windows.iter().any(|&(_, b)| k == b);
+        let early_cpu = starts.then(sample);
         let now = Instant::now();
+        let cpu = early_cpu.or_else(|| ends.then(sample)).unwrap_or(0);
         // Whole answers to a request that asks for no stream.
         let streamed = !body.windows(14).any(|w| w == b"\"stream\":false");
-        // The client's CPU only where a window starts or ends: reading it is the server's
-        // time, and would count as the client's too.
-        let cpu = if windows.iter().any(|&(a, b)| k == a || k == b) {
-            pid.lock().unwrap().as_deref().map(cpu_ns).unwrap_or(0)
-        } else {
-            0
-        };
         {
             let mut seen = seen.lock().unwrap();
             seen.arrived.push(now);
@@ -320,6 +331,12 @@ fn connection(
             {
                 seen.peak_kib = status_kib(p, "VmHWM:");
             }
+            if kept {
+                seen.outgrew += usize::from(outgrew);
+                seen.bodies.push((k, body));
+            } else {
+                reused = body;
+            }
         }
         let reply = match (streamed, k >= steps) {
             (true, true) => final_turn(protocol),
@@ -328,11 +345,6 @@ fn connection(
         };
         if write.write_all(&reply).is_err() {
             return;
-        }
-        if kept {
-            seen.lock().unwrap().bodies.push((k, body));
-        } else {
-            reused = body;
         }
         seen.lock().unwrap().replied.push(Instant::now());
     }
@@ -390,11 +402,12 @@ fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64, f64) {
     };
     rt.block_on(async {
         let client = reqwest::Client::new();
-        // A warm connection, as sup has one.
+        // A warm connection, as sup has one; with the largest body, so that the server's
+        // reused buffer has room for every one after it.
         let warm = client
             .post(&endpoint)
             .header("content-type", "application/json")
-            .body(bodies[0].clone())
+            .body(bodies[bodies.len() - 1].clone())
             .send()
             .await
             .unwrap();
@@ -412,9 +425,10 @@ fn bare(protocol: Protocol, bodies: &[Vec<u8>]) -> (f64, f64, f64) {
         }
         let cpu = (thread_cpu() - cpu0) as f64 / 1e3 / bodies.len() as f64;
         let arrived = server.seen.lock().unwrap().arrived.clone();
-        // The warm request is the first: the replayed ones are 2 and on.
-        let turn = turn(&server.seen.lock().unwrap(), (1, arrived.len()));
-        let wall = mean_interval(&arrived, (1, arrived.len()));
+        // Request 1 is the warm one and 2 the window's first body: from 2 on are the
+        // intervals the window of sup's run has (the requests after its first).
+        let turn = turn(&server.seen.lock().unwrap(), (2, arrived.len()));
+        let wall = mean_interval(&arrived, (2, arrived.len()));
         (wall, cpu, turn)
     })
 }
@@ -568,6 +582,13 @@ fn run(protocol: Protocol, steps: usize, streamed: bool) -> Figures {
     let cpu_total = children_cpu() - cpu_before;
     let seen = std::mem::take(&mut *server.seen.lock().unwrap());
     assert_eq!(seen.arrived.len(), steps, "one request per step");
+    if seen.outgrew > 0 {
+        eprintln!(
+            "note: {} window bodies outgrew the buffers made ready for them: their page faults \
+             count as sup's time",
+            seen.outgrew
+        );
+    }
     let per_step_cpu =
         |(a, b): (usize, usize)| (seen.cpu[b - 1] - seen.cpu[a - 1]) as f64 / 1e3 / (b - a) as f64;
     let bodies = |(a, b): (usize, usize)| -> Vec<Vec<u8>> {
