@@ -2,14 +2,25 @@
 //! ./fix.sh`, `python3 x.py`, `python3 -m mod`, `./run.sh`, `make -f x.mk`): the file is
 //! named with its first lines in the request, its hash is taken when the request is made,
 //! and the call is refused when the file changed by the time it runs. An interpreter's
-//! operands that are files of the workspace are all taken (its script and its data).
+//! operands that are files of the workspace are all taken (its script and its data), and so
+//! is what those files run in turn: the files a shell script sources or runs, the workspace
+//! modules a Python file imports, the relative modules a JavaScript or TypeScript file
+//! requires or imports, the files a makefile includes.
 
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
+use regex::Regex;
 use sha2::{Digest, Sha256};
 
 /// Lines of a file shown with the request.
 const FIRST_LINES: usize = 10;
+
+/// Files taken at most for one line, the ones it runs and what they run in turn.
+const MAX_FILES: usize = 64;
+
+/// A file larger than this is taken but not read for what it runs.
+const MAX_READ: usize = 1 << 20;
 
 /// Interpreters whose first operand is the file they run.
 const INTERPRETERS: &[&str] = &[
@@ -36,9 +47,9 @@ impl RunFile {
     }
 }
 
-/// The workspace files `line` runs, read now.
+/// The workspace files `line` runs, read now, and the files they run in turn.
 pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
-    let mut out: Vec<RunFile> = Vec::new();
+    let mut out = Files::default();
     let commands = commands(line);
     // An interpreter given no script reads it from its input (`cat fix.sh | bash`): any
     // file the line names may be what it runs.
@@ -48,30 +59,233 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
         if from_input {
             files.extend(words.iter().map(|w| w.trim_start_matches('<').to_string()));
         }
+        let by = program(words)
+            .first()
+            .map(|p| Lang::of_program(basename(p)));
         for f in files {
-            let Some(full) = inside(workspace, &f) else {
-                continue;
-            };
-            let Ok(bytes) = std::fs::read(&full) else {
-                continue;
-            };
-            let path = crate::tools::paths::relative(workspace, &full);
-            if out.iter().any(|r| r.path == path) {
-                continue;
+            if let Some(full) = inside(workspace, &f) {
+                out.take(workspace, full, by.unwrap_or(Lang::Other));
             }
-            let text = String::from_utf8_lossy(&bytes);
-            out.push(RunFile {
-                path,
-                hash: Sha256::digest(&bytes).into(),
-                first_lines: text
-                    .lines()
-                    .take(FIRST_LINES)
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            });
         }
     }
-    out
+    // What the files run, breadth first: a file is read once.
+    let mut next = 0;
+    while next < out.taken.len() {
+        let (full, lang) = (out.taken[next].0.clone(), out.taken[next].1);
+        let text = out.taken[next].2.take();
+        next += 1;
+        let Some(text) = text else {
+            continue;
+        };
+        let lang = Lang::of_file(&full, &text).unwrap_or(lang);
+        let dir = full.parent().unwrap_or(workspace).to_path_buf();
+        for f in runs_in(lang, &text, &dir, workspace) {
+            out.take(workspace, f, Lang::Other);
+        }
+    }
+    out.files
+}
+
+/// The files taken so far: each with where it is, how it is read, and its text until it is
+/// read for what it runs.
+#[derive(Default)]
+struct Files {
+    files: Vec<RunFile>,
+    taken: Vec<(PathBuf, Lang, Option<String>)>,
+}
+
+impl Files {
+    /// Take `full` (a path that `inside` gave), unless it is taken already or there are
+    /// `MAX_FILES`.
+    fn take(&mut self, workspace: &Path, full: PathBuf, lang: Lang) {
+        if self.files.len() >= MAX_FILES || self.taken.iter().any(|(p, ..)| *p == full) {
+            return;
+        }
+        let Ok(bytes) = std::fs::read(&full) else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        self.files.push(RunFile {
+            path: crate::tools::paths::relative(workspace, &full),
+            hash: Sha256::digest(&bytes).into(),
+            first_lines: text
+                .lines()
+                .take(FIRST_LINES)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        });
+        let text = (bytes.len() <= MAX_READ).then(|| text.into_owned());
+        self.taken.push((full, lang, text));
+    }
+}
+
+/// How a file is read for what it runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Lang {
+    Shell,
+    Python,
+    JavaScript,
+    Make,
+    Other,
+}
+
+impl Lang {
+    /// What an interpreter runs its file as.
+    fn of_program(name: &str) -> Lang {
+        match name {
+            "bash" | "sh" | "dash" | "zsh" | "ksh" | "source" | "." => Lang::Shell,
+            n if n.starts_with("python") => Lang::Python,
+            "node" | "deno" | "bun" => Lang::JavaScript,
+            "make" | "gmake" => Lang::Make,
+            _ => Lang::Other,
+        }
+    }
+
+    /// What a file is, by its name or its `#!` line.
+    fn of_file(path: &Path, text: &str) -> Option<Lang> {
+        let name = path.file_name()?.to_str()?;
+        let by_name = match name.rsplit_once('.').map(|(_, e)| e) {
+            Some("sh" | "bash" | "zsh" | "ksh") => Some(Lang::Shell),
+            Some("py") => Some(Lang::Python),
+            Some("js" | "mjs" | "cjs" | "ts" | "mts" | "cts" | "jsx" | "tsx") => {
+                Some(Lang::JavaScript)
+            }
+            Some("mk") => Some(Lang::Make),
+            _ if ["GNUmakefile", "makefile", "Makefile"].contains(&name) => Some(Lang::Make),
+            _ => None,
+        };
+        by_name.or_else(|| {
+            let shebang = text.lines().next()?.strip_prefix("#!")?;
+            let mut words = shebang.split_whitespace();
+            let first = basename(words.next()?);
+            let program = if first == "env" {
+                words.find(|w| !w.starts_with('-'))?
+            } else {
+                first
+            };
+            Some(Lang::of_program(basename(program))).filter(|l| *l != Lang::Other)
+        })
+    }
+}
+
+/// `import a.b`, `import a, b as c` (the modules).
+static PY_IMPORT: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(?m)^\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)").ok()
+});
+/// `from .a.b import c, d` (the dots, the module, the names).
+static PY_FROM: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(?m)^\s*from\s+(\.*)([\w.]*)\s+import\s+\(?([\w \t,]+)").ok());
+/// `require('./x')`, `import x from "../y"`, `import "./z"`, `import('./w')`, `export … from './v'`.
+static JS_RELATIVE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"](\.{1,2}/[^'"]+)['"]"#).ok()
+});
+/// `include a.mk b.mk`, `-include`, `sinclude`.
+static MAKE_INCLUDE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(?m)^\s*(?:-|s)?include\s+(.+)$").ok());
+
+/// The workspace files that `text`, a file in `dir` read as `lang`, runs.
+fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf> {
+    let mut names: Vec<PathBuf> = Vec::new();
+    match lang {
+        Lang::Shell => {
+            for words in text.lines().flat_map(commands) {
+                for f in operands(&words) {
+                    if !f.contains('$') {
+                        names.push(workspace.join(&f));
+                        names.push(dir.join(&f));
+                        continue;
+                    }
+                    // A path made at run time (`"$(dirname "$0")/lib.sh"`,
+                    // `${BASH_SOURCE%/*}/x.sh`, `$DIR/x.sh`): what follows its last expansion,
+                    // beside the script.
+                    let parts: Vec<&str> = f.split('/').collect();
+                    let expanded = |p: &&str| p.contains(['$', '}', ')']);
+                    if let Some(last) = parts.iter().rposition(expanded)
+                        && last + 1 < parts.len()
+                    {
+                        names.push(dir.join(parts[last + 1..].join("/")));
+                    }
+                }
+            }
+        }
+        Lang::Python => {
+            let mut modules: Vec<(usize, String)> = Vec::new();
+            if let Some(re) = PY_IMPORT.as_ref() {
+                for c in re.captures_iter(text) {
+                    for m in c[1].split(',') {
+                        let m = m.split_whitespace().next().unwrap_or("");
+                        modules.push((0, m.to_string()));
+                    }
+                }
+            }
+            if let Some(re) = PY_FROM.as_ref() {
+                for c in re.captures_iter(text) {
+                    let (dots, module) = (c[1].len(), &c[2]);
+                    modules.push((dots, module.to_string()));
+                    // `from pkg import mod` may name a module of the package.
+                    for n in c[3].split(',') {
+                        let n = n.split_whitespace().next().unwrap_or("");
+                        let joined = if module.is_empty() {
+                            n.to_string()
+                        } else {
+                            format!("{module}.{n}")
+                        };
+                        modules.push((dots, joined));
+                    }
+                }
+            }
+            for (dots, m) in modules {
+                let roots: Vec<PathBuf> = if dots == 0 {
+                    // The script's folder leads `sys.path`; the working folder under `-m`.
+                    vec![dir.to_path_buf(), workspace.to_path_buf()]
+                } else {
+                    dir.ancestors()
+                        .nth(dots - 1)
+                        .map(Path::to_path_buf)
+                        .into_iter()
+                        .collect()
+                };
+                let rel = m.replace('.', "/");
+                for root in roots {
+                    if rel.is_empty() {
+                        names.push(root.join("__init__.py"));
+                        continue;
+                    }
+                    names.push(root.join(format!("{rel}.py")));
+                    names.push(root.join(&rel).join("__init__.py"));
+                }
+            }
+        }
+        Lang::JavaScript => {
+            if let Some(re) = JS_RELATIVE.as_ref() {
+                for c in re.captures_iter(text) {
+                    let base = dir.join(&c[1]);
+                    names.push(base.clone());
+                    for ext in ["js", "mjs", "cjs", "ts", "mts", "cts", "jsx", "tsx", "json"] {
+                        names.push(PathBuf::from(format!("{}.{ext}", base.display())));
+                    }
+                    names.push(base.join("index.js"));
+                    names.push(base.join("index.ts"));
+                }
+            }
+        }
+        Lang::Make => {
+            if let Some(re) = MAKE_INCLUDE.as_ref() {
+                for c in re.captures_iter(text) {
+                    names.extend(
+                        c[1].split_whitespace()
+                            .filter(|w| !w.contains('$'))
+                            .map(|w| workspace.join(w)),
+                    );
+                }
+            }
+        }
+        Lang::Other => {}
+    }
+    names
+        .into_iter()
+        .filter_map(|n| inside(workspace, &n.to_string_lossy()))
+        .collect()
 }
 
 /// The first of `files` that is not as it was, with what became of it.
@@ -287,5 +501,103 @@ mod tests {
                 .unwrap()
                 .contains("changed since")
         );
+    }
+
+    #[test]
+    fn what_the_files_a_line_runs_run_in_turn() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                // Shell: a literal source, one beside the script made at run time, a script
+                // it runs, and a cycle.
+                (
+                    "fix.sh",
+                    "#!/bin/sh\n. ./lib.sh\nsource \"$(dirname \"$0\")/tools/x.sh\"\n",
+                ),
+                ("lib.sh", "bash steps/one.sh\n. ./fix.sh\n"),
+                ("steps/one.sh", "echo one\n"),
+                ("tools/x.sh", "echo x\n"),
+                // Python: a module beside the script, a package's module, a relative import,
+                // and the standard library (not in the workspace).
+                (
+                    "app/main.py",
+                    "import os, helper\nfrom pkg import mod\nfrom .rel import f\n",
+                ),
+                ("app/helper.py", ""),
+                ("app/pkg/__init__.py", ""),
+                ("app/pkg/mod.py", ""),
+                ("app/rel.py", ""),
+                // JavaScript: require and import of relative modules, with and without ends.
+                (
+                    "web/run.js",
+                    "const a = require('./a');\nimport b from \"../b.mjs\";\nimport('./c');\n",
+                ),
+                ("web/a.js", ""),
+                ("b.mjs", ""),
+                ("web/c/index.js", ""),
+                // Make: an included makefile.
+                ("Makefile", "include rules.mk\n"),
+                ("rules.mk", ""),
+                // No extension: its `#!` line says what it is.
+                ("run", "#!/usr/bin/env bash\nsource ./lib.sh\n"),
+            ],
+        );
+        let names = |line: &str| -> Vec<String> {
+            let mut n: Vec<String> = run_files(line, &ws).into_iter().map(|f| f.path).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(
+            names("bash fix.sh"),
+            ["fix.sh", "lib.sh", "steps/one.sh", "tools/x.sh"]
+        );
+        assert_eq!(
+            names("python3 app/main.py"),
+            [
+                "app/helper.py",
+                "app/main.py",
+                "app/pkg/__init__.py",
+                "app/pkg/mod.py",
+                "app/rel.py"
+            ]
+        );
+        assert_eq!(
+            names("node web/run.js"),
+            ["b.mjs", "web/a.js", "web/c/index.js", "web/run.js"]
+        );
+        assert_eq!(names("make"), ["Makefile", "rules.mk"]);
+        assert_eq!(
+            names("./run"),
+            ["fix.sh", "lib.sh", "run", "steps/one.sh", "tools/x.sh"]
+        );
+        // A change to a sourced file is a change to what was approved.
+        let files = run_files("bash fix.sh", &ws);
+        std::fs::write(ws.join("steps/one.sh"), "rm -rf ~\n").unwrap();
+        assert!(
+            changed(&files, &ws)
+                .unwrap()
+                .contains("steps/one.sh changed")
+        );
+    }
+
+    #[test]
+    fn what_a_line_runs_is_bounded_and_stays_in_the_workspace() {
+        let (_dir, ws) = crate::testing::workspace();
+        let chain: Vec<(String, String)> = (0..100)
+            .map(|i| (format!("s{i}.sh"), format!(". ./s{}.sh\n", i + 1)))
+            .collect();
+        let chain: Vec<(&str, &str)> = chain
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        crate::testing::write(&ws, &chain);
+        assert_eq!(run_files("bash s0.sh", &ws).len(), MAX_FILES);
+        crate::testing::write(&ws, &[("out.sh", ". /etc/profile\n. ../elsewhere.sh\n")]);
+        let names: Vec<String> = run_files("sh out.sh", &ws)
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        assert_eq!(names, ["out.sh"]);
     }
 }

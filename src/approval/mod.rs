@@ -347,14 +347,6 @@ impl Gate {
             .always
             .lock()
             .is_ok_and(|a| a.iter().any(|(t, x)| t == call.tool && x == call.subject));
-        let runs = match (&self.workspace, call.tool) {
-            (Some(ws), "run_command") => input
-                .get("command")
-                .and_then(Value::as_str)
-                .map(|line| files::run_files(line, ws))
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        };
         if remembered {
             let earlier = self.always_files.lock().ok().and_then(|a| {
                 a.iter()
@@ -375,6 +367,14 @@ impl Gate {
             }
             Decision::Ask => {
                 // The person is shown the files the line runs, as they are now.
+                let runs = match (&self.workspace, call.tool) {
+                    (Some(ws), "run_command") => input
+                        .get("command")
+                        .and_then(Value::as_str)
+                        .map(|line| files::run_files(line, ws))
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                };
                 let mut shown = input.clone();
                 if !runs.is_empty()
                     && let Some(o) = shown.as_object_mut()

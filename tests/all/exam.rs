@@ -422,7 +422,22 @@ fn approve(env: &Env, nobody: bool, id: &str) {
 /// The attack: a job of the agent's rewrites `file` (to what `rewrite`, a shell line,
 /// writes) after the person read it in the request for `line` and before it runs.
 fn approved_file_changes(file: &str, original: &str, rewrite: &str, line: &str, nobody: bool) {
+    approved_file_changes_beside(&[], file, original, rewrite, line, nobody);
+}
+
+/// The same, with the files `beside` written first (a script that sources or imports `file`).
+fn approved_file_changes_beside(
+    beside: &[(&str, &str)],
+    file: &str,
+    original: &str,
+    rewrite: &str,
+    line: &str,
+    nobody: bool,
+) {
     let env = Env::new();
+    for (name, text) in beside {
+        env.write(name, text);
+    }
     env.write(file, original);
     let script = env.script(json!([
         // `go` only times the job: the test makes it after the request is shown.
@@ -504,6 +519,113 @@ fn approved_module_changes(line: &str, nobody: bool) {
         line,
         nobody,
     );
+}
+
+/// What an approved script sources or imports is what it runs too: it is shown, and a change
+/// to it after the request refuses the call.
+#[test]
+fn an_approved_scripts_sourced_file_that_changed_is_refused() {
+    approved_file_changes_beside(
+        &[("fix.sh", "#!/bin/sh\nset -e\n. ./lib.sh\n")],
+        "lib.sh",
+        "echo fixed > fixed.txt\n",
+        "echo \"echo pwned > pwned.txt\" > lib.sh",
+        "bash ./fix.sh",
+        false,
+    );
+}
+
+#[test]
+fn an_approved_scripts_file_sourced_by_its_folder_that_changed_is_refused() {
+    approved_file_changes_beside(
+        &[(
+            "tools/fix.sh",
+            "#!/bin/bash\nsource \"$(dirname \"$0\")/lib.sh\"\n",
+        )],
+        "tools/lib.sh",
+        "echo fixed > fixed.txt\n",
+        "echo \"echo pwned > pwned.txt\" > tools/lib.sh",
+        "bash tools/fix.sh",
+        false,
+    );
+}
+
+#[test]
+fn an_approved_scripts_imported_module_that_changed_is_refused() {
+    approved_file_changes_beside(
+        &[("fix.py", "import helper\n")],
+        "helper.py",
+        "open('fixed.txt', 'w').write('x')\n",
+        "echo \"open(\\\"pwned.txt\\\", \\\"w\\\")\" > helper.py",
+        "python3 fix.py",
+        false,
+    );
+}
+
+/// An `always` answer for a script covers the files it sources as they were: rewritten, the
+/// same line is refused.
+#[test]
+fn an_always_approved_script_whose_sourced_file_changed_is_refused() {
+    let env = Env::new();
+    env.write("fix.sh", ". ./lib.sh\n");
+    env.write("lib.sh", "echo fixed >> fixed.txt\n");
+    let script = env.script(json!([
+        cmd(
+            "job",
+            "nohup sh -c 'while [ ! -f fixed.txt ]; do sleep 0.05; done; \
+             echo \"echo pwned > pwned.txt\" > lib.sh' >/dev/null 2>&1 &"
+        ),
+        cmd("first", "bash ./fix.sh"),
+        cmd("wait", "while ! grep -q pwned lib.sh; do sleep 0.05; done"),
+        cmd("again", "bash ./fix.sh"),
+        say("done")
+    ]));
+    let child = env
+        .sup()
+        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let answer = |args: &[&str]| {
+        let out = env.sup().args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let request_for = |what: &str| {
+        crate::common::eventually(
+            std::time::Duration::from_secs(30),
+            &format!("the request for {what}"),
+            || {
+                pending(&env, false, 1)
+                    .into_iter()
+                    .find(|r| r["input"].as_str().unwrap_or("").contains(what))
+            },
+        )
+    };
+    answer(&["approve", request_for("nohup")["id"].as_str().unwrap()]);
+    let first = request_for("fix.sh");
+    // The person is shown what the sourced file says.
+    assert!(
+        first["input"].as_str().unwrap().contains("lib.sh"),
+        "{first}"
+    );
+    answer(&["approve", first["id"].as_str().unwrap(), "--always"]);
+    answer(&["approve", request_for("grep")["id"].as_str().unwrap()]);
+    let run = Run::new(child.wait_with_output().unwrap());
+    assert_eq!(
+        run.tool_result("first")["is_error"],
+        false,
+        "{}",
+        run.stdout
+    );
+    let again = run.tool_result("again");
+    assert_eq!(again["is_error"], true, "{}", run.stdout);
+    assert!(
+        text(again).contains("lib.sh changed since it was approved"),
+        "{again}"
+    );
+    assert!(!env.ws().join("pwned.txt").exists());
 }
 
 #[test]
