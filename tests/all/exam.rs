@@ -413,6 +413,17 @@ fn pending(env: &Env, nobody: bool, n: usize) -> Vec<Value> {
     crate::common::pending_with(|| env.sup_as(nobody), n)
 }
 
+/// `sup goal work` of `script`'s turns, its approvals queued.
+fn queued(env: &Env, nobody: bool, script: &std::path::Path) -> std::process::Child {
+    env.sup_as(nobody)
+        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
+        .arg(format!("script:{}", script.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn approve(env: &Env, nobody: bool, id: &str) {
     let mut c = env.sup_as(nobody);
     let out = c.args(["approve", id]).output().unwrap();
@@ -451,14 +462,7 @@ fn approved_file_changes_beside(
         cmd("run", line),
         say("done")
     ]));
-    let mut c = env.sup_as(nobody);
-    let child = c
-        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = queued(&env, nobody, &script);
     let rows = pending(&env, nobody, 1);
     approve(&env, nobody, rows[0]["id"].as_str().unwrap());
     let rows = crate::common::eventually(
@@ -580,18 +584,7 @@ fn an_always_approved_script_whose_sourced_file_changed_is_refused() {
         cmd("again", "bash ./fix.sh"),
         say("done")
     ]));
-    let child = env
-        .sup()
-        .args(["goal", "work", "--json", "--approval", "queue", "--model"])
-        .arg(format!("script:{}", script.display()))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let answer = |args: &[&str]| {
-        let out = env.sup().args(args).output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-    };
+    let child = queued(&env, false, &script);
     let request_for = |what: &str| {
         crate::common::eventually(
             std::time::Duration::from_secs(30),
@@ -603,15 +596,20 @@ fn an_always_approved_script_whose_sourced_file_changed_is_refused() {
             },
         )
     };
-    answer(&["approve", request_for("nohup")["id"].as_str().unwrap()]);
+    approve(&env, false, request_for("nohup")["id"].as_str().unwrap());
     let first = request_for("fix.sh");
     // The person is shown what the sourced file says.
     assert!(
         first["input"].as_str().unwrap().contains("lib.sh"),
         "{first}"
     );
-    answer(&["approve", first["id"].as_str().unwrap(), "--always"]);
-    answer(&["approve", request_for("grep")["id"].as_str().unwrap()]);
+    let always = env
+        .sup()
+        .args(["approve", first["id"].as_str().unwrap(), "--always"])
+        .output()
+        .unwrap();
+    assert!(always.status.success(), "{always:?}");
+    approve(&env, false, request_for("grep")["id"].as_str().unwrap());
     let run = Run::new(child.wait_with_output().unwrap());
     assert_eq!(
         run.tool_result("first")["is_error"],

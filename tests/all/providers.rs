@@ -695,6 +695,16 @@ fn a_server_that_cannot_be_reached_is_retried_then_exit_4() {
     );
 }
 
+/// A keep-alive server that streams `turns`, each body's end `ms` after its last event.
+fn ending_late(protocol: Protocol, turns: &[Turn], ms: u64) -> FakeServer {
+    FakeServer::keep_alive(
+        turns
+            .iter()
+            .map(|t| reply(protocol, true, t).ending_after(ms))
+            .collect(),
+    )
+}
+
 /// A server that writes a stream's last chunk (the body's end) apart from the events, after
 /// them, as servers that flush each event do: each step's connection is kept for the next,
 /// not closed because the answer was complete before the body ended.
@@ -707,12 +717,7 @@ fn keeps_the_connection_when_the_end_comes_late(protocol: Protocol) {
         Turn::text("").call("call_b", "read_file", r#"{"path": "b.txt"}"#),
         Turn::text("A says alpha, B says beta."),
     ];
-    let server = FakeServer::keep_alive(
-        turns
-            .iter()
-            .map(|t| reply(protocol, true, t).ending_after(40))
-            .collect(),
-    );
+    let server = ending_late(protocol, &turns, 40);
     let run = run_against(&env, &server, protocol, &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.result()["answer"], "A says alpha, B says beta.");
@@ -741,12 +746,7 @@ fn a_stream_that_never_ends_after_its_answer_is_waited_for_once() {
         Turn::text("").call("call_b", "read_file", r#"{"path": "a.txt"}"#),
         Turn::text("Alpha twice."),
     ];
-    let server = FakeServer::keep_alive(
-        turns
-            .iter()
-            .map(|t| reply(Protocol::OpenAi, true, t).ending_after(60_000))
-            .collect(),
-    );
+    let server = ending_late(Protocol::OpenAi, &turns, 60_000);
     let mut cmd = env.sup();
     cmd.args(["run", "do the work", "--json", "--model", "openai:gpt-test"])
         .env("OPENAI_BASE_URL", format!("{}/v1", server.url))
