@@ -38,6 +38,8 @@ pub(crate) struct RunFile {
     pub(crate) path: String,
     pub(crate) hash: [u8; 32],
     pub(crate) first_lines: String,
+    /// The path as it was named: a link in it may be pointed elsewhere after the request.
+    named: PathBuf,
 }
 
 impl RunFile {
@@ -63,8 +65,8 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
             .first()
             .map(|p| Lang::of_program(basename(p)));
         for f in files {
-            if let Some(full) = inside(workspace, &f) {
-                out.take(workspace, full, by.unwrap_or(Lang::Other));
+            if let Some((named, full)) = inside(workspace, &f) {
+                out.take(workspace, named, full, by.unwrap_or(Lang::Other));
             }
         }
     }
@@ -79,8 +81,8 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
         };
         let lang = Lang::of_file(&full, &text).unwrap_or(lang);
         let dir = full.parent().unwrap_or(workspace).to_path_buf();
-        for f in runs_in(lang, &text, &dir, workspace) {
-            out.take(workspace, f, Lang::Other);
+        for (named, full) in runs_in(lang, &text, &dir, workspace) {
+            out.take(workspace, named, full, Lang::Other);
         }
     }
     out.files
@@ -95,9 +97,9 @@ struct Files {
 }
 
 impl Files {
-    /// Take `full` (a path that `inside` gave), unless it is taken already or there are
-    /// `MAX_FILES`.
-    fn take(&mut self, workspace: &Path, full: PathBuf, lang: Lang) {
+    /// Take `full`, named `named` (the paths that `inside` gave), unless it is taken already
+    /// or there are `MAX_FILES`.
+    fn take(&mut self, workspace: &Path, named: PathBuf, full: PathBuf, lang: Lang) {
         if self.files.len() >= MAX_FILES || self.taken.iter().any(|(p, ..)| *p == full) {
             return;
         }
@@ -113,6 +115,7 @@ impl Files {
                 .take(FIRST_LINES)
                 .collect::<Vec<_>>()
                 .join("\n"),
+            named,
         });
         let text = (bytes.len() <= MAX_READ).then(|| text.into_owned());
         self.taken.push((full, lang, text));
@@ -168,13 +171,14 @@ impl Lang {
     }
 }
 
-/// `import a.b`, `import a, b as c` (the modules).
+/// `import a.b`, `import a, b as c` (the modules), on a line or after `;` or `:`.
 static PY_IMPORT: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r"(?m)^\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)").ok()
+    Regex::new(r"(?m)(?:^|[;:])\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)").ok()
 });
-/// `from .a.b import c, d` (the dots, the module, the names).
-static PY_FROM: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"(?m)^\s*from\s+(\.*)([\w.]*)\s+import\s+\(?([\w \t,]+)").ok());
+/// `from .a.b import c, d`, `from a import (c,\n d)` (the dots, the module, the names).
+static PY_FROM: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(?m)(?:^|[;:])\s*from\s+(\.*)([\w.]*)\s+import\s+(?:\(([^)]*)\)|([\w \t,]+))").ok()
+});
 /// `require('./x')`, `import x from "../y"`, `import "./z"`, `import('./w')`, `export … from './v'`.
 static JS_RELATIVE: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"](\.{1,2}/[^'"]+)['"]"#).ok()
@@ -183,8 +187,9 @@ static JS_RELATIVE: LazyLock<Option<Regex>> = LazyLock::new(|| {
 static MAKE_INCLUDE: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"(?m)^\s*(?:-|s)?include\s+(.+)$").ok());
 
-/// The workspace files that `text`, a file in `dir` read as `lang`, runs.
-fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf> {
+/// The workspace files that `text`, a file in `dir` read as `lang`, runs: as named, and
+/// where they are.
+fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<(PathBuf, PathBuf)> {
     let mut names: Vec<PathBuf> = Vec::new();
     match lang {
         Lang::Shell => {
@@ -223,8 +228,12 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                     let (dots, module) = (c[1].len(), &c[2]);
                     modules.push((dots, module.to_string()));
                     // `from pkg import mod` may name a module of the package.
-                    for n in c[3].split(',') {
+                    let listed = c.get(3).or(c.get(4)).map_or("", |m| m.as_str());
+                    for n in listed.split([',', '\n']) {
                         let n = n.split_whitespace().next().unwrap_or("");
+                        if n.is_empty() || n.starts_with('#') {
+                            continue;
+                        }
                         let joined = if module.is_empty() {
                             n.to_string()
                         } else {
@@ -251,6 +260,8 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                         names.push(root.join("__init__.py"));
                         continue;
                     }
+                    // `a.b.c` runs `a` and `a.b` first.
+                    names.extend(packages(&rel).map(|p| root.join(p)));
                     names.push(root.join(format!("{rel}.py")));
                     names.push(root.join(&rel).join("__init__.py"));
                 }
@@ -289,9 +300,10 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
 }
 
 /// The first of `files` that is not as it was, with what became of it.
-pub(crate) fn changed(files: &[RunFile], workspace: &Path) -> Option<String> {
+pub(crate) fn changed(files: &[RunFile]) -> Option<String> {
     files.iter().find_map(|f| {
-        let now = std::fs::read(workspace.join(&f.path)).ok();
+        // Read by its name: what runs is what the name leads to now.
+        let now = std::fs::read(&f.named).ok();
         match now {
             Some(b) if <[u8; 32]>::from(Sha256::digest(&b)) == f.hash => None,
             Some(_) => Some(format!("{} changed since it was approved", f.path)),
@@ -300,10 +312,12 @@ pub(crate) fn changed(files: &[RunFile], workspace: &Path) -> Option<String> {
     })
 }
 
-/// A path a command names, when it is a regular file inside the workspace.
-fn inside(workspace: &Path, word: &str) -> Option<PathBuf> {
-    let full = std::fs::canonicalize(workspace.join(word)).ok()?;
-    (full.starts_with(workspace) && full.is_file()).then_some(full)
+/// A path a command names, when it is a regular file inside the workspace: as named, and
+/// where it is.
+fn inside(workspace: &Path, word: &str) -> Option<(PathBuf, PathBuf)> {
+    let named = workspace.join(word);
+    let full = std::fs::canonicalize(&named).ok()?;
+    (full.starts_with(workspace) && full.is_file()).then_some((named, full))
 }
 
 /// A simple command from its program on: variable assignments and wrappers (`env`,
@@ -366,6 +380,7 @@ fn operands(words: &[String]) -> Vec<String> {
             .and_then(|i| args.get(i + 1))
         {
             let m = m.replace('.', "/");
+            out.extend(packages(&m).map(|p| p.display().to_string()));
             out.extend([
                 format!("{m}.py"),
                 format!("{m}/__main__.py"),
@@ -405,6 +420,12 @@ fn operands(words: &[String]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The `__init__.py` of the packages above module `rel` (`a/b/c`: `a`'s and `a/b`'s).
+fn packages(rel: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    rel.match_indices('/')
+        .map(|(i, _)| Path::new(&rel[..i]).join("__init__.py"))
 }
 
 fn basename(word: &str) -> &str {
@@ -494,10 +515,10 @@ mod tests {
         assert_eq!(names("bash -s < fix.sh"), ["fix.sh"]);
         let f = &run_files("bash 'fix.sh'", &ws)[0];
         assert_eq!(f.first_lines, "# fix.sh\nline 2");
-        assert_eq!(changed(std::slice::from_ref(f), &ws), None);
+        assert_eq!(changed(std::slice::from_ref(f)), None);
         std::fs::write(ws.join("fix.sh"), "rm -rf ~\n").unwrap();
         assert!(
-            changed(std::slice::from_ref(f), &ws)
+            changed(std::slice::from_ref(f))
                 .unwrap()
                 .contains("changed since")
         );
@@ -575,7 +596,7 @@ mod tests {
         let files = run_files("bash fix.sh", &ws);
         std::fs::write(ws.join("steps/one.sh"), "rm -rf ~\n").unwrap();
         assert!(
-            changed(&files, &ws)
+            changed(&files)
                 .unwrap()
                 .contains("steps/one.sh changed")
         );
@@ -599,5 +620,125 @@ mod tests {
             .map(|f| f.path)
             .collect();
         assert_eq!(names, ["out.sh"]);
+    }
+
+    fn sorted(line: &str, ws: &Path) -> Vec<String> {
+        let mut n: Vec<String> = run_files(line, ws).into_iter().map(|f| f.path).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_script_link_pointed_elsewhere_after_the_request_is_a_change() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(&ws, &[("good.sh", "echo fixed\n"), ("evil.sh", "rm -rf ~\n")]);
+        std::os::unix::fs::symlink("good.sh", ws.join("fix.sh")).unwrap();
+        let files = run_files("bash fix.sh", &ws);
+        assert_eq!(changed(&files), None);
+        std::fs::remove_file(ws.join("fix.sh")).unwrap();
+        std::os::unix::fs::symlink("evil.sh", ws.join("fix.sh")).unwrap();
+        assert!(changed(&files).is_some());
+    }
+
+    #[test]
+    fn a_python_import_runs_its_parent_packages_too() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("x.py", "import a.b.c\nfrom pkg.sub import m\n"),
+                ("a/__init__.py", ""),
+                ("a/b/__init__.py", ""),
+                ("a/b/c.py", ""),
+                ("pkg/__init__.py", ""),
+                ("pkg/sub/__init__.py", ""),
+                ("pkg/sub/m.py", ""),
+                ("run/__init__.py", ""),
+                ("run/main/__main__.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("python3 x.py", &ws),
+            [
+                "a/__init__.py",
+                "a/b/__init__.py",
+                "a/b/c.py",
+                "pkg/__init__.py",
+                "pkg/sub/__init__.py",
+                "pkg/sub/m.py",
+                "x.py"
+            ]
+        );
+        assert_eq!(
+            sorted("python3 -m run.main", &ws),
+            ["run/__init__.py", "run/main/__main__.py"]
+        );
+    }
+
+    #[test]
+    fn a_python_import_over_lines_or_after_a_semicolon_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("x.py", "from pkg import (\n    one,\n    two,\n)\nimport os; import h\n"),
+                ("pkg/__init__.py", ""),
+                ("pkg/one.py", ""),
+                ("pkg/two.py", ""),
+                ("h.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("python3 x.py", &ws),
+            ["h.py", "pkg/__init__.py", "pkg/one.py", "pkg/two.py", "x.py"]
+        );
+    }
+
+    #[test]
+    fn a_script_run_by_a_wrapper_with_an_operand_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(&ws, &[("fix.sh", "")]);
+        for line in [
+            "timeout 60 bash fix.sh",
+            "timeout -k 5 -s KILL 1m ./fix.sh",
+            "nice -n 5 bash fix.sh",
+            "env -u HOME bash fix.sh",
+            "stdbuf -oL bash fix.sh",
+        ] {
+            assert_eq!(sorted(line, &ws), ["fix.sh"], "{line}");
+        }
+    }
+
+    #[test]
+    fn the_code_a_shell_is_given_is_read_for_what_it_runs() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("fix.sh", "echo \"$(./gen.sh)\"\nv=\"`bash tick.sh`\"\nsh -c 'bash ./in.sh'\n"),
+                ("gen.sh", ""),
+                ("tick.sh", ""),
+                ("in.sh", ""),
+                ("top.sh", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("bash -c 'bash fix.sh && ./top.sh'", &ws),
+            ["fix.sh", "gen.sh", "in.sh", "tick.sh", "top.sh"]
+        );
+    }
+
+    #[test]
+    fn a_javascript_specifier_ending_in_js_may_be_a_typescript_file() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("run.ts", "import { a } from './a.js';\nconst b = await import(`./b`);\n"),
+                ("a.ts", ""),
+                ("b.ts", ""),
+            ],
+        );
+        assert_eq!(sorted("bun run.ts", &ws), ["a.ts", "b.ts", "run.ts"]);
     }
 }

@@ -289,13 +289,13 @@ impl Gate {
     /// Why call `id`, approved by a person, may not run now: a workspace file it runs changed
     /// since the request was made. Asked once, right before the call runs.
     pub(crate) fn changed_since_approved(&self, id: &str) -> Option<String> {
-        let ws = self.workspace.as_ref()?;
+        self.workspace.as_ref()?;
         let files = {
             let mut approved = self.approved.lock().ok()?;
             let at = approved.iter().position(|(i, _)| i == id)?;
             approved.remove(at).1
         };
-        files::changed(&files, ws).map(|why| {
+        files::changed(&files).map(|why| {
             format!(
                 "Refused: {why}. The person approved the file as it was then, not as it is \
                  now, so the call did not run; ask again for the file as it is."
