@@ -29,7 +29,21 @@ const INTERPRETERS: &[&str] = &[
 ];
 
 /// Words that run the command after them.
-const WRAPPERS: &[&str] = &["env", "nohup", "time", "exec", "command", "nice", "setsid"];
+const WRAPPERS: &[&str] = &[
+    "env", "nohup", "time", "exec", "command", "nice", "setsid", "timeout", "stdbuf",
+];
+
+/// Wrappers' options that take the next word as their value.
+const WRAPPER_VALUES: &[(&str, &str)] = &[
+    ("env", "-u"),
+    ("env", "-C"),
+    ("nice", "-n"),
+    ("timeout", "-k"),
+    ("timeout", "-s"),
+    ("stdbuf", "-i"),
+    ("stdbuf", "-o"),
+    ("stdbuf", "-e"),
+];
 
 /// A workspace file a command line runs, as it was when the request was made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,7 +187,10 @@ impl Lang {
 
 /// `import a.b`, `import a, b as c` (the modules), on a line or after `;` or `:`.
 static PY_IMPORT: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r"(?m)(?:^|[;:])\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)").ok()
+    Regex::new(
+        r"(?m)(?:^|[;:])\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)",
+    )
+    .ok()
 });
 /// `from .a.b import c, d`, `from a import (c,\n d)` (the dots, the module, the names).
 static PY_FROM: LazyLock<Option<Regex>> = LazyLock::new(|| {
@@ -181,7 +198,8 @@ static PY_FROM: LazyLock<Option<Regex>> = LazyLock::new(|| {
 });
 /// `require('./x')`, `import x from "../y"`, `import "./z"`, `import('./w')`, `export … from './v'`.
 static JS_RELATIVE: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"](\.{1,2}/[^'"]+)['"]"#).ok()
+    Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"`](\.{1,2}/[^'"`$]+)['"`]"#)
+        .ok()
 });
 /// `include a.mk b.mk`, `-include`, `sinclude`.
 static MAKE_INCLUDE: LazyLock<Option<Regex>> =
@@ -277,6 +295,12 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<(PathBuf
                     }
                     names.push(base.join("index.js"));
                     names.push(base.join("index.ts"));
+                    // TypeScript names its `x.ts` as `x.js`.
+                    for (js, ts) in [("js", "ts"), ("js", "tsx"), ("mjs", "mts"), ("cjs", "cts")] {
+                        if let Some(stem) = c[1].strip_suffix(js).filter(|s| s.ends_with('.')) {
+                            names.push(dir.join(format!("{stem}{ts}")));
+                        }
+                    }
                 }
             }
         }
@@ -328,12 +352,19 @@ fn program(words: &[String]) -> &[String] {
         match w.first().map(String::as_str) {
             Some(first) if first.contains('=') && !first.starts_with('-') => w = &w[1..],
             Some(first) if WRAPPERS.contains(&basename(first)) => {
+                let wrapper = basename(first);
                 w = &w[1..];
-                while w
-                    .first()
-                    .is_some_and(|a| a.starts_with('-') || a.contains('='))
-                {
-                    w = &w[1..];
+                while let Some(a) = w.first().filter(|a| a.starts_with('-') || a.contains('=')) {
+                    let skip = if WRAPPER_VALUES.contains(&(wrapper, a.as_str())) {
+                        2
+                    } else {
+                        1
+                    };
+                    w = w.get(skip..).unwrap_or_default();
+                }
+                // `timeout DURATION COMMAND`.
+                if wrapper == "timeout" {
+                    w = w.get(1..).unwrap_or_default();
                 }
             }
             _ => break,
@@ -367,8 +398,17 @@ fn operands(words: &[String]) -> Vec<String> {
         out.push(program.clone());
     }
     if INTERPRETERS.contains(&name) {
-        // `-c CODE` runs no file.
-        if args.iter().any(|a| a == "-c" || a == "-e") {
+        // `-c CODE` runs no file, but a shell's code may run some (`bash -lc './x.sh'`).
+        let shell = Lang::of_program(name) == Lang::Shell;
+        let code = |a: &String| {
+            a == "-c"
+                || a == "-e"
+                || (shell && a.starts_with('-') && !a.starts_with("--") && a.contains('c'))
+        };
+        if let Some(i) = args.iter().position(code) {
+            if shell && let Some(code) = args.get(i + 1) {
+                out.extend(commands(code).iter().flat_map(|c| operands(c)));
+            }
             return out;
         }
         // `python -m MODULE` runs the workspace's module of that name first, when there is
@@ -473,8 +513,20 @@ fn commands(line: &str) -> Vec<Vec<String>> {
     if !words.is_empty() {
         out.push(words);
     }
+    // A command substitution runs too, in double quotes as well (`"$(./gen.sh)"`).
+    if let Some(re) = SUBSTITUTION.as_ref() {
+        for c in re.captures_iter(line) {
+            if let Some(inner) = c.get(1).or(c.get(2)) {
+                out.extend(commands(inner.as_str()));
+            }
+        }
+    }
     out
 }
+
+/// `$(…)` without a `(` inside, and `` `…` ``.
+static SUBSTITUTION: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\$\(([^()]*)\)|`([^`]*)`").ok());
 
 #[cfg(test)]
 mod tests {
@@ -595,11 +647,7 @@ mod tests {
         // A change to a sourced file is a change to what was approved.
         let files = run_files("bash fix.sh", &ws);
         std::fs::write(ws.join("steps/one.sh"), "rm -rf ~\n").unwrap();
-        assert!(
-            changed(&files)
-                .unwrap()
-                .contains("steps/one.sh changed")
-        );
+        assert!(changed(&files).unwrap().contains("steps/one.sh changed"));
     }
 
     #[test]
@@ -631,7 +679,10 @@ mod tests {
     #[test]
     fn a_script_link_pointed_elsewhere_after_the_request_is_a_change() {
         let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(&ws, &[("good.sh", "echo fixed\n"), ("evil.sh", "rm -rf ~\n")]);
+        crate::testing::write(
+            &ws,
+            &[("good.sh", "echo fixed\n"), ("evil.sh", "rm -rf ~\n")],
+        );
         std::os::unix::fs::symlink("good.sh", ws.join("fix.sh")).unwrap();
         let files = run_files("bash fix.sh", &ws);
         assert_eq!(changed(&files), None);
@@ -681,7 +732,10 @@ mod tests {
         crate::testing::write(
             &ws,
             &[
-                ("x.py", "from pkg import (\n    one,\n    two,\n)\nimport os; import h\n"),
+                (
+                    "x.py",
+                    "from pkg import (\n    one,\n    two,\n)\nimport os; import h\n",
+                ),
                 ("pkg/__init__.py", ""),
                 ("pkg/one.py", ""),
                 ("pkg/two.py", ""),
@@ -690,7 +744,13 @@ mod tests {
         );
         assert_eq!(
             sorted("python3 x.py", &ws),
-            ["h.py", "pkg/__init__.py", "pkg/one.py", "pkg/two.py", "x.py"]
+            [
+                "h.py",
+                "pkg/__init__.py",
+                "pkg/one.py",
+                "pkg/two.py",
+                "x.py"
+            ]
         );
     }
 
@@ -715,7 +775,10 @@ mod tests {
         crate::testing::write(
             &ws,
             &[
-                ("fix.sh", "echo \"$(./gen.sh)\"\nv=\"`bash tick.sh`\"\nsh -c 'bash ./in.sh'\n"),
+                (
+                    "fix.sh",
+                    "echo \"$(./gen.sh)\"\nv=\"`bash tick.sh`\"\nsh -c 'bash ./in.sh'\n",
+                ),
                 ("gen.sh", ""),
                 ("tick.sh", ""),
                 ("in.sh", ""),
@@ -734,7 +797,10 @@ mod tests {
         crate::testing::write(
             &ws,
             &[
-                ("run.ts", "import { a } from './a.js';\nconst b = await import(`./b`);\n"),
+                (
+                    "run.ts",
+                    "import { a } from './a.js';\nconst b = await import(`./b`);\n",
+                ),
                 ("a.ts", ""),
                 ("b.ts", ""),
             ],
