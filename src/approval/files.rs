@@ -19,6 +19,9 @@ const FIRST_LINES: usize = 10;
 /// Files taken at most for one line, the ones it runs and what they run in turn.
 const MAX_FILES: usize = 64;
 
+/// Paths watched at most for one line where no file was, and a file would run first.
+const MAX_ABSENT: usize = 1024;
+
 /// A file larger than this is taken but not read for what it runs.
 const MAX_READ: usize = 1 << 20;
 
@@ -63,8 +66,24 @@ impl RunFile {
     }
 }
 
+/// What a command line runs, as it was when the request was made.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Runs {
+    pub(crate) files: Vec<RunFile>,
+    /// Where no file was and a file would run before, or instead of, what was approved: a
+    /// `json.py` beside a script that imports `json`, `a` beside the `a.js` of
+    /// `require('./a')`. Workspace-relative, and full.
+    absent: Vec<(String, PathBuf)>,
+}
+
+impl Runs {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.absent.is_empty()
+    }
+}
+
 /// The workspace files `line` runs, read now, and the files they run in turn.
-pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
+pub(crate) fn run_files(line: &str, workspace: &Path) -> Runs {
     let mut out = Files::default();
     let commands = commands(line);
     // An interpreter given no script reads it from its input (`cat fix.sh | bash`): any
@@ -79,9 +98,9 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
             .first()
             .map(|p| Lang::of_program(basename(p)));
         for f in files {
-            if let Some((named, full)) = inside(workspace, &f) {
-                out.take(workspace, named, full, by.unwrap_or(Lang::Other));
-            }
+            // A Python script or module that is not there yet may be made after the request.
+            let watch = by == Some(Lang::Python) && f.ends_with(".py");
+            out.found(workspace, &f, watch, by.unwrap_or(Lang::Other));
         }
     }
     // What the files run, breadth first: a file is read once.
@@ -95,11 +114,16 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
         };
         let lang = Lang::of_file(&full, &text).unwrap_or(lang);
         let dir = full.parent().unwrap_or(workspace).to_path_buf();
-        for (named, full) in runs_in(lang, &text, &dir, workspace) {
-            out.take(workspace, named, full, Lang::Other);
+        // Modules are looked for along a path: one made earlier on it runs instead.
+        let watch = matches!(lang, Lang::Python | Lang::JavaScript);
+        for n in runs_in(lang, &text, &dir, workspace) {
+            out.found(workspace, &n.to_string_lossy(), watch, Lang::Other);
         }
     }
-    out.files
+    Runs {
+        files: out.files,
+        absent: out.absent,
+    }
 }
 
 /// The files taken so far: each with where it is, how it is read, and its text until it is
@@ -108,9 +132,32 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
 struct Files {
     files: Vec<RunFile>,
     taken: Vec<(PathBuf, Lang, Option<String>)>,
+    absent: Vec<(String, PathBuf)>,
 }
 
 impl Files {
+    /// Take the file `word` names when it is in the workspace, or, when `watch`, remember
+    /// that there is none.
+    fn found(&mut self, workspace: &Path, word: &str, watch: bool, lang: Lang) {
+        if let Some((named, full)) = inside(workspace, word) {
+            return self.take(workspace, named, full, lang);
+        }
+        let path = workspace.join(word);
+        let lexical = path.starts_with(workspace)
+            && !path
+                .components()
+                .any(|c| c == std::path::Component::ParentDir);
+        if watch
+            && lexical
+            && self.absent.len() < MAX_ABSENT
+            && path.symlink_metadata().is_err()
+            && !self.absent.iter().any(|(_, p)| *p == path)
+        {
+            let rel = crate::tools::paths::relative(workspace, &path);
+            self.absent.push((rel, path));
+        }
+    }
+
     /// Take `full`, named `named` (the paths that `inside` gave), unless it is taken already
     /// or there are `MAX_FILES`.
     fn take(&mut self, workspace: &Path, named: PathBuf, full: PathBuf, lang: Lang) {
@@ -207,7 +254,7 @@ static MAKE_INCLUDE: LazyLock<Option<Regex>> =
 
 /// The workspace files that `text`, a file in `dir` read as `lang`, runs: as named, and
 /// where they are.
-fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<(PathBuf, PathBuf)> {
+fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf> {
     let mut names: Vec<PathBuf> = Vec::new();
     match lang {
         Lang::Shell => {
@@ -318,22 +365,28 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<(PathBuf
         Lang::Other => {}
     }
     names
-        .into_iter()
-        .filter_map(|n| inside(workspace, &n.to_string_lossy()))
-        .collect()
 }
 
-/// The first of `files` that is not as it was, with what became of it.
-pub(crate) fn changed(files: &[RunFile]) -> Option<String> {
-    files.iter().find_map(|f| {
-        // Read by its name: what runs is what the name leads to now.
-        let now = std::fs::read(&f.named).ok();
-        match now {
-            Some(b) if <[u8; 32]>::from(Sha256::digest(&b)) == f.hash => None,
-            Some(_) => Some(format!("{} changed since it was approved", f.path)),
-            None => Some(format!("{} is gone since it was approved", f.path)),
-        }
-    })
+/// The first of what a line runs that is not as it was, with what became of it.
+pub(crate) fn changed(runs: &Runs) -> Option<String> {
+    let appeared = || {
+        runs.absent
+            .iter()
+            .find(|(_, p)| p.symlink_metadata().is_ok())
+            .map(|(rel, _)| format!("{rel} appeared since it was approved"))
+    };
+    runs.files
+        .iter()
+        .find_map(|f| {
+            // Read by its name: what runs is what the name leads to now.
+            let now = std::fs::read(&f.named).ok();
+            match now {
+                Some(b) if <[u8; 32]>::from(Sha256::digest(&b)) == f.hash => None,
+                Some(_) => Some(format!("{} changed since it was approved", f.path)),
+                None => Some(format!("{} is gone since it was approved", f.path)),
+            }
+        })
+        .or_else(appeared)
 }
 
 /// A path a command names, when it is a regular file inside the workspace: as named, and
@@ -539,7 +592,11 @@ mod tests {
             std::fs::write(ws.join(f), format!("# {f}\nline 2\n")).unwrap();
         }
         let names = |line: &str| -> Vec<String> {
-            run_files(line, &ws).into_iter().map(|f| f.path).collect()
+            run_files(line, &ws)
+                .files
+                .into_iter()
+                .map(|f| f.path)
+                .collect()
         };
         assert_eq!(names("bash ./fix.sh"), ["fix.sh"]);
         assert_eq!(names("cd . && python3 -u x.py arg"), ["x.py"]);
@@ -565,15 +622,11 @@ mod tests {
         assert_eq!(names("cat x.py | python3"), ["x.py"]);
         assert_eq!(names("bash <fix.sh"), ["fix.sh"]);
         assert_eq!(names("bash -s < fix.sh"), ["fix.sh"]);
-        let f = &run_files("bash 'fix.sh'", &ws)[0];
-        assert_eq!(f.first_lines, "# fix.sh\nline 2");
-        assert_eq!(changed(std::slice::from_ref(f)), None);
+        let runs = run_files("bash 'fix.sh'", &ws);
+        assert_eq!(runs.files[0].first_lines, "# fix.sh\nline 2");
+        assert_eq!(changed(&runs), None);
         std::fs::write(ws.join("fix.sh"), "rm -rf ~\n").unwrap();
-        assert!(
-            changed(std::slice::from_ref(f))
-                .unwrap()
-                .contains("changed since")
-        );
+        assert!(changed(&runs).unwrap().contains("changed since"));
     }
 
     #[test]
@@ -617,7 +670,11 @@ mod tests {
             ],
         );
         let names = |line: &str| -> Vec<String> {
-            let mut n: Vec<String> = run_files(line, &ws).into_iter().map(|f| f.path).collect();
+            let mut n: Vec<String> = run_files(line, &ws)
+                .files
+                .into_iter()
+                .map(|f| f.path)
+                .collect();
             n.sort();
             n
         };
@@ -661,9 +718,10 @@ mod tests {
             .map(|(a, b)| (a.as_str(), b.as_str()))
             .collect();
         crate::testing::write(&ws, &chain);
-        assert_eq!(run_files("bash s0.sh", &ws).len(), MAX_FILES);
+        assert_eq!(run_files("bash s0.sh", &ws).files.len(), MAX_FILES);
         crate::testing::write(&ws, &[("out.sh", ". /etc/profile\n. ../elsewhere.sh\n")]);
         let names: Vec<String> = run_files("sh out.sh", &ws)
+            .files
             .into_iter()
             .map(|f| f.path)
             .collect();
@@ -671,7 +729,11 @@ mod tests {
     }
 
     fn sorted(line: &str, ws: &Path) -> Vec<String> {
-        let mut n: Vec<String> = run_files(line, ws).into_iter().map(|f| f.path).collect();
+        let mut n: Vec<String> = run_files(line, ws)
+            .files
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
         n.sort();
         n
     }
@@ -806,5 +868,36 @@ mod tests {
             ],
         );
         assert_eq!(sorted("bun run.ts", &ws), ["a.ts", "b.ts", "run.ts"]);
+    }
+
+    #[test]
+    fn a_module_made_after_the_request_where_it_would_run_first_is_a_change() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("app/main.py", "import json\nimport helper\n"),
+                ("helper.py", ""),
+                ("run.js", "require('./a');\n"),
+                ("a.js", ""),
+            ],
+        );
+        for (line, planted) in [
+            ("python3 app/main.py", "app/json.py"),
+            ("python3 app/main.py", "app/helper.py"),
+            ("python3 app/main.py", "app/helper/__init__.py"),
+            ("python3 -m pytest", "pytest.py"),
+            ("node run.js", "a"),
+        ] {
+            let runs = run_files(line, &ws);
+            assert_eq!(changed(&runs), None, "{line}");
+            crate::testing::write(&ws, &[(planted, "")]);
+            assert_eq!(
+                changed(&runs),
+                Some(format!("{planted} appeared since it was approved")),
+                "{line}"
+            );
+            std::fs::remove_file(ws.join(planted)).unwrap();
+        }
     }
 }

@@ -256,8 +256,8 @@ pub struct Gate {
     workspace: Option<PathBuf>,
     /// The workspace files each approved call runs, as the person was shown them: by call id
     /// until it runs, and by `always` subject.
-    approved: Mutex<Vec<(String, Vec<files::RunFile>)>>,
-    always_files: Mutex<Vec<(String, Vec<files::RunFile>)>>,
+    approved: Mutex<Vec<(String, files::Runs)>>,
+    always_files: Mutex<Vec<(String, files::Runs)>>,
 }
 
 impl Gate {
@@ -304,7 +304,7 @@ impl Gate {
     }
 
     /// Remember what call `id` runs, as approved.
-    fn note_approved(&self, id: &str, files: Vec<files::RunFile>) {
+    fn note_approved(&self, id: &str, files: files::Runs) {
         if !files.is_empty()
             && let Ok(mut a) = self.approved.lock()
         {
@@ -373,15 +373,15 @@ impl Gate {
                         .and_then(Value::as_str)
                         .map(|line| files::run_files(line, ws))
                         .unwrap_or_default(),
-                    _ => Vec::new(),
+                    _ => files::Runs::default(),
                 };
                 let mut shown = input.clone();
-                if !runs.is_empty()
+                if !runs.files.is_empty()
                     && let Some(o) = shown.as_object_mut()
                 {
                     o.insert(
                         "runs".into(),
-                        runs.iter().map(files::RunFile::json).collect(),
+                        runs.files.iter().map(files::RunFile::json).collect(),
                     );
                 }
                 let req = Request {
