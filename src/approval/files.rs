@@ -4,8 +4,11 @@
 //! and the call is refused when the file changed by the time it runs. An interpreter's
 //! operands that are files of the workspace are all taken (its script and its data), and so
 //! is what those files run in turn: the files a shell script sources or runs, the workspace
-//! modules a Python file imports, the relative modules a JavaScript or TypeScript file
-//! requires or imports, the files a makefile includes.
+//! modules a Python file imports (by a literal name too), the relative modules a JavaScript
+//! or TypeScript file requires or imports, the files a makefile includes and its recipes
+//! run. A file is read again by the name it runs by, so a link pointed elsewhere is a
+//! change; where a module is looked for before the one found, and none was, one made there
+//! after is a change too.
 
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
@@ -243,6 +246,9 @@ static PY_IMPORT: LazyLock<Option<Regex>> = LazyLock::new(|| {
 static PY_FROM: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"(?m)(?:^|[;:])\s*from\s+(\.*)([\w.]*)\s+import\s+(?:\(([^)]*)\)|([\w \t,]+))").ok()
 });
+/// `importlib.import_module('a.b')`, `__import__("a")` (the module).
+static PY_BY_NAME: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r#"\b(?:__import__|import_module)\(\s*['"]([\w.]+)['"]"#).ok());
 /// `require('./x')`, `import x from "../y"`, `import "./z"`, `import('./w')`, `export … from './v'`.
 static JS_RELATIVE: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"`](\.{1,2}/[^'"`$]+)['"`]"#)
@@ -287,6 +293,9 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                         modules.push((0, m.to_string()));
                     }
                 }
+            }
+            if let Some(re) = PY_BY_NAME.as_ref() {
+                modules.extend(re.captures_iter(text).map(|c| (0, c[1].to_string())));
             }
             if let Some(re) = PY_FROM.as_ref() {
                 for c in re.captures_iter(text) {
@@ -361,6 +370,14 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                     );
                 }
             }
+            // A recipe's lines are shell command lines (`@` and `-` before them say how make
+            // runs them).
+            let recipes: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix('\t'))
+                .map(|l| l.trim_start_matches(['@', '-', '+']))
+                .collect();
+            names.extend(runs_in(Lang::Shell, &recipes.join("\n"), dir, workspace));
         }
         Lang::Other => {}
     }
@@ -899,5 +916,46 @@ mod tests {
             );
             std::fs::remove_file(ws.join(planted)).unwrap();
         }
+    }
+
+    #[test]
+    fn a_makefiles_recipes_are_read_for_what_they_run() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "Makefile",
+                    "test:\n\t@./run_tests.sh\nlint:\n\t-python3 tools/lint.py\n",
+                ),
+                ("run_tests.sh", ""),
+                ("tools/lint.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("make test", &ws),
+            ["Makefile", "run_tests.sh", "tools/lint.py"]
+        );
+    }
+
+    #[test]
+    fn a_python_module_imported_by_a_literal_name_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "x.py",
+                    "import importlib\nm = importlib.import_module('plug.one')\nh = __import__(\"h\")\n",
+                ),
+                ("plug/__init__.py", ""),
+                ("plug/one.py", ""),
+                ("h.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("python3 x.py", &ws),
+            ["h.py", "plug/__init__.py", "plug/one.py", "x.py"]
+        );
     }
 }
