@@ -100,6 +100,18 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Runs {
         let by = program(words)
             .first()
             .map(|p| Lang::of_program(basename(p)));
+        // `python3 -c CODE`, `node -e CODE`: the code imports as a file of the working folder.
+        let w = program(words);
+        if let Some(lang) = by.filter(|l| matches!(l, Lang::Python | Lang::JavaScript))
+            && let Some(code) = w
+                .iter()
+                .position(|a| ["-c", "-e", "-p", "--eval", "--print"].contains(&a.as_str()))
+                .and_then(|i| w.get(i + 1))
+        {
+            for n in runs_in(lang, code, workspace, workspace) {
+                out.found(workspace, &n.to_string_lossy(), true, Lang::Other);
+            }
+        }
         for f in files {
             // A Python script or module that is not there yet may be made after the request.
             let watch = by == Some(Lang::Python) && f.ends_with(".py");
@@ -146,12 +158,8 @@ impl Files {
             return self.take(workspace, named, full, lang);
         }
         let path = workspace.join(word);
-        let lexical = path.starts_with(workspace)
-            && !path
-                .components()
-                .any(|c| c == std::path::Component::ParentDir);
         if watch
-            && lexical
+            && named_inside(workspace, &path)
             && self.absent.len() < MAX_ABSENT
             && path.symlink_metadata().is_err()
             && !self.absent.iter().any(|(_, p)| *p == path)
@@ -406,12 +414,22 @@ pub(crate) fn changed(runs: &Runs) -> Option<String> {
         .or_else(appeared)
 }
 
-/// A path a command names, when it is a regular file inside the workspace: as named, and
+/// A path a command names, when it is a regular file inside the workspace or named there
+/// (a link to a file outside is what runs, and the agent may rewrite it): as named, and
 /// where it is.
 fn inside(workspace: &Path, word: &str) -> Option<(PathBuf, PathBuf)> {
     let named = workspace.join(word);
     let full = std::fs::canonicalize(&named).ok()?;
-    (full.starts_with(workspace) && full.is_file()).then_some((named, full))
+    ((full.starts_with(workspace) || named_inside(workspace, &named)) && full.is_file())
+        .then_some((named, full))
+}
+
+/// Whether `path` is in the workspace by its name, without going up with `..`.
+fn named_inside(workspace: &Path, path: &Path) -> bool {
+    path.starts_with(workspace)
+        && !path
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
 }
 
 /// A simple command from its program on: variable assignments and wrappers (`env`,
@@ -957,5 +975,29 @@ mod tests {
             sorted("python3 x.py", &ws),
             ["h.py", "plug/__init__.py", "plug/one.py", "x.py"]
         );
+    }
+
+    #[test]
+    fn a_link_in_the_workspace_to_a_file_outside_it_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        let (_out, outside) = crate::testing::workspace();
+        crate::testing::write(&outside, &[("x.sh", "echo x\n")]);
+        std::os::unix::fs::symlink(outside.join("x.sh"), ws.join("fix.sh")).unwrap();
+        let runs = run_files("bash fix.sh", &ws);
+        assert_eq!(runs.files.len(), 1);
+        assert_eq!(runs.files[0].first_lines, "echo x");
+        crate::testing::write(&outside, &[("x.sh", "rm -rf ~\n")]);
+        assert!(changed(&runs).is_some());
+    }
+
+    #[test]
+    fn the_code_an_interpreter_is_given_is_read_for_what_it_runs() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(&ws, &[("fix.py", ""), ("a.js", "")]);
+        assert_eq!(
+            sorted("python3 -c 'import fix; fix.main()'", &ws),
+            ["fix.py"]
+        );
+        assert_eq!(sorted("node -e \"require('./a')\"", &ws), ["a.js"]);
     }
 }
