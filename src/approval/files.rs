@@ -179,14 +179,19 @@ impl Files {
             return;
         };
         let text = String::from_utf8_lossy(&bytes);
+        let mut first_lines = text
+            .lines()
+            .take(FIRST_LINES)
+            .collect::<Vec<_>>()
+            .join("\n");
+        // The person is told what is not held.
+        if bytes.len() > MAX_READ {
+            first_lines.push_str("\n[sup: larger than 1 MiB; the files it runs are not shown]");
+        }
         self.files.push(RunFile {
             path: crate::tools::paths::relative(workspace, &full),
             hash: Sha256::digest(&bytes).into(),
-            first_lines: text
-                .lines()
-                .take(FIRST_LINES)
-                .collect::<Vec<_>>()
-                .join("\n"),
+            first_lines,
             named,
         });
         let text = (bytes.len() <= MAX_READ).then(|| text.into_owned());
@@ -999,5 +1004,19 @@ mod tests {
             ["fix.py"]
         );
         assert_eq!(sorted("node -e \"require('./a')\"", &ws), ["a.js"]);
+    }
+
+    #[test]
+    fn a_file_too_large_to_read_for_what_it_runs_says_so() {
+        let (_dir, ws) = crate::testing::workspace();
+        let big = format!("echo big\n{}. ./lib.sh\n", "#\n".repeat(MAX_READ));
+        crate::testing::write(&ws, &[("fix.sh", big.as_str()), ("lib.sh", "")]);
+        let runs = run_files("bash fix.sh", &ws);
+        assert_eq!(runs.files.len(), 1);
+        assert!(runs.files[0].first_lines.contains("not shown"));
+        crate::testing::write(&ws, &[("fix.sh", "echo small\n. ./lib.sh\n")]);
+        let runs = run_files("bash fix.sh", &ws);
+        assert_eq!(runs.files.len(), 2);
+        assert!(!runs.files[0].first_lines.contains("not shown"));
     }
 }
