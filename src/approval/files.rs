@@ -4,8 +4,11 @@
 //! and the call is refused when the file changed by the time it runs. An interpreter's
 //! operands that are files of the workspace are all taken (its script and its data), and so
 //! is what those files run in turn: the files a shell script sources or runs, the workspace
-//! modules a Python file imports, the relative modules a JavaScript or TypeScript file
-//! requires or imports, the files a makefile includes.
+//! modules a Python file imports (by a literal name too), the relative modules a JavaScript
+//! or TypeScript file requires or imports, the files a makefile includes and its recipes
+//! run. A file is read again by the name it runs by, so a link pointed elsewhere is a
+//! change; where a module is looked for before the one found, and none was, one made there
+//! after is a change too.
 
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
@@ -19,6 +22,9 @@ const FIRST_LINES: usize = 10;
 /// Files taken at most for one line, the ones it runs and what they run in turn.
 const MAX_FILES: usize = 64;
 
+/// Paths watched at most for one line where no file was, and a file would run first.
+const MAX_ABSENT: usize = 1024;
+
 /// A file larger than this is taken but not read for what it runs.
 const MAX_READ: usize = 1 << 20;
 
@@ -29,7 +35,21 @@ const INTERPRETERS: &[&str] = &[
 ];
 
 /// Words that run the command after them.
-const WRAPPERS: &[&str] = &["env", "nohup", "time", "exec", "command", "nice", "setsid"];
+const WRAPPERS: &[&str] = &[
+    "env", "nohup", "time", "exec", "command", "nice", "setsid", "timeout", "stdbuf",
+];
+
+/// Wrappers' options that take the next word as their value.
+const WRAPPER_VALUES: &[(&str, &str)] = &[
+    ("env", "-u"),
+    ("env", "-C"),
+    ("nice", "-n"),
+    ("timeout", "-k"),
+    ("timeout", "-s"),
+    ("stdbuf", "-i"),
+    ("stdbuf", "-o"),
+    ("stdbuf", "-e"),
+];
 
 /// A workspace file a command line runs, as it was when the request was made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +58,8 @@ pub(crate) struct RunFile {
     pub(crate) path: String,
     pub(crate) hash: [u8; 32],
     pub(crate) first_lines: String,
+    /// The path as it was named: a link in it may be pointed elsewhere after the request.
+    named: PathBuf,
 }
 
 impl RunFile {
@@ -47,8 +69,24 @@ impl RunFile {
     }
 }
 
+/// What a command line runs, as it was when the request was made.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Runs {
+    pub(crate) files: Vec<RunFile>,
+    /// Where no file was and a file would run before, or instead of, what was approved: a
+    /// `json.py` beside a script that imports `json`, `a` beside the `a.js` of
+    /// `require('./a')`. Workspace-relative, and full.
+    absent: Vec<(String, PathBuf)>,
+}
+
+impl Runs {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.absent.is_empty()
+    }
+}
+
 /// The workspace files `line` runs, read now, and the files they run in turn.
-pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
+pub(crate) fn run_files(line: &str, workspace: &Path) -> Runs {
     let mut out = Files::default();
     let commands = commands(line);
     // An interpreter given no script reads it from its input (`cat fix.sh | bash`): any
@@ -62,10 +100,22 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
         let by = program(words)
             .first()
             .map(|p| Lang::of_program(basename(p)));
-        for f in files {
-            if let Some(full) = inside(workspace, &f) {
-                out.take(workspace, full, by.unwrap_or(Lang::Other));
+        // `python3 -c CODE`, `node -e CODE`: the code imports as a file of the working folder.
+        let w = program(words);
+        if let Some(lang) = by.filter(|l| matches!(l, Lang::Python | Lang::JavaScript))
+            && let Some(code) = w
+                .iter()
+                .position(|a| ["-c", "-e", "-p", "--eval", "--print"].contains(&a.as_str()))
+                .and_then(|i| w.get(i + 1))
+        {
+            for n in runs_in(lang, code, workspace, workspace) {
+                out.found(workspace, &n.to_string_lossy(), true, Lang::Other);
             }
+        }
+        for f in files {
+            // A Python script or module that is not there yet may be made after the request.
+            let watch = by == Some(Lang::Python) && f.ends_with(".py");
+            out.found(workspace, &f, watch, by.unwrap_or(Lang::Other));
         }
     }
     // What the files run, breadth first: a file is read once.
@@ -79,11 +129,16 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
         };
         let lang = Lang::of_file(&full, &text).unwrap_or(lang);
         let dir = full.parent().unwrap_or(workspace).to_path_buf();
-        for f in runs_in(lang, &text, &dir, workspace) {
-            out.take(workspace, f, Lang::Other);
+        // Modules are looked for along a path: one made earlier on it runs instead.
+        let watch = matches!(lang, Lang::Python | Lang::JavaScript);
+        for n in runs_in(lang, &text, &dir, workspace) {
+            out.found(workspace, &n.to_string_lossy(), watch, Lang::Other);
         }
     }
-    out.files
+    Runs {
+        files: out.files,
+        absent: out.absent,
+    }
 }
 
 /// The files taken so far: each with where it is, how it is read, and its text until it is
@@ -92,12 +147,31 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Vec<RunFile> {
 struct Files {
     files: Vec<RunFile>,
     taken: Vec<(PathBuf, Lang, Option<String>)>,
+    absent: Vec<(String, PathBuf)>,
 }
 
 impl Files {
-    /// Take `full` (a path that `inside` gave), unless it is taken already or there are
-    /// `MAX_FILES`.
-    fn take(&mut self, workspace: &Path, full: PathBuf, lang: Lang) {
+    /// Take the file `word` names when it is in the workspace, or, when `watch`, remember
+    /// that there is none.
+    fn found(&mut self, workspace: &Path, word: &str, watch: bool, lang: Lang) {
+        if let Some((named, full)) = inside(workspace, word) {
+            return self.take(workspace, named, full, lang);
+        }
+        let path = workspace.join(word);
+        if watch
+            && named_inside(workspace, &path)
+            && self.absent.len() < MAX_ABSENT
+            && path.symlink_metadata().is_err()
+            && !self.absent.iter().any(|(_, p)| *p == path)
+        {
+            let rel = crate::tools::paths::relative(workspace, &path);
+            self.absent.push((rel, path));
+        }
+    }
+
+    /// Take `full`, named `named` (the paths that `inside` gave), unless it is taken already
+    /// or there are `MAX_FILES`.
+    fn take(&mut self, workspace: &Path, named: PathBuf, full: PathBuf, lang: Lang) {
         if self.files.len() >= MAX_FILES || self.taken.iter().any(|(p, ..)| *p == full) {
             return;
         }
@@ -105,14 +179,20 @@ impl Files {
             return;
         };
         let text = String::from_utf8_lossy(&bytes);
+        let mut first_lines = text
+            .lines()
+            .take(FIRST_LINES)
+            .collect::<Vec<_>>()
+            .join("\n");
+        // The person is told what is not held.
+        if bytes.len() > MAX_READ {
+            first_lines.push_str("\n[sup: larger than 1 MiB; the files it runs are not shown]");
+        }
         self.files.push(RunFile {
             path: crate::tools::paths::relative(workspace, &full),
             hash: Sha256::digest(&bytes).into(),
-            first_lines: text
-                .lines()
-                .take(FIRST_LINES)
-                .collect::<Vec<_>>()
-                .join("\n"),
+            first_lines,
+            named,
         });
         let text = (bytes.len() <= MAX_READ).then(|| text.into_owned());
         self.taken.push((full, lang, text));
@@ -168,22 +248,31 @@ impl Lang {
     }
 }
 
-/// `import a.b`, `import a, b as c` (the modules).
+/// `import a.b`, `import a, b as c` (the modules), on a line or after `;` or `:`.
 static PY_IMPORT: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r"(?m)^\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)").ok()
+    Regex::new(
+        r"(?m)(?:^|[;:])\s*import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)",
+    )
+    .ok()
 });
-/// `from .a.b import c, d` (the dots, the module, the names).
-static PY_FROM: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"(?m)^\s*from\s+(\.*)([\w.]*)\s+import\s+\(?([\w \t,]+)").ok());
+/// `from .a.b import c, d`, `from a import (c,\n d)` (the dots, the module, the names).
+static PY_FROM: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(?m)(?:^|[;:])\s*from\s+(\.*)([\w.]*)\s+import\s+(?:\(([^)]*)\)|([\w \t,]+))").ok()
+});
+/// `importlib.import_module('a.b')`, `__import__("a")` (the module).
+static PY_BY_NAME: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r#"\b(?:__import__|import_module)\(\s*['"]([\w.]+)['"]"#).ok());
 /// `require('./x')`, `import x from "../y"`, `import "./z"`, `import('./w')`, `export … from './v'`.
 static JS_RELATIVE: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"](\.{1,2}/[^'"]+)['"]"#).ok()
+    Regex::new(r#"(?:\brequire\s*\(\s*|\bimport\s*\(?\s*|\bfrom\s*)['"`](\.{1,2}/[^'"`$]+)['"`]"#)
+        .ok()
 });
 /// `include a.mk b.mk`, `-include`, `sinclude`.
 static MAKE_INCLUDE: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"(?m)^\s*(?:-|s)?include\s+(.+)$").ok());
 
-/// The workspace files that `text`, a file in `dir` read as `lang`, runs.
+/// The workspace files that `text`, a file in `dir` read as `lang`, runs: as named, and
+/// where they are.
 fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf> {
     let mut names: Vec<PathBuf> = Vec::new();
     match lang {
@@ -218,13 +307,20 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                     }
                 }
             }
+            if let Some(re) = PY_BY_NAME.as_ref() {
+                modules.extend(re.captures_iter(text).map(|c| (0, c[1].to_string())));
+            }
             if let Some(re) = PY_FROM.as_ref() {
                 for c in re.captures_iter(text) {
                     let (dots, module) = (c[1].len(), &c[2]);
                     modules.push((dots, module.to_string()));
                     // `from pkg import mod` may name a module of the package.
-                    for n in c[3].split(',') {
+                    let listed = c.get(3).or(c.get(4)).map_or("", |m| m.as_str());
+                    for n in listed.split([',', '\n']) {
                         let n = n.split_whitespace().next().unwrap_or("");
+                        if n.is_empty() || n.starts_with('#') {
+                            continue;
+                        }
                         let joined = if module.is_empty() {
                             n.to_string()
                         } else {
@@ -251,6 +347,8 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                         names.push(root.join("__init__.py"));
                         continue;
                     }
+                    // `a.b.c` runs `a` and `a.b` first.
+                    names.extend(packages(&rel).map(|p| root.join(p)));
                     names.push(root.join(format!("{rel}.py")));
                     names.push(root.join(&rel).join("__init__.py"));
                 }
@@ -266,6 +364,12 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                     }
                     names.push(base.join("index.js"));
                     names.push(base.join("index.ts"));
+                    // TypeScript names its `x.ts` as `x.js`.
+                    for (js, ts) in [("js", "ts"), ("js", "tsx"), ("mjs", "mts"), ("cjs", "cts")] {
+                        if let Some(stem) = c[1].strip_suffix(js).filter(|s| s.ends_with('.')) {
+                            names.push(dir.join(format!("{stem}{ts}")));
+                        }
+                    }
                 }
             }
         }
@@ -279,31 +383,58 @@ fn runs_in(lang: Lang, text: &str, dir: &Path, workspace: &Path) -> Vec<PathBuf>
                     );
                 }
             }
+            // A recipe's lines are shell command lines (`@` and `-` before them say how make
+            // runs them).
+            let recipes: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix('\t'))
+                .map(|l| l.trim_start_matches(['@', '-', '+']))
+                .collect();
+            names.extend(runs_in(Lang::Shell, &recipes.join("\n"), dir, workspace));
         }
         Lang::Other => {}
     }
     names
-        .into_iter()
-        .filter_map(|n| inside(workspace, &n.to_string_lossy()))
-        .collect()
 }
 
-/// The first of `files` that is not as it was, with what became of it.
-pub(crate) fn changed(files: &[RunFile], workspace: &Path) -> Option<String> {
-    files.iter().find_map(|f| {
-        let now = std::fs::read(workspace.join(&f.path)).ok();
-        match now {
-            Some(b) if <[u8; 32]>::from(Sha256::digest(&b)) == f.hash => None,
-            Some(_) => Some(format!("{} changed since it was approved", f.path)),
-            None => Some(format!("{} is gone since it was approved", f.path)),
-        }
-    })
+/// The first of what a line runs that is not as it was, with what became of it.
+pub(crate) fn changed(runs: &Runs) -> Option<String> {
+    let appeared = || {
+        runs.absent
+            .iter()
+            .find(|(_, p)| p.symlink_metadata().is_ok())
+            .map(|(rel, _)| format!("{rel} appeared since it was approved"))
+    };
+    runs.files
+        .iter()
+        .find_map(|f| {
+            // Read by its name: what runs is what the name leads to now.
+            let now = std::fs::read(&f.named).ok();
+            match now {
+                Some(b) if <[u8; 32]>::from(Sha256::digest(&b)) == f.hash => None,
+                Some(_) => Some(format!("{} changed since it was approved", f.path)),
+                None => Some(format!("{} is gone since it was approved", f.path)),
+            }
+        })
+        .or_else(appeared)
 }
 
-/// A path a command names, when it is a regular file inside the workspace.
-fn inside(workspace: &Path, word: &str) -> Option<PathBuf> {
-    let full = std::fs::canonicalize(workspace.join(word)).ok()?;
-    (full.starts_with(workspace) && full.is_file()).then_some(full)
+/// A path a command names, when it is a regular file inside the workspace or named there
+/// (a link to a file outside is what runs, and the agent may rewrite it): as named, and
+/// where it is.
+fn inside(workspace: &Path, word: &str) -> Option<(PathBuf, PathBuf)> {
+    let named = workspace.join(word);
+    let full = std::fs::canonicalize(&named).ok()?;
+    ((full.starts_with(workspace) || named_inside(workspace, &named)) && full.is_file())
+        .then_some((named, full))
+}
+
+/// Whether `path` is in the workspace by its name, without going up with `..`.
+fn named_inside(workspace: &Path, path: &Path) -> bool {
+    path.starts_with(workspace)
+        && !path
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
 }
 
 /// A simple command from its program on: variable assignments and wrappers (`env`,
@@ -314,12 +445,19 @@ fn program(words: &[String]) -> &[String] {
         match w.first().map(String::as_str) {
             Some(first) if first.contains('=') && !first.starts_with('-') => w = &w[1..],
             Some(first) if WRAPPERS.contains(&basename(first)) => {
+                let wrapper = basename(first);
                 w = &w[1..];
-                while w
-                    .first()
-                    .is_some_and(|a| a.starts_with('-') || a.contains('='))
-                {
-                    w = &w[1..];
+                while let Some(a) = w.first().filter(|a| a.starts_with('-') || a.contains('=')) {
+                    let skip = if WRAPPER_VALUES.contains(&(wrapper, a.as_str())) {
+                        2
+                    } else {
+                        1
+                    };
+                    w = w.get(skip..).unwrap_or_default();
+                }
+                // `timeout DURATION COMMAND`.
+                if wrapper == "timeout" {
+                    w = w.get(1..).unwrap_or_default();
                 }
             }
             _ => break,
@@ -353,8 +491,17 @@ fn operands(words: &[String]) -> Vec<String> {
         out.push(program.clone());
     }
     if INTERPRETERS.contains(&name) {
-        // `-c CODE` runs no file.
-        if args.iter().any(|a| a == "-c" || a == "-e") {
+        // `-c CODE` runs no file, but a shell's code may run some (`bash -lc './x.sh'`).
+        let shell = Lang::of_program(name) == Lang::Shell;
+        let code = |a: &String| {
+            a == "-c"
+                || a == "-e"
+                || (shell && a.starts_with('-') && !a.starts_with("--") && a.contains('c'))
+        };
+        if let Some(i) = args.iter().position(code) {
+            if shell && let Some(code) = args.get(i + 1) {
+                out.extend(commands(code).iter().flat_map(|c| operands(c)));
+            }
             return out;
         }
         // `python -m MODULE` runs the workspace's module of that name first, when there is
@@ -366,6 +513,7 @@ fn operands(words: &[String]) -> Vec<String> {
             .and_then(|i| args.get(i + 1))
         {
             let m = m.replace('.', "/");
+            out.extend(packages(&m).map(|p| p.display().to_string()));
             out.extend([
                 format!("{m}.py"),
                 format!("{m}/__main__.py"),
@@ -405,6 +553,12 @@ fn operands(words: &[String]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The `__init__.py` of the packages above module `rel` (`a/b/c`: `a`'s and `a/b`'s).
+fn packages(rel: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    rel.match_indices('/')
+        .map(|(i, _)| Path::new(&rel[..i]).join("__init__.py"))
 }
 
 fn basename(word: &str) -> &str {
@@ -452,8 +606,20 @@ fn commands(line: &str) -> Vec<Vec<String>> {
     if !words.is_empty() {
         out.push(words);
     }
+    // A command substitution runs too, in double quotes as well (`"$(./gen.sh)"`).
+    if let Some(re) = SUBSTITUTION.as_ref() {
+        for c in re.captures_iter(line) {
+            if let Some(inner) = c.get(1).or(c.get(2)) {
+                out.extend(commands(inner.as_str()));
+            }
+        }
+    }
     out
 }
+
+/// `$(…)` without a `(` inside, and `` `…` ``.
+static SUBSTITUTION: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\$\(([^()]*)\)|`([^`]*)`").ok());
 
 #[cfg(test)]
 mod tests {
@@ -466,7 +632,11 @@ mod tests {
             std::fs::write(ws.join(f), format!("# {f}\nline 2\n")).unwrap();
         }
         let names = |line: &str| -> Vec<String> {
-            run_files(line, &ws).into_iter().map(|f| f.path).collect()
+            run_files(line, &ws)
+                .files
+                .into_iter()
+                .map(|f| f.path)
+                .collect()
         };
         assert_eq!(names("bash ./fix.sh"), ["fix.sh"]);
         assert_eq!(names("cd . && python3 -u x.py arg"), ["x.py"]);
@@ -492,15 +662,11 @@ mod tests {
         assert_eq!(names("cat x.py | python3"), ["x.py"]);
         assert_eq!(names("bash <fix.sh"), ["fix.sh"]);
         assert_eq!(names("bash -s < fix.sh"), ["fix.sh"]);
-        let f = &run_files("bash 'fix.sh'", &ws)[0];
-        assert_eq!(f.first_lines, "# fix.sh\nline 2");
-        assert_eq!(changed(std::slice::from_ref(f), &ws), None);
+        let runs = run_files("bash 'fix.sh'", &ws);
+        assert_eq!(runs.files[0].first_lines, "# fix.sh\nline 2");
+        assert_eq!(changed(&runs), None);
         std::fs::write(ws.join("fix.sh"), "rm -rf ~\n").unwrap();
-        assert!(
-            changed(std::slice::from_ref(f), &ws)
-                .unwrap()
-                .contains("changed since")
-        );
+        assert!(changed(&runs).unwrap().contains("changed since"));
     }
 
     #[test]
@@ -544,7 +710,11 @@ mod tests {
             ],
         );
         let names = |line: &str| -> Vec<String> {
-            let mut n: Vec<String> = run_files(line, &ws).into_iter().map(|f| f.path).collect();
+            let mut n: Vec<String> = run_files(line, &ws)
+                .files
+                .into_iter()
+                .map(|f| f.path)
+                .collect();
             n.sort();
             n
         };
@@ -574,11 +744,7 @@ mod tests {
         // A change to a sourced file is a change to what was approved.
         let files = run_files("bash fix.sh", &ws);
         std::fs::write(ws.join("steps/one.sh"), "rm -rf ~\n").unwrap();
-        assert!(
-            changed(&files, &ws)
-                .unwrap()
-                .contains("steps/one.sh changed")
-        );
+        assert!(changed(&files).unwrap().contains("steps/one.sh changed"));
     }
 
     #[test]
@@ -592,12 +758,265 @@ mod tests {
             .map(|(a, b)| (a.as_str(), b.as_str()))
             .collect();
         crate::testing::write(&ws, &chain);
-        assert_eq!(run_files("bash s0.sh", &ws).len(), MAX_FILES);
+        assert_eq!(run_files("bash s0.sh", &ws).files.len(), MAX_FILES);
         crate::testing::write(&ws, &[("out.sh", ". /etc/profile\n. ../elsewhere.sh\n")]);
         let names: Vec<String> = run_files("sh out.sh", &ws)
+            .files
             .into_iter()
             .map(|f| f.path)
             .collect();
         assert_eq!(names, ["out.sh"]);
+    }
+
+    fn sorted(line: &str, ws: &Path) -> Vec<String> {
+        let mut n: Vec<String> = run_files(line, ws)
+            .files
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_script_link_pointed_elsewhere_after_the_request_is_a_change() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[("good.sh", "echo fixed\n"), ("evil.sh", "rm -rf ~\n")],
+        );
+        std::os::unix::fs::symlink("good.sh", ws.join("fix.sh")).unwrap();
+        let files = run_files("bash fix.sh", &ws);
+        assert_eq!(changed(&files), None);
+        std::fs::remove_file(ws.join("fix.sh")).unwrap();
+        std::os::unix::fs::symlink("evil.sh", ws.join("fix.sh")).unwrap();
+        assert!(changed(&files).is_some());
+    }
+
+    #[test]
+    fn a_python_import_runs_its_parent_packages_too() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("x.py", "import a.b.c\nfrom pkg.sub import m\n"),
+                ("a/__init__.py", ""),
+                ("a/b/__init__.py", ""),
+                ("a/b/c.py", ""),
+                ("pkg/__init__.py", ""),
+                ("pkg/sub/__init__.py", ""),
+                ("pkg/sub/m.py", ""),
+                ("run/__init__.py", ""),
+                ("run/main/__main__.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("python3 x.py", &ws),
+            [
+                "a/__init__.py",
+                "a/b/__init__.py",
+                "a/b/c.py",
+                "pkg/__init__.py",
+                "pkg/sub/__init__.py",
+                "pkg/sub/m.py",
+                "x.py"
+            ]
+        );
+        assert_eq!(
+            sorted("python3 -m run.main", &ws),
+            ["run/__init__.py", "run/main/__main__.py"]
+        );
+    }
+
+    #[test]
+    fn a_python_import_over_lines_or_after_a_semicolon_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "x.py",
+                    "from pkg import (\n    one,\n    two,\n)\nimport os; import h\n",
+                ),
+                ("pkg/__init__.py", ""),
+                ("pkg/one.py", ""),
+                ("pkg/two.py", ""),
+                ("h.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("python3 x.py", &ws),
+            [
+                "h.py",
+                "pkg/__init__.py",
+                "pkg/one.py",
+                "pkg/two.py",
+                "x.py"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_script_run_by_a_wrapper_with_an_operand_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(&ws, &[("fix.sh", "")]);
+        for line in [
+            "timeout 60 bash fix.sh",
+            "timeout -k 5 -s KILL 1m ./fix.sh",
+            "nice -n 5 bash fix.sh",
+            "env -u HOME bash fix.sh",
+            "stdbuf -oL bash fix.sh",
+        ] {
+            assert_eq!(sorted(line, &ws), ["fix.sh"], "{line}");
+        }
+    }
+
+    #[test]
+    fn the_code_a_shell_is_given_is_read_for_what_it_runs() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "fix.sh",
+                    "echo \"$(./gen.sh)\"\nv=\"`bash tick.sh`\"\nsh -c 'bash ./in.sh'\n",
+                ),
+                ("gen.sh", ""),
+                ("tick.sh", ""),
+                ("in.sh", ""),
+                ("top.sh", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("bash -c 'bash fix.sh && ./top.sh'", &ws),
+            ["fix.sh", "gen.sh", "in.sh", "tick.sh", "top.sh"]
+        );
+    }
+
+    #[test]
+    fn a_javascript_specifier_ending_in_js_may_be_a_typescript_file() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "run.ts",
+                    "import { a } from './a.js';\nconst b = await import(`./b`);\n",
+                ),
+                ("a.ts", ""),
+                ("b.ts", ""),
+            ],
+        );
+        assert_eq!(sorted("bun run.ts", &ws), ["a.ts", "b.ts", "run.ts"]);
+    }
+
+    #[test]
+    fn a_module_made_after_the_request_where_it_would_run_first_is_a_change() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                ("app/main.py", "import json\nimport helper\n"),
+                ("helper.py", ""),
+                ("run.js", "require('./a');\n"),
+                ("a.js", ""),
+            ],
+        );
+        for (line, planted) in [
+            ("python3 app/main.py", "app/json.py"),
+            ("python3 app/main.py", "app/helper.py"),
+            ("python3 app/main.py", "app/helper/__init__.py"),
+            ("python3 -m pytest", "pytest.py"),
+            ("node run.js", "a"),
+        ] {
+            let runs = run_files(line, &ws);
+            assert_eq!(changed(&runs), None, "{line}");
+            crate::testing::write(&ws, &[(planted, "")]);
+            assert_eq!(
+                changed(&runs),
+                Some(format!("{planted} appeared since it was approved")),
+                "{line}"
+            );
+            std::fs::remove_file(ws.join(planted)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_makefiles_recipes_are_read_for_what_they_run() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "Makefile",
+                    "test:\n\t@./run_tests.sh\nlint:\n\t-python3 tools/lint.py\n",
+                ),
+                ("run_tests.sh", ""),
+                ("tools/lint.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("make test", &ws),
+            ["Makefile", "run_tests.sh", "tools/lint.py"]
+        );
+    }
+
+    #[test]
+    fn a_python_module_imported_by_a_literal_name_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(
+            &ws,
+            &[
+                (
+                    "x.py",
+                    "import importlib\nm = importlib.import_module('plug.one')\nh = __import__(\"h\")\n",
+                ),
+                ("plug/__init__.py", ""),
+                ("plug/one.py", ""),
+                ("h.py", ""),
+            ],
+        );
+        assert_eq!(
+            sorted("python3 x.py", &ws),
+            ["h.py", "plug/__init__.py", "plug/one.py", "x.py"]
+        );
+    }
+
+    #[test]
+    fn a_link_in_the_workspace_to_a_file_outside_it_is_taken() {
+        let (_dir, ws) = crate::testing::workspace();
+        let (_out, outside) = crate::testing::workspace();
+        crate::testing::write(&outside, &[("x.sh", "echo x\n")]);
+        std::os::unix::fs::symlink(outside.join("x.sh"), ws.join("fix.sh")).unwrap();
+        let runs = run_files("bash fix.sh", &ws);
+        assert_eq!(runs.files.len(), 1);
+        assert_eq!(runs.files[0].first_lines, "echo x");
+        crate::testing::write(&outside, &[("x.sh", "rm -rf ~\n")]);
+        assert!(changed(&runs).is_some());
+    }
+
+    #[test]
+    fn the_code_an_interpreter_is_given_is_read_for_what_it_runs() {
+        let (_dir, ws) = crate::testing::workspace();
+        crate::testing::write(&ws, &[("fix.py", ""), ("a.js", "")]);
+        assert_eq!(
+            sorted("python3 -c 'import fix; fix.main()'", &ws),
+            ["fix.py"]
+        );
+        assert_eq!(sorted("node -e \"require('./a')\"", &ws), ["a.js"]);
+    }
+
+    #[test]
+    fn a_file_too_large_to_read_for_what_it_runs_says_so() {
+        let (_dir, ws) = crate::testing::workspace();
+        let big = format!("echo big\n{}. ./lib.sh\n", "#\n".repeat(MAX_READ));
+        crate::testing::write(&ws, &[("fix.sh", big.as_str()), ("lib.sh", "")]);
+        let runs = run_files("bash fix.sh", &ws);
+        assert_eq!(runs.files.len(), 1);
+        assert!(runs.files[0].first_lines.contains("not shown"));
+        crate::testing::write(&ws, &[("fix.sh", "echo small\n. ./lib.sh\n")]);
+        let runs = run_files("bash fix.sh", &ws);
+        assert_eq!(runs.files.len(), 2);
+        assert!(!runs.files[0].first_lines.contains("not shown"));
     }
 }

@@ -256,8 +256,8 @@ pub struct Gate {
     workspace: Option<PathBuf>,
     /// The workspace files each approved call runs, as the person was shown them: by call id
     /// until it runs, and by `always` subject.
-    approved: Mutex<Vec<(String, Vec<files::RunFile>)>>,
-    always_files: Mutex<Vec<(String, Vec<files::RunFile>)>>,
+    approved: Mutex<Vec<(String, files::Runs)>>,
+    always_files: Mutex<Vec<(String, files::Runs)>>,
 }
 
 impl Gate {
@@ -289,13 +289,13 @@ impl Gate {
     /// Why call `id`, approved by a person, may not run now: a workspace file it runs changed
     /// since the request was made. Asked once, right before the call runs.
     pub(crate) fn changed_since_approved(&self, id: &str) -> Option<String> {
-        let ws = self.workspace.as_ref()?;
+        self.workspace.as_ref()?;
         let files = {
             let mut approved = self.approved.lock().ok()?;
             let at = approved.iter().position(|(i, _)| i == id)?;
             approved.remove(at).1
         };
-        files::changed(&files, ws).map(|why| {
+        files::changed(&files).map(|why| {
             format!(
                 "Refused: {why}. The person approved the file as it was then, not as it is \
                  now, so the call did not run; ask again for the file as it is."
@@ -304,7 +304,7 @@ impl Gate {
     }
 
     /// Remember what call `id` runs, as approved.
-    fn note_approved(&self, id: &str, files: Vec<files::RunFile>) {
+    fn note_approved(&self, id: &str, files: files::Runs) {
         if !files.is_empty()
             && let Ok(mut a) = self.approved.lock()
         {
@@ -373,15 +373,15 @@ impl Gate {
                         .and_then(Value::as_str)
                         .map(|line| files::run_files(line, ws))
                         .unwrap_or_default(),
-                    _ => Vec::new(),
+                    _ => files::Runs::default(),
                 };
                 let mut shown = input.clone();
-                if !runs.is_empty()
+                if !runs.files.is_empty()
                     && let Some(o) = shown.as_object_mut()
                 {
                     o.insert(
                         "runs".into(),
-                        runs.iter().map(files::RunFile::json).collect(),
+                        runs.files.iter().map(files::RunFile::json).collect(),
                     );
                 }
                 let req = Request {

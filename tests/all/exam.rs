@@ -445,11 +445,28 @@ fn approved_file_changes_beside(
     line: &str,
     nobody: bool,
 ) {
+    let why = format!("{file} changed since it was approved");
+    approved_file_made_or_changed(beside, file, Some(original), rewrite, line, nobody, &why);
+}
+
+/// The same, where `file` may be none at first (a module planted where it is looked for
+/// first), refused for `why`.
+fn approved_file_made_or_changed(
+    beside: &[(&str, &str)],
+    file: &str,
+    original: Option<&str>,
+    rewrite: &str,
+    line: &str,
+    nobody: bool,
+    why: &str,
+) {
     let env = Env::new();
     for (name, text) in beside {
         env.write(name, text);
     }
-    env.write(file, original);
+    if let Some(original) = original {
+        env.write(file, original);
+    }
     let script = env.script(json!([
         // `go` only times the job: the test makes it after the request is shown.
         cmd(
@@ -494,10 +511,7 @@ fn approved_file_changes_beside(
     let run = Run::new(child.wait_with_output().unwrap());
     let result = run.tool_result("run");
     assert_eq!(result["is_error"], true, "{}", run.stdout);
-    assert!(
-        text(result).contains(&format!("{file} changed since it was approved")),
-        "{result}"
-    );
+    assert!(text(result).contains(why), "{result}");
     assert!(!env.ws().join("pwned.txt").exists());
     assert!(!env.ws().join("fixed.txt").exists());
 }
@@ -563,6 +577,37 @@ fn an_approved_scripts_imported_module_that_changed_is_refused() {
         "echo \"open(\\\"pwned.txt\\\", \\\"w\\\")\" > helper.py",
         "python3 fix.py",
         false,
+    );
+}
+
+/// A script run under `timeout` is what the line runs, and so is what it sources.
+#[test]
+fn an_approved_script_under_timeout_whose_sourced_file_changed_is_refused() {
+    approved_file_changes_beside(
+        &[("fix.sh", ". ./lib.sh\n")],
+        "lib.sh",
+        "echo fixed > fixed.txt\n",
+        "echo \"echo pwned > pwned.txt\" > lib.sh",
+        "timeout 60 bash ./fix.sh",
+        false,
+    );
+}
+
+/// A module planted after the request where the script's import looks first (a `json.py`
+/// beside a script that imports the standard `json`) is refused.
+#[test]
+fn an_approved_scripts_import_shadowed_by_a_module_planted_after_is_refused() {
+    approved_file_made_or_changed(
+        &[(
+            "app/fix.py",
+            "import json\nopen('fixed.txt', 'w').write(json.dumps(1))\n",
+        )],
+        "app/json.py",
+        None,
+        "echo \"open(\\\"pwned.txt\\\", \\\"w\\\")\" > app/json.py",
+        "python3 app/fix.py",
+        false,
+        "app/json.py appeared since it was approved",
     );
 }
 
