@@ -8,8 +8,10 @@
 
 pub(crate) mod answer;
 mod files;
+mod follow;
 pub(crate) mod queue;
 mod terminal;
+mod words;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
