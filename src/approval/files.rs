@@ -75,11 +75,9 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Runs {
         if from_input {
             files.extend(words.iter().map(|w| w.trim_start_matches('<').to_string()));
         }
-        let by = program(words)
-            .first()
-            .map(|p| Lang::of_program(basename(p)));
-        // `python3 -c CODE`, `node -e CODE`: the code imports as a file of the working folder.
         let w = program(words);
+        let by = w.first().map(|p| Lang::of_program(basename(p)));
+        // `python3 -c CODE`, `node -e CODE`: the code imports as a file of the working folder.
         if let Some(lang) = by.filter(|l| matches!(l, Lang::Python | Lang::JavaScript))
             && let Some(code) = w
                 .iter()
@@ -87,13 +85,13 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Runs {
                 .and_then(|i| w.get(i + 1))
         {
             for n in runs_in(lang, code, workspace, workspace) {
-                out.found(workspace, &n.to_string_lossy(), true, Lang::Other);
+                out.found(workspace, &n, true, Lang::Other);
             }
         }
         for f in files {
             // A Python script or module that is not there yet may be made after the request.
             let watch = by == Some(Lang::Python) && f.ends_with(".py");
-            out.found(workspace, &f, watch, by.unwrap_or(Lang::Other));
+            out.found(workspace, Path::new(&f), watch, by.unwrap_or(Lang::Other));
         }
     }
     // What the files run, breadth first: a file is read once.
@@ -110,7 +108,7 @@ pub(crate) fn run_files(line: &str, workspace: &Path) -> Runs {
         // Modules are looked for along a path: one made earlier on it runs instead.
         let watch = matches!(lang, Lang::Python | Lang::JavaScript);
         for n in runs_in(lang, &text, &dir, workspace) {
-            out.found(workspace, &n.to_string_lossy(), watch, Lang::Other);
+            out.found(workspace, &n, watch, Lang::Other);
         }
     }
     Runs {
@@ -129,13 +127,13 @@ struct Files {
 }
 
 impl Files {
-    /// Take the file `word` names when it is in the workspace, or, when `watch`, remember
-    /// that there is none.
-    fn found(&mut self, workspace: &Path, word: &str, watch: bool, lang: Lang) {
-        if let Some((named, full)) = inside(workspace, word) {
+    /// Take the file at `path` (relative to the workspace, or full) when it is in the
+    /// workspace, or, when `watch`, remember that there is none.
+    fn found(&mut self, workspace: &Path, path: &Path, watch: bool, lang: Lang) {
+        if let Some((named, full)) = inside(workspace, path) {
             return self.take(workspace, named, full, lang);
         }
-        let path = workspace.join(word);
+        let path = workspace.join(path);
         if watch
             && named_inside(workspace, &path)
             && self.absent.len() < MAX_ABSENT
@@ -202,8 +200,8 @@ pub(crate) fn changed(runs: &Runs) -> Option<String> {
 /// A path a command names, when it is a regular file inside the workspace or named there
 /// (a link to a file outside is what runs, and the agent may rewrite it): as named, and
 /// where it is.
-fn inside(workspace: &Path, word: &str) -> Option<(PathBuf, PathBuf)> {
-    let named = workspace.join(word);
+fn inside(workspace: &Path, path: &Path) -> Option<(PathBuf, PathBuf)> {
+    let named = workspace.join(path);
     let full = std::fs::canonicalize(&named).ok()?;
     ((full.starts_with(workspace) || named_inside(workspace, &named)) && full.is_file())
         .then_some((named, full))
