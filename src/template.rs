@@ -21,9 +21,9 @@ use serde::Serialize;
 #[derive(Debug, thiserror::Error)]
 #[error("{file}:{line}: {message}")]
 pub(crate) struct TemplateError {
-    pub(crate) file: String,
-    pub(crate) line: usize,
-    pub(crate) message: String,
+    file: String,
+    line: usize,
+    message: String,
 }
 
 /// A template and where it was written: `line` is the file line of the template's first.
@@ -58,18 +58,18 @@ pub(crate) struct Previous {
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Context {
     /// `YYYY-MM-DD` in the goal's time zone.
-    pub(crate) date: String,
+    date: String,
     /// `HH:MM` in the goal's time zone.
-    pub(crate) time: String,
+    time: String,
     /// RFC 3339 in the goal's time zone.
-    pub(crate) now: String,
-    pub(crate) goal: String,
+    now: String,
+    goal: String,
     /// `cli`, `schedule`, `manual` or `webhook`, with the webhook's payload.
-    pub(crate) trigger: TriggerVar,
+    trigger: TriggerVar,
     /// RFC 3339 in the goal's time zone; empty unless scheduled.
-    pub(crate) scheduled_for: String,
-    pub(crate) previous: Previous,
-    pub(crate) params: BTreeMap<String, String>,
+    scheduled_for: String,
+    previous: Previous,
+    params: BTreeMap<String, String>,
 }
 
 impl Context {

@@ -33,9 +33,9 @@ const MAX_READ: usize = 1 << 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RunFile {
     /// Workspace-relative.
-    pub(crate) path: String,
-    pub(crate) hash: [u8; 32],
-    pub(crate) first_lines: String,
+    path: String,
+    hash: [u8; 32],
+    first_lines: String,
     /// The path as it was named: a link in it may be pointed elsewhere after the request.
     named: PathBuf,
 }

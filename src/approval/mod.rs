@@ -142,10 +142,10 @@ pub use crate::trace::Decided;
 /// A call put to a person.
 pub struct Request<'a> {
     /// The call id.
-    pub(crate) id: &'a str,
-    pub(crate) tool: &'a str,
+    id: &'a str,
+    tool: &'a str,
     pub subject: &'a str,
-    pub(crate) input: &'a Value,
+    input: &'a Value,
 }
 
 /// What a person (or the lack of one) answered.

@@ -65,8 +65,8 @@ impl Ending {
 /// An error that ends the command, with its class.
 #[derive(Debug)]
 pub(crate) struct Fail {
-    pub(crate) ending: Ending,
-    pub(crate) error: anyhow::Error,
+    ending: Ending,
+    error: anyhow::Error,
 }
 
 impl Fail {
@@ -326,24 +326,24 @@ fn duration(s: &str) -> Result<Duration, String> {
 pub(crate) struct DaemonArgs {
     /// The folder of goal files.
     #[arg(long, default_value = "goals")]
-    pub(crate) goals: PathBuf,
+    goals: PathBuf,
     /// Goals running at once at most; more wait.
     #[arg(long, default_value_t = 4)]
-    pub(crate) max_concurrent: usize,
+    max_concurrent: usize,
     /// At shutdown, how long running goals get to finish before they are cancelled.
     #[arg(long, default_value = "30s", value_parser = duration)]
-    pub(crate) grace: Duration,
+    grace: Duration,
     /// With --store: how long this daemon's runs stay its own after it stops renewing
     /// (it renews every third of it); then another daemon marks them interrupted.
     #[arg(long, default_value = "15s", value_parser = duration)]
-    pub(crate) lease: Duration,
+    lease: Duration,
     /// With --store: what this machine has (`gpu,docker`); goals with `tags` run only
     /// on daemons that have all of them.
     #[arg(long, value_delimiter = ',')]
-    pub(crate) tags: Vec<String>,
+    tags: Vec<String>,
     /// Also serve the web console on this address (as `sup serve --listen`).
     #[arg(long, value_name = "ADDR")]
-    pub(crate) serve: Option<std::net::SocketAddr>,
+    serve: Option<std::net::SocketAddr>,
 }
 
 /// What `sup run` and `sup goal` share: how the run is shown, and every setting.
@@ -351,62 +351,62 @@ pub(crate) struct DaemonArgs {
 pub(crate) struct CommonArgs {
     /// One JSON object per event on stdout instead of the human trace.
     #[arg(long)]
-    pub(crate) json: bool,
+    json: bool,
     /// Show no tool results in the trace, only a line per call and result (`sup show
     /// RUN_ID` shows them afterwards).
     #[arg(long, short)]
-    pub(crate) quiet: bool,
+    quiet: bool,
     /// Print the effective settings and where each came from, then exit.
     #[arg(long)]
-    pub(crate) print_config: bool,
+    print_config: bool,
     #[command(flatten)]
-    pub(crate) settings: crate::config::Settings,
+    settings: crate::config::Settings,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
     /// What the agent should do.
-    pub(crate) prompt: String,
+    prompt: String,
     #[command(flatten)]
-    pub(crate) common: CommonArgs,
+    common: CommonArgs,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct GoalArgs {
     /// What the agent should achieve (or `prompt` in the goal file).
-    pub(crate) prompt: Option<String>,
+    prompt: Option<String>,
     /// A goal file (`goals/NAME.toml`); flags override it.
     #[arg(long)]
-    pub(crate) file: Option<PathBuf>,
+    file: Option<PathBuf>,
     /// A check script, run by extension (.js/.mjs node, .py python3, .sh bash, else directly);
     /// `--check human` asks a person to accept or reject the work.
     #[arg(long = "check")]
-    pub(crate) checks: Vec<PathBuf>,
+    checks: Vec<PathBuf>,
     /// A check as a shell command line (`cargo test`).
     #[arg(long = "check-cmd")]
-    pub(crate) check_cmds: Vec<String>,
+    check_cmds: Vec<String>,
     /// A judge check: a model reads the goal, these criteria and the evidence (the workspace's
     /// changes, the other checks) and says yes or no; it runs only when every other check
     /// passed. Repeatable.
     #[arg(long = "check-judge", value_name = "CRITERIA")]
-    pub(crate) check_judges: Vec<String>,
+    check_judges: Vec<String>,
     /// The model of judge checks that name none (default: the run's --model).
     #[arg(long, value_name = "PROVIDER:MODEL")]
-    pub(crate) judge_model: Option<String>,
+    judge_model: Option<String>,
     /// Work-and-check rounds at most (default 3).
     #[arg(long)]
-    pub(crate) tries: Option<u32>,
+    tries: Option<u32>,
     /// Start each try again from the prompt plus the latest failure report.
     #[arg(long)]
-    pub(crate) fresh: bool,
+    fresh: bool,
     /// Timeout of each check (default 300s).
     #[arg(long, value_parser = crate::config::parse_timeout)]
-    pub(crate) check_timeout: Option<Duration>,
+    check_timeout: Option<Duration>,
     /// The goal's name (default: the goal file's stem, or `goal`).
     #[arg(long)]
-    pub(crate) name: Option<String>,
+    name: Option<String>,
     #[command(flatten)]
-    pub(crate) common: CommonArgs,
+    common: CommonArgs,
 }
 
 /// `sup trigger --webhook`: the delivery's body, JSON on stdin (the console checked it).

@@ -60,20 +60,20 @@ pub(crate) enum Action {
 
 /// What the service runs.
 pub(crate) struct Spec {
-    pub(crate) exe: PathBuf,
-    pub(crate) goals: PathBuf,
-    pub(crate) home: PathBuf,
-    pub(crate) grace: Duration,
-    pub(crate) max_concurrent: usize,
-    pub(crate) system: bool,
+    exe: PathBuf,
+    goals: PathBuf,
+    home: PathBuf,
+    grace: Duration,
+    max_concurrent: usize,
+    system: bool,
     /// Variables passed on from the installing shell (`SUP_MODEL`, …), never secrets.
-    pub(crate) env: Vec<(String, String)>,
+    env: Vec<(String, String)>,
     /// An optional file of secrets (`OPENAI_API_KEY=…`) the service reads.
-    pub(crate) env_file: PathBuf,
+    env_file: PathBuf,
     /// The OS user a system unit runs as.
-    pub(crate) run_as: Option<String>,
+    run_as: Option<String>,
     /// A fleet's store URL that carries a password: it lives in `env_file`, not in the unit.
-    pub(crate) store_in_env_file: bool,
+    store_in_env_file: bool,
 }
 
 /// One word of an `ExecStart=` line, quoted when needed; `%` and `$` taken literally.

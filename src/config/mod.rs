@@ -571,8 +571,8 @@ impl Settings {
 /// `~/.config/sup/config.toml`. Its keys are the goal file's, less those of one goal.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct UserConfig {
-    pub(crate) path: Option<PathBuf>,
-    pub(crate) settings: Settings,
+    path: Option<PathBuf>,
+    settings: Settings,
 }
 
 impl UserConfig {

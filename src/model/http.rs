@@ -21,12 +21,12 @@ use super::{ModelError, OnText, Wire, WireCache};
 pub struct Endpoint {
     /// `openai`, `anthropic`, `deepseek`, `ollama`: how errors name it.
     pub(crate) provider: String,
-    pub(crate) url: String,
-    pub(crate) headers: HeaderMap,
+    url: String,
+    headers: HeaderMap,
     /// The variable that holds the key, for advice on 401.
-    pub(crate) key_var: Option<&'static str>,
+    key_var: Option<&'static str>,
     /// The variable that sets the base URL, for advice on 404.
-    pub(crate) base_var: &'static str,
+    base_var: &'static str,
 }
 
 impl Endpoint {

@@ -163,7 +163,7 @@ pub type PartialSlot = Mutex<Option<ModelResponse>>;
 /// A decoder that, unless `done` is called, leaves what it holds in the request's partial
 /// slot when it goes: on an error returned, and on the step's future dropped mid-stream.
 pub(crate) struct KeepPartial<'a, D> {
-    pub(crate) decoder: D,
+    decoder: D,
     slot: Option<&'a PartialSlot>,
     answer: fn(&D) -> Option<ModelResponse>,
 }
@@ -380,8 +380,8 @@ pub(crate) struct Wire<S> {
     len: usize,
     /// Where the messages end, once the tail is written.
     end: usize,
-    pub(crate) buf: BytesMut,
-    pub(crate) state: S,
+    buf: BytesMut,
+    state: S,
 }
 
 impl<S: Default> Wire<S> {

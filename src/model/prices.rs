@@ -17,10 +17,10 @@ pub struct Price {
     pub(crate) output: f64,
     /// Cached input read back (default: the input price).
     #[serde(default)]
-    pub(crate) cache_read: Option<f64>,
+    cache_read: Option<f64>,
     /// Input written to the cache (default: the input price).
     #[serde(default)]
-    pub(crate) cache_write: Option<f64>,
+    cache_write: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]

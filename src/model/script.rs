@@ -42,14 +42,14 @@ pub struct Turn {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ScriptedCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) id: Option<String>,
-    pub(crate) name: String,
+    id: Option<String>,
+    name: String,
     /// The input as JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) input: Option<Value>,
+    input: Option<Value>,
     /// The input as the raw text a model wrote (may be empty or invalid JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) arguments: Option<String>,
+    arguments: Option<String>,
 }
 
 #[derive(Deserialize)]

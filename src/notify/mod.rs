@@ -104,14 +104,14 @@ impl Kind {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawNotify {
-    pub(crate) on: Option<Vec<String>>,
+    on: Option<Vec<String>>,
     pub(crate) webhook: Option<String>,
-    pub(crate) format: Option<String>,
+    format: Option<String>,
     #[serde(default)]
-    pub(crate) headers: BTreeMap<String, String>,
-    pub(crate) secret_env: Option<String>,
+    headers: BTreeMap<String, String>,
+    secret_env: Option<String>,
     pub(crate) command: Option<Vec<String>>,
-    pub(crate) timeout: Option<String>,
+    timeout: Option<String>,
 }
 
 /// How a notice is written: a webhook's body, a command's stdin.
@@ -154,10 +154,10 @@ pub(crate) enum Channel {
 /// A checked `[[notify]]` table.
 #[derive(Clone, Debug)]
 pub struct Notify {
-    pub(crate) on: Vec<Kind>,
-    pub(crate) channel: Channel,
+    on: Vec<Kind>,
+    channel: Channel,
     /// Bounds each attempt to deliver a notice, and how long a run's end waits for them.
-    pub(crate) timeout: Duration,
+    timeout: Duration,
 }
 
 impl Notify {
@@ -227,53 +227,53 @@ impl Notify {
 /// A failing check in a notice.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct FailedCheck {
-    pub(crate) name: String,
+    name: String,
     /// `script`, `command`, `human` or `judge`.
-    pub(crate) kind: crate::trace::CheckKind,
+    kind: crate::trace::CheckKind,
     /// A judge's model.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) model: Option<String>,
+    model: Option<String>,
     /// `exit 1`, `timed out after 5s`, `rejected: …`.
-    pub(crate) outcome: String,
-    pub(crate) output_tail: String,
+    outcome: String,
+    output_tail: String,
 }
 
 /// A waiting approval request in a notice.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct ApprovalNotice {
-    pub(crate) request_id: String,
-    pub(crate) tool: String,
+    request_id: String,
+    tool: String,
     /// The exact command, or what a file change does.
-    pub(crate) summary: String,
-    pub(crate) approve: String,
-    pub(crate) deny: String,
-    pub(crate) deadline: String,
+    summary: String,
+    approve: String,
+    deny: String,
+    deadline: String,
 }
 
 /// The document a channel is sent (README: "Notifications").
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Notice {
-    pub(crate) event: Kind,
+    event: Kind,
     pub(crate) goal: String,
-    pub(crate) run_id: Option<String>,
-    pub(crate) trigger: Option<String>,
-    pub(crate) scheduled_for: Option<String>,
-    pub(crate) status: Option<String>,
-    pub(crate) stop_reason: Option<String>,
-    pub(crate) tries: Option<u32>,
-    pub(crate) steps: Option<u32>,
-    pub(crate) tokens: Option<Usage>,
-    pub(crate) cost_usd: Option<f64>,
-    pub(crate) error: Option<String>,
-    pub(crate) failed_checks: Vec<FailedCheck>,
+    run_id: Option<String>,
+    trigger: Option<String>,
+    scheduled_for: Option<String>,
+    status: Option<String>,
+    stop_reason: Option<String>,
+    tries: Option<u32>,
+    steps: Option<u32>,
+    tokens: Option<Usage>,
+    cost_usd: Option<f64>,
+    error: Option<String>,
+    failed_checks: Vec<FailedCheck>,
     /// The kinds of the checks that passed, when the goal was achieved.
-    pub(crate) verified_by: Vec<crate::trace::CheckKind>,
+    verified_by: Vec<crate::trace::CheckKind>,
     /// The models of the judges that said yes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(crate) judged_by: Vec<String>,
-    pub(crate) approval: Option<ApprovalNotice>,
-    pub(crate) host: String,
-    pub(crate) at: String,
+    judged_by: Vec<String>,
+    approval: Option<ApprovalNotice>,
+    host: String,
+    at: String,
 }
 
 fn host() -> String {
@@ -488,8 +488,8 @@ fn approval_summary(tool: &str, input: &str) -> String {
 /// Where notices go and are recorded.
 #[derive(Clone, Debug)]
 pub(crate) struct Notifier {
-    pub(crate) home: PathBuf,
-    pub(crate) notify: Arc<Vec<Notify>>,
+    home: PathBuf,
+    notify: Arc<Vec<Notify>>,
     /// Notices sent while the run goes on (approvals), which `settle` waits for.
     pending: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }

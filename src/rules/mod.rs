@@ -44,8 +44,8 @@ pub(crate) struct Rule {
     "approval rule `{rule}`: {why}; write `tool` or `tool(pattern)`, e.g. `run_command(cargo test*)`"
 )]
 pub struct RuleError {
-    pub(crate) rule: String,
-    pub(crate) why: String,
+    rule: String,
+    why: String,
 }
 
 fn glob(text: &str, rule: &str) -> Result<GlobMatcher, RuleError> {
@@ -138,9 +138,9 @@ fn never_matches(tool: &str, pattern: &str) -> Option<String> {
 /// The allow, ask and deny rules of a run, from every source.
 #[derive(Clone, Debug, Default)]
 pub struct Rules {
-    pub(crate) allow: Vec<Rule>,
-    pub(crate) ask: Vec<Rule>,
-    pub(crate) deny: Vec<Rule>,
+    allow: Vec<Rule>,
+    ask: Vec<Rule>,
+    deny: Vec<Rule>,
 }
 
 impl Rules {

@@ -32,11 +32,11 @@ pub(crate) struct Thread {
     /// How to build this run again; recorded in its folder.
     pub(crate) origin: Option<Origin>,
     /// The run this one continues, and its conversation to go on with.
-    pub(crate) from: Option<(String, Vec<Message>)>,
+    from: Option<(String, Vec<Message>)>,
     /// A parallel attempt: its number, how many, and the parallel run's id.
     pub(crate) attempt: Option<(u32, u32, String)>,
     /// The folder of the run this one continues, whose protected paths' snapshot it keeps.
-    pub(crate) from_dir: Option<PathBuf>,
+    from_dir: Option<PathBuf>,
 }
 
 impl Thread {
@@ -54,18 +54,18 @@ pub(crate) struct Origin {
     pub(crate) argv: Option<Vec<String>>,
     /// A goal file the daemon ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) goal_file: Option<PathBuf>,
+    goal_file: Option<PathBuf>,
     /// The daemon's goals folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) goals_dir: Option<PathBuf>,
+    goals_dir: Option<PathBuf>,
     /// The folder it was started in.
     pub(crate) cwd: PathBuf,
     /// The model, as resolved (a `script:` path made whole).
     #[serde(default)]
-    pub(crate) model: String,
+    model: String,
     /// A digest of the checks: a continued run is judged by the same exam.
     #[serde(default)]
-    pub(crate) checks: String,
+    checks: String,
 }
 
 impl Origin {

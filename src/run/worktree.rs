@@ -48,7 +48,7 @@ pub(crate) struct Repo {
     /// Its top folder, canonical.
     pub(crate) top: PathBuf,
     /// The workspace's path inside it (empty at the top).
-    pub(crate) sub: PathBuf,
+    sub: PathBuf,
 }
 
 /// How a run is isolated, resolved from its settings.
@@ -181,7 +181,7 @@ pub(crate) struct Worktree {
     /// The commit the branch started from.
     pub(crate) base: String,
     /// Where the agent works: the workspace's place inside the worktree.
-    pub(crate) workspace: PathBuf,
+    workspace: PathBuf,
     /// Whether the branch was made for this run (and so goes with it when it cannot start).
     made_branch: bool,
     done: bool,

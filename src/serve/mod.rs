@@ -69,18 +69,18 @@ pub(crate) struct Config {
 /// A signed-in person.
 #[derive(Clone, Debug)]
 pub(crate) struct Session {
-    pub(crate) name: String,
-    pub(crate) csrf: String,
+    name: String,
+    csrf: String,
 }
 
 pub(crate) struct State {
-    pub(crate) cfg: Config,
+    cfg: Config,
     /// Listening on a loopback address: requests must name localhost as their host.
-    pub(crate) loopback: bool,
-    pub(crate) shutdown: CancellationToken,
-    pub(crate) sessions: Mutex<HashMap<String, Session>>,
+    loopback: bool,
+    shutdown: CancellationToken,
+    sessions: Mutex<HashMap<String, Session>>,
     /// The history the console shows: the fleet's when it serves one, else this SUP_HOME's.
-    pub(crate) history: crate::store::history::History,
+    history: crate::store::history::History,
 }
 
 impl State {

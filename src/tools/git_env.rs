@@ -47,8 +47,8 @@ const NEUTRAL: &[(&str, &str)] = &[
 /// A repository: its git folder and its work tree.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Repository {
-    pub(crate) git_dir: PathBuf,
-    pub(crate) work_tree: PathBuf,
+    git_dir: PathBuf,
+    work_tree: PathBuf,
 }
 
 /// The repository `workspace` is in, as git would find it: the nearest folder at or above it

@@ -67,20 +67,20 @@ value_from!(String => Text, i64 => Int, bool => Bool, f64 => Double);
 /// Where a span is: its trace and its own id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ids {
-    pub(crate) trace: u128,
-    pub(crate) span: u64,
+    trace: u128,
+    span: u64,
 }
 
 /// A span, open while `end` is `None`.
 #[derive(Clone, Debug)]
 pub(crate) struct Span {
     pub(crate) ids: Ids,
-    pub(crate) parent: Option<u64>,
-    pub(crate) name: String,
-    pub(crate) kind: Kind,
-    pub(crate) start: SystemTime,
+    parent: Option<u64>,
+    name: String,
+    kind: Kind,
+    start: SystemTime,
     pub(crate) end: SystemTime,
-    pub(crate) attributes: Vec<(&'static str, Value)>,
+    attributes: Vec<(&'static str, Value)>,
     /// The error status's message; `None` is status unset.
     pub(crate) error: Option<String>,
 }

@@ -42,7 +42,7 @@ pub struct Check {
     pub(crate) kind: CheckKind,
     pub(crate) timeout: Duration,
     /// For a frozen script: the folder of the original (`SUP_CHECK_DIR`).
-    pub(crate) origin: Option<PathBuf>,
+    origin: Option<PathBuf>,
 }
 
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -236,7 +236,7 @@ const INTERPRETERS: &[&str] = &["python3", "python", "node", "bash", "sh", "ruby
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Toolchain {
     programs: Vec<(String, PathBuf)>,
-    pub(crate) env: Vec<(String, String)>,
+    env: Vec<(String, String)>,
 }
 
 impl Toolchain {

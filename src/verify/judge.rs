@@ -55,7 +55,7 @@ impl std::fmt::Debug for Judge {
 
 /// A judge's model with what the run learnt about it.
 pub(crate) struct JudgeModel {
-    pub(crate) model: Arc<dyn Model>,
+    model: Arc<dyn Model>,
     /// The server refused to be asked for JSON (`response_format`, a prefill): from then on
     /// it is asked plainly, for the rest of the run.
     plain: AtomicBool,
@@ -480,10 +480,10 @@ pub(crate) fn messages(
 
 #[derive(Deserialize, Debug, PartialEq)]
 pub(crate) struct Verdict {
-    pub(crate) pass: bool,
-    pub(crate) reason: String,
+    pass: bool,
+    reason: String,
     #[serde(default)]
-    pub(crate) impossible: bool,
+    impossible: bool,
 }
 
 /// A verdict: one JSON object as the whole answer, or inside a ```json fence.

@@ -18,12 +18,12 @@ pub(crate) struct KeptOutcome {
 /// A run's row as its start recorded it, kept with its outcome.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeptRun {
-    pub(crate) goal: String,
-    pub(crate) trigger: TriggerKind,
-    pub(crate) scheduled_for: Option<String>,
-    pub(crate) started_at: String,
-    pub(crate) model: String,
-    pub(crate) workspace: String,
+    goal: String,
+    trigger: TriggerKind,
+    scheduled_for: Option<String>,
+    started_at: String,
+    model: String,
+    workspace: String,
 }
 
 impl KeptRun {

@@ -372,9 +372,9 @@ pub(crate) struct FleetRun {
     pub(crate) run: RunRow,
     pub(crate) host: String,
     pub(crate) daemon_id: Option<String>,
-    pub(crate) local_id: Option<String>,
+    local_id: Option<String>,
     #[serde(flatten)]
-    pub(crate) lineage: Lineage,
+    lineage: Lineage,
 }
 
 fn run_of(r: &tokio_postgres::Row) -> FleetRun {

@@ -71,10 +71,10 @@ pub struct Jail {
     /// Read-only paths inside writable folders, for the model's explanations.
     read_only: Vec<PathBuf>,
     env: Vec<(OsString, OsString)>,
-    pub(crate) withheld: Vec<String>,
+    withheld: Vec<String>,
     /// Protections this run lacks, in words.
-    pub(crate) missing: Vec<String>,
-    pub(crate) tmp: PathBuf,
+    missing: Vec<String>,
+    tmp: PathBuf,
     run_id: String,
     /// The run's PID namespace: every jailed process lives in it. Ended before a try's
     /// checks, which get a fresh one of their own, and made anew for the next try
