@@ -6,15 +6,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Path, State as Ext};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State as Ext};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::State;
-use super::auth::authorize;
+use super::auth::{Authorized, Csrf};
 use super::layout::{PageError, Viewer, error_page, history_error, layout, short, status_badge};
 use super::render;
 use crate::approval::answer::describe;
@@ -138,17 +138,17 @@ pub(crate) struct AnswerForm {
     reason: Option<String>,
 }
 
+impl Csrf for AnswerForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 pub(crate) async fn answer(
     Ext(state): Ext<Arc<State>>,
-    Extension(viewer): Extension<Viewer>,
     Path((id, verb)): Path<(String, String)>,
-    headers: HeaderMap,
-    Form(f): Form<AnswerForm>,
+    Authorized { session, form: f }: Authorized<AnswerForm>,
 ) -> Response {
-    let session = match authorize(&viewer, &headers, &f.csrf) {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
-    };
     let approve = match verb.as_str() {
         "approve" => true,
         "deny" => false,

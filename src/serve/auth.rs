@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Form, Query, Request, State as Ext};
+use axum::extract::{Form, FromRequest, Query, Request, State as Ext};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use super::layout::{PageError, Viewer, error_page, layout};
 use super::peer::{Conn, Peer, identify};
@@ -177,12 +178,37 @@ fn form_urlencoded_component(s: &str) -> String {
         .collect()
 }
 
+/// A state-changing form post that passed `authorize`: a handler that takes one cannot run
+/// for a request that is not signed in, from another site, or without the session's CSRF
+/// token. It reads the body, so it comes last among a handler's extractors.
+pub(crate) struct Authorized<F> {
+    pub(crate) session: Session,
+    pub(crate) form: F,
+}
+
+/// A form that carries the session's CSRF token.
+pub(crate) trait Csrf {
+    fn csrf(&self) -> &str;
+}
+
+impl<S: Send + Sync, F: Csrf + DeserializeOwned + Send> FromRequest<S> for Authorized<F> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        // `guard` puts the viewer on every request; without it nobody is signed in.
+        let viewer = req.extensions().get::<Viewer>().cloned();
+        let headers = req.headers().clone();
+        let Form(form) = Form::<F>::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let session = authorize(&viewer.unwrap_or(Viewer(None)), &headers, form.csrf())
+            .map_err(IntoResponse::into_response)?;
+        Ok(Authorized { session, form })
+    }
+}
+
 /// A state-changing request: signed in, from this site, with the session's CSRF token.
-pub(crate) fn authorize(
-    viewer: &Viewer,
-    headers: &HeaderMap,
-    csrf: &str,
-) -> Result<Session, PageError> {
+fn authorize(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Result<Session, PageError> {
     let Some(session) = &viewer.0 else {
         return Err(PageError::new(
             StatusCode::FORBIDDEN,
@@ -317,20 +343,23 @@ pub(crate) async fn signin(
     ([(header::SET_COOKIE, set)], Redirect::to(&next)).into_response()
 }
 
+/// A form that carries nothing but the CSRF token.
 #[derive(Deserialize)]
 pub(crate) struct CsrfForm {
-    pub(crate) csrf: String,
+    csrf: String,
+}
+
+impl Csrf for CsrfForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
 }
 
 pub(crate) async fn signout(
     Ext(state): Ext<Arc<State>>,
-    axum::Extension(viewer): axum::Extension<Viewer>,
     headers: HeaderMap,
-    Form(f): Form<CsrfForm>,
+    _: Authorized<CsrfForm>,
 ) -> Response {
-    if let Err(e) = authorize(&viewer, &headers, &f.csrf) {
-        return e.into_response();
-    }
     if let (Some(id), Ok(mut s)) = (cookie(&headers, SESSION), state.sessions.lock()) {
         s.remove(id);
     }

@@ -8,15 +8,15 @@ use std::path::Path as FsPath;
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Path, State as Ext};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State as Ext};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use maud::html;
 use serde_json::Value;
 
 use super::State;
-use super::auth::{CsrfForm, authorize};
+use super::auth::{Authorized, CsrfForm};
 use super::layout::{
     PageError, Viewer, error_page, history_error, layout, short, status_badge, urlencode,
 };
@@ -250,14 +250,9 @@ fn goals_page(
 
 pub(crate) async fn goal_action(
     Ext(state): Ext<Arc<State>>,
-    Extension(viewer): Extension<Viewer>,
     Path((name, verb)): Path<(String, String)>,
-    headers: HeaderMap,
-    Form(f): Form<CsrfForm>,
+    _: Authorized<CsrfForm>,
 ) -> Response {
-    if let Err(e) = authorize(&viewer, &headers, &f.csrf) {
-        return e.into_response();
-    }
     let dir = state.cfg.goals_dir.clone();
     let goal = name.clone();
     let v = verb.clone();
