@@ -744,6 +744,15 @@ mod console {
         )
         .await;
         assert_eq!(verb.status, StatusCode::NOT_FOUND, "{}", verb.body);
+        // Every other state-changing post takes the same check: a goal's action and the
+        // sign-out refuse a forged token, and the session stays.
+        for path in ["/goals/any/pause", "/signout"] {
+            let r = post(&app, path, &[("cookie", &session)], "csrf=forged").await;
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{path}: {}", r.body);
+            assert!(r.body.contains("CSRF"), "{path}: {}", r.body);
+        }
+        let r = get(&app, "/runs", Some(&session)).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
 
     #[tokio::test]
