@@ -19,6 +19,7 @@ use super::{
     FinishReason, Message, Model, ModelError, ModelRequest, ModelResponse, ToolCall, Usage,
 };
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Turn {
@@ -26,29 +27,22 @@ pub struct Turn {
     pub(crate) text: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) tool_calls: Vec<ScriptedCall>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) usage: Option<Usage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) finish: Option<FinishReason>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reasoning: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) delay_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ScriptedCall {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<String>,
     name: String,
     /// The input as JSON.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     input: Option<Value>,
     /// The input as the raw text a model wrote (may be empty or invalid JSON).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     arguments: Option<String>,
 }
 

@@ -47,16 +47,14 @@ impl Thread {
 }
 
 /// How a run was started, enough to build it again.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Origin {
     /// `sup run …` / `sup goal …`: the arguments after the program's name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) argv: Option<Vec<String>>,
     /// A goal file the daemon ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     goal_file: Option<PathBuf>,
     /// The daemon's goals folder.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     goals_dir: Option<PathBuf>,
     /// The folder it was started in.
     pub(crate) cwd: PathBuf,

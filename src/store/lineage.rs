@@ -9,23 +9,16 @@ use rusqlite::{OptionalExtension, params};
 use super::db::{Db, DbError, RunRow};
 
 /// The lineage and the worktree of one run; every part optional.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Lineage {
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) continued_from: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) parent: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) attempt: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) branch: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) base: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) commit: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) diff_stat: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) repo: Option<String>,
 }
 

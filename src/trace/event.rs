@@ -210,6 +210,7 @@ impl CheckReport {
 }
 
 /// One thing that happened in a run.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
@@ -254,7 +255,6 @@ pub enum Event {
         started_ms: f64,
         finished_ms: f64,
         /// What a file tool changed, as a unified diff (cut when long); none for the others.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         diff: Option<String>,
     },
     StepFinished {
@@ -262,9 +262,7 @@ pub enum Event {
         usage: Usage,
         total_usage: Usage,
         /// US dollars, when the model's price is known.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         cost: Option<f64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         total_cost: Option<f64>,
     },
     /// A call waits for a person: `sup approve REQUEST` / `sup deny REQUEST --reason …`.
@@ -282,13 +280,11 @@ pub enum Event {
         tool: String,
         decision: Decided,
         by: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
     WorkFinished {
         stop_reason: StopReason,
         steps: u32,
-        #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
     Check {
@@ -314,9 +310,7 @@ pub enum Event {
         before_tokens: u64,
         after_tokens: u64,
         /// What the summary request spent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         usage: Option<Usage>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         summary: Option<String>,
     },
     /// What arrived of an answer that did not finish (Ctrl-C, a timeout, a broken stream):
@@ -336,17 +330,10 @@ pub enum Event {
         steps: u32,
         usage: Usage,
         /// US dollars, when the model's price is known (`cost_usd`, as in every output).
-        #[serde(
-            default,
-            rename = "cost_usd",
-            alias = "cost",
-            skip_serializing_if = "Option::is_none"
-        )]
+        #[serde(rename = "cost_usd", alias = "cost")]
         cost: Option<f64>,
         run_id: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
         answer: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         checks: Vec<Vec<CheckReport>>,
@@ -376,22 +363,18 @@ impl Event {
 }
 
 /// The parts of a result that isolation, `sup continue` and `parallel` add.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Thread {
     /// The worktree branch, when it stays.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
     /// The commit holding the agent's work.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
     /// `git diff --stat` of that commit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff_stat: Option<String>,
     /// The run this one continued.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continued_from: Option<String>,
     /// This attempt's number; in a parallel run's result, the winning attempt's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
     /// A parallel run's attempts, by number.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
