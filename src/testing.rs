@@ -10,6 +10,13 @@ pub(crate) fn workspace() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// A workspace (as `workspace`) holding `files` (as `write`).
+pub(crate) fn workspace_with(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+    let (dir, path) = workspace();
+    write(&path, files);
+    (dir, path)
+}
+
 /// Write each `(path, text)` beneath `root`, making the folders it lies in.
 pub(crate) fn write(root: &Path, files: &[(&str, &str)]) {
     for (path, text) in files {

@@ -265,44 +265,40 @@ mod tests {
 
     #[test]
     fn what_the_files_a_line_runs_run_in_turn() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                // Shell: a literal source, one beside the script made at run time, a script
-                // it runs, and a cycle.
-                (
-                    "fix.sh",
-                    "#!/bin/sh\n. ./lib.sh\nsource \"$(dirname \"$0\")/tools/x.sh\"\n",
-                ),
-                ("lib.sh", "bash steps/one.sh\n. ./fix.sh\n"),
-                ("steps/one.sh", "echo one\n"),
-                ("tools/x.sh", "echo x\n"),
-                // Python: a module beside the script, a package's module, a relative import,
-                // and the standard library (not in the workspace).
-                (
-                    "app/main.py",
-                    "import os, helper\nfrom pkg import mod\nfrom .rel import f\n",
-                ),
-                ("app/helper.py", ""),
-                ("app/pkg/__init__.py", ""),
-                ("app/pkg/mod.py", ""),
-                ("app/rel.py", ""),
-                // JavaScript: require and import of relative modules, with and without ends.
-                (
-                    "web/run.js",
-                    "const a = require('./a');\nimport b from \"../b.mjs\";\nimport('./c');\n",
-                ),
-                ("web/a.js", ""),
-                ("b.mjs", ""),
-                ("web/c/index.js", ""),
-                // Make: an included makefile.
-                ("Makefile", "include rules.mk\n"),
-                ("rules.mk", ""),
-                // No extension: its `#!` line says what it is.
-                ("run", "#!/usr/bin/env bash\nsource ./lib.sh\n"),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            // Shell: a literal source, one beside the script made at run time, a script
+            // it runs, and a cycle.
+            (
+                "fix.sh",
+                "#!/bin/sh\n. ./lib.sh\nsource \"$(dirname \"$0\")/tools/x.sh\"\n",
+            ),
+            ("lib.sh", "bash steps/one.sh\n. ./fix.sh\n"),
+            ("steps/one.sh", "echo one\n"),
+            ("tools/x.sh", "echo x\n"),
+            // Python: a module beside the script, a package's module, a relative import,
+            // and the standard library (not in the workspace).
+            (
+                "app/main.py",
+                "import os, helper\nfrom pkg import mod\nfrom .rel import f\n",
+            ),
+            ("app/helper.py", ""),
+            ("app/pkg/__init__.py", ""),
+            ("app/pkg/mod.py", ""),
+            ("app/rel.py", ""),
+            // JavaScript: require and import of relative modules, with and without ends.
+            (
+                "web/run.js",
+                "const a = require('./a');\nimport b from \"../b.mjs\";\nimport('./c');\n",
+            ),
+            ("web/a.js", ""),
+            ("b.mjs", ""),
+            ("web/c/index.js", ""),
+            // Make: an included makefile.
+            ("Makefile", "include rules.mk\n"),
+            ("rules.mk", ""),
+            // No extension: its `#!` line says what it is.
+            ("run", "#!/usr/bin/env bash\nsource ./lib.sh\n"),
+        ]);
         let names = |line: &str| -> Vec<String> {
             let mut n: Vec<String> = run_files(line, &ws)
                 .files
@@ -374,11 +370,10 @@ mod tests {
 
     #[test]
     fn a_script_link_pointed_elsewhere_after_the_request_is_a_change() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[("good.sh", "echo fixed\n"), ("evil.sh", "rm -rf ~\n")],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            ("good.sh", "echo fixed\n"),
+            ("evil.sh", "rm -rf ~\n"),
+        ]);
         std::os::unix::fs::symlink("good.sh", ws.join("fix.sh")).unwrap();
         let files = run_files("bash fix.sh", &ws);
         assert_eq!(changed(&files), None);
@@ -424,20 +419,16 @@ mod tests {
 
     #[test]
     fn a_python_import_over_lines_or_after_a_semicolon_is_taken() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                (
-                    "x.py",
-                    "from pkg import (\n    one,\n    two,\n)\nimport os; import h\n",
-                ),
-                ("pkg/__init__.py", ""),
-                ("pkg/one.py", ""),
-                ("pkg/two.py", ""),
-                ("h.py", ""),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            (
+                "x.py",
+                "from pkg import (\n    one,\n    two,\n)\nimport os; import h\n",
+            ),
+            ("pkg/__init__.py", ""),
+            ("pkg/one.py", ""),
+            ("pkg/two.py", ""),
+            ("h.py", ""),
+        ]);
         assert_eq!(
             sorted("python3 x.py", &ws),
             [
@@ -452,8 +443,7 @@ mod tests {
 
     #[test]
     fn a_script_run_by_a_wrapper_with_an_operand_is_taken() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(&ws, &[("fix.sh", "")]);
+        let (_dir, ws) = crate::testing::workspace_with(&[("fix.sh", "")]);
         for line in [
             "timeout 60 bash fix.sh",
             "timeout -k 5 -s KILL 1m ./fix.sh",
@@ -467,20 +457,16 @@ mod tests {
 
     #[test]
     fn the_code_a_shell_is_given_is_read_for_what_it_runs() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                (
-                    "fix.sh",
-                    "echo \"$(./gen.sh)\"\nv=\"`bash tick.sh`\"\nsh -c 'bash ./in.sh'\n",
-                ),
-                ("gen.sh", ""),
-                ("tick.sh", ""),
-                ("in.sh", ""),
-                ("top.sh", ""),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            (
+                "fix.sh",
+                "echo \"$(./gen.sh)\"\nv=\"`bash tick.sh`\"\nsh -c 'bash ./in.sh'\n",
+            ),
+            ("gen.sh", ""),
+            ("tick.sh", ""),
+            ("in.sh", ""),
+            ("top.sh", ""),
+        ]);
         assert_eq!(
             sorted("bash -c 'bash fix.sh && ./top.sh'", &ws),
             ["fix.sh", "gen.sh", "in.sh", "tick.sh", "top.sh"]
@@ -489,33 +475,25 @@ mod tests {
 
     #[test]
     fn a_javascript_specifier_ending_in_js_may_be_a_typescript_file() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                (
-                    "run.ts",
-                    "import { a } from './a.js';\nconst b = await import(`./b`);\n",
-                ),
-                ("a.ts", ""),
-                ("b.ts", ""),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            (
+                "run.ts",
+                "import { a } from './a.js';\nconst b = await import(`./b`);\n",
+            ),
+            ("a.ts", ""),
+            ("b.ts", ""),
+        ]);
         assert_eq!(sorted("bun run.ts", &ws), ["a.ts", "b.ts", "run.ts"]);
     }
 
     #[test]
     fn a_module_made_after_the_request_where_it_would_run_first_is_a_change() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                ("app/main.py", "import json\nimport helper\n"),
-                ("helper.py", ""),
-                ("run.js", "require('./a');\n"),
-                ("a.js", ""),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            ("app/main.py", "import json\nimport helper\n"),
+            ("helper.py", ""),
+            ("run.js", "require('./a');\n"),
+            ("a.js", ""),
+        ]);
         for (line, planted) in [
             ("python3 app/main.py", "app/json.py"),
             ("python3 app/main.py", "app/helper.py"),
@@ -537,18 +515,14 @@ mod tests {
 
     #[test]
     fn a_makefiles_recipes_are_read_for_what_they_run() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                (
-                    "Makefile",
-                    "test:\n\t@./run_tests.sh\nlint:\n\t-python3 tools/lint.py\n",
-                ),
-                ("run_tests.sh", ""),
-                ("tools/lint.py", ""),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            (
+                "Makefile",
+                "test:\n\t@./run_tests.sh\nlint:\n\t-python3 tools/lint.py\n",
+            ),
+            ("run_tests.sh", ""),
+            ("tools/lint.py", ""),
+        ]);
         assert_eq!(
             sorted("make test", &ws),
             ["Makefile", "run_tests.sh", "tools/lint.py"]
@@ -557,19 +531,15 @@ mod tests {
 
     #[test]
     fn a_python_module_imported_by_a_literal_name_is_taken() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(
-            &ws,
-            &[
-                (
-                    "x.py",
-                    "import importlib\nm = importlib.import_module('plug.one')\nh = __import__(\"h\")\n",
-                ),
-                ("plug/__init__.py", ""),
-                ("plug/one.py", ""),
-                ("h.py", ""),
-            ],
-        );
+        let (_dir, ws) = crate::testing::workspace_with(&[
+            (
+                "x.py",
+                "import importlib\nm = importlib.import_module('plug.one')\nh = __import__(\"h\")\n",
+            ),
+            ("plug/__init__.py", ""),
+            ("plug/one.py", ""),
+            ("h.py", ""),
+        ]);
         assert_eq!(
             sorted("python3 x.py", &ws),
             ["h.py", "plug/__init__.py", "plug/one.py", "x.py"]
@@ -579,8 +549,7 @@ mod tests {
     #[test]
     fn a_link_in_the_workspace_to_a_file_outside_it_is_taken() {
         let (_dir, ws) = crate::testing::workspace();
-        let (_out, outside) = crate::testing::workspace();
-        crate::testing::write(&outside, &[("x.sh", "echo x\n")]);
+        let (_out, outside) = crate::testing::workspace_with(&[("x.sh", "echo x\n")]);
         std::os::unix::fs::symlink(outside.join("x.sh"), ws.join("fix.sh")).unwrap();
         let runs = run_files("bash fix.sh", &ws);
         assert_eq!(runs.files.len(), 1);
@@ -591,8 +560,7 @@ mod tests {
 
     #[test]
     fn the_code_an_interpreter_is_given_is_read_for_what_it_runs() {
-        let (_dir, ws) = crate::testing::workspace();
-        crate::testing::write(&ws, &[("fix.py", ""), ("a.js", "")]);
+        let (_dir, ws) = crate::testing::workspace_with(&[("fix.py", ""), ("a.js", "")]);
         assert_eq!(
             sorted("python3 -c 'import fix; fix.main()'", &ws),
             ["fix.py"]

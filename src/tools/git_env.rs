@@ -149,8 +149,8 @@ mod tests {
 
     #[test]
     fn a_workspace_below_a_repository_is_in_it() {
-        let (_dir, top) = crate::testing::workspace();
-        crate::testing::write(&top, &[(".git/HEAD", "ref: refs/heads/main\n")]);
+        let (_dir, top) =
+            crate::testing::workspace_with(&[(".git/HEAD", "ref: refs/heads/main\n")]);
         std::fs::create_dir_all(top.join("a/b")).unwrap();
         let found = repository_of(&top.join("a/b")).unwrap();
         assert_eq!(found.git_dir, top.join(".git"));
@@ -159,14 +159,10 @@ mod tests {
 
     #[test]
     fn a_git_file_names_the_folder() {
-        let (_dir, top) = crate::testing::workspace();
-        crate::testing::write(
-            &top,
-            &[
-                ("gd/HEAD", "ref: refs/heads/main\n"),
-                (".git", "gitdir: gd\n"),
-            ],
-        );
+        let (_dir, top) = crate::testing::workspace_with(&[
+            ("gd/HEAD", "ref: refs/heads/main\n"),
+            (".git", "gitdir: gd\n"),
+        ]);
         assert_eq!(repository_of(&top).unwrap().git_dir, top.join("gd"));
     }
 
