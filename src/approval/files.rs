@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::follow::runs_in;
-use super::words::{Lang, basename, commands, operands, program, reads_input};
+use super::words::{Lang, commands, operands, program, reads_input};
+use crate::rules::basename;
 
 /// Lines of a file shown with the request.
 const FIRST_LINES: usize = 10;

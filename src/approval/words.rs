@@ -9,6 +9,8 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
+use crate::rules::basename;
+
 /// Interpreters whose first operand is the file they run.
 const INTERPRETERS: &[&str] = &[
     "bash", "sh", "dash", "zsh", "ksh", "fish", "python", "python2", "python3", "node", "deno",
@@ -203,10 +205,6 @@ pub(super) fn operands(words: &[String]) -> Vec<String> {
 pub(super) fn packages(rel: &str) -> impl Iterator<Item = PathBuf> + '_ {
     rel.match_indices('/')
         .map(|(i, _)| Path::new(&rel[..i]).join("__init__.py"))
-}
-
-pub(super) fn basename(word: &str) -> &str {
-    word.rsplit('/').next().unwrap_or(word)
 }
 
 /// The simple commands of a line, as words: split at `;`, `&`, `|` and newlines outside

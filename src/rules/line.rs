@@ -39,7 +39,7 @@ impl Arg {
 }
 
 /// A command's name without the folder it is run from.
-pub(super) fn basename(word: &str) -> &str {
+pub(crate) fn basename(word: &str) -> &str {
     word.rsplit('/').next().unwrap_or(word)
 }
 

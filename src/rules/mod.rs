@@ -30,6 +30,7 @@ mod wrappers;
 
 use globset::{GlobBuilder, GlobMatcher};
 use line::Line;
+pub(crate) use line::basename;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Rule {

@@ -35,7 +35,7 @@ pub(crate) struct Launch {
 /// the workspace in `SUP_WORKSPACE`). `pipx` resolves in its own folders already. `empty`
 /// is a folder the agent cannot write.
 pub(crate) fn launch_outside(program: &str, args: &[String], empty: &Path) -> Launch {
-    let name = program.rsplit('/').next().unwrap_or(program);
+    let name = crate::rules::basename(program);
     let first = args.first().map(String::as_str);
     match (name, first) {
         ("npx", _) | ("npm", Some("exec" | "x")) => {
