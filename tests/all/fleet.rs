@@ -519,7 +519,11 @@ fn an_outcome_the_store_cannot_take_waits_on_disk_and_is_written_later() {
     });
     let (code, text) = f.out(1, &["trigger", "late", "--goals", "."]);
     assert_eq!(code, 0, "{text}");
-    // The store goes away while the run works.
+    // The store goes away while the run works: once it has started (before, the run cannot
+    // start, and that is what the spool records).
+    until("the run works", 20, || {
+        f.pg.one("SELECT status FROM runs") == "running"
+    });
     f.pg.admin(&format!(
         "ALTER DATABASE {} WITH ALLOW_CONNECTIONS false",
         f.pg.name
